@@ -1,0 +1,3 @@
+"""gpuwear: GPU wear and health monitoring daemon."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,412 @@
+"""Simulated GPUs: a small physical model behind the fake NVML library.
+
+Each simulated GPU has a product (its capabilities and limits), a workload schedule from a
+scenario file, and a state advanced in simulated time: power follows the workload, the die
+and memory heat towards ``ambient + power x thermal resistance`` with first-order time
+constants of tens of seconds, a fan curve lowers the resistance of fan-cooled cards, and
+the clocks are cut (thermal slowdown) near the device's own thresholds. Scripted faults
+(GPU lost, ECC errors, XIDs, NOT_SUPPORTED fields, hung calls, garbage readings) fire at
+given simulated times. Nothing here knows about NVML's C interface; ``fakenvml`` does.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# NVML clock-event (throttle) reason bits, from nvml.h (nvmlClocksEventReason*).
+REASON_GPU_IDLE = 0x1
+REASON_SW_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be used; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class Product:
+    """What a simulated card is and can report. Temperatures in °C, power in W."""
+
+    key: str
+    name: str
+    architecture: int  # nvmlDeviceArchitecture_t
+    cuda_capability: tuple[int, int]
+    memory_total_bytes: int
+    tdp_watts: float  # default (and enforced) power limit
+    idle_watts: float
+    full_load_watts: float  # what the workload would draw at utilization 1 with no limit
+    shutdown_celsius: int
+    slowdown_celsius: int
+    gpu_max_celsius: int
+    memory_max_celsius: int | None  # None: the card reports no memory temperature
+    fans: int  # 0 for passive (datacenter) cards
+    fan_max_rpm: int | None  # None: RPM not reported
+    ecc: bool
+    retired_pages: bool  # pre-Ampere page retirement
+    remapped_rows: bool  # Ampere+ row remapping
+    r_th_best: float  # °C/W die above ambient at full fan (or fixed for passive cards)
+    r_th_worst: float  # °C/W at minimum fan speed
+    r_th_memory: float  # °C/W memory above ambient
+    tau_die_seconds: float
+    tau_memory_seconds: float
+    sm_max_hz: float
+    memory_max_hz: float
+    idle_sm_hz: float = 210e6
+    min_fan_ratio: float = 0.3
+
+
+PRODUCTS: dict[str, Product] = {
+    p.key: p
+    for p in (
+        Product(
+            key="rtx4090", name="NVIDIA GeForce RTX 4090", architecture=8,
+            cuda_capability=(8, 9), memory_total_bytes=24 * 2**30, tdp_watts=450.0,
+            idle_watts=22.0, full_load_watts=470.0, shutdown_celsius=98, slowdown_celsius=95,
+            gpu_max_celsius=90, memory_max_celsius=None, fans=2, fan_max_rpm=3000, ecc=False,
+            retired_pages=False, remapped_rows=False, r_th_best=0.095, r_th_worst=0.2,
+            r_th_memory=0.0, tau_die_seconds=25.0, tau_memory_seconds=40.0,
+            sm_max_hz=2.52e9, memory_max_hz=10.5e9,
+        ),
+        Product(
+            key="h100-sxm", name="NVIDIA H100 80GB HBM3", architecture=9,
+            cuda_capability=(9, 0), memory_total_bytes=80 * 2**30, tdp_watts=700.0,
+            idle_watts=72.0, full_load_watts=690.0, shutdown_celsius=92, slowdown_celsius=89,
+            gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
+            retired_pages=False, remapped_rows=True, r_th_best=0.075, r_th_worst=0.075,
+            r_th_memory=0.082, tau_die_seconds=30.0, tau_memory_seconds=60.0,
+            sm_max_hz=1.98e9, memory_max_hz=2.619e9,
+        ),
+        Product(
+            key="v100", name="Tesla V100-PCIE-16GB", architecture=5,
+            cuda_capability=(7, 0), memory_total_bytes=16 * 2**30, tdp_watts=250.0,
+            idle_watts=26.0, full_load_watts=260.0, shutdown_celsius=90, slowdown_celsius=87,
+            gpu_max_celsius=83, memory_max_celsius=85, fans=0, fan_max_rpm=None, ecc=True,
+            retired_pages=True, remapped_rows=False, r_th_best=0.19, r_th_worst=0.19,
+            r_th_memory=0.2, tau_die_seconds=35.0, tau_memory_seconds=60.0,
+            sm_max_hz=1.38e9, memory_max_hz=0.877e9,
+        ),
+    )
+}
+
+PHASE_KINDS = ("idle", "train", "stress")
+FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
+               "retire_pages", "remap_rows", "pcie_replays", "driver_reload")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of a workload schedule; ``utilization`` is 0..1."""
+
+    kind: str
+    seconds: float
+    utilization: float
+    eval_every: float = 0.0  # training: an evaluation pause every N s (0: none)
+    eval_seconds: float = 0.0
+    eval_utilization: float = 0.3
+
+    def utilization_at(self, t: float) -> float:
+        """Utilization ``t`` seconds into the phase."""
+        if self.eval_every > 0 and (t % self.eval_every) >= self.eval_every - self.eval_seconds:
+            return self.eval_utilization
+        return self.utilization
+
+
+@dataclass
+class Fault:
+    """A scripted event at simulated time ``at`` (s since the scenario started)."""
+
+    at: float
+    gpu: int
+    kind: str
+    params: dict[str, Any]
+
+
+@dataclass
+class GpuState:
+    """Mutable physical and health state of one simulated GPU."""
+
+    die_celsius: float
+    memory_celsius: float
+    power_watts: float = 0.0
+    fan_ratio: float = 0.3
+    clock_factor: float = 1.0
+    utilization: float = 0.0
+    reasons: int = REASON_GPU_IDLE
+    energy_mj: float = 0.0
+    violation_power_ns: float = 0.0
+    violation_thermal_ns: float = 0.0
+    ecc_corrected_volatile: int = 0
+    ecc_uncorrected_volatile: int = 0
+    ecc_corrected_aggregate: int = 0
+    ecc_uncorrected_aggregate: int = 0
+    retired_single_bit: int = 0
+    retired_double_bit: int = 0
+    retired_pending: bool = False
+    remapped_corrected: int = 0
+    remapped_uncorrected: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    pcie_replays: int = 0
+    lost: bool = False
+    hang_seconds: float = 0.0  # the next call blocks this long (wall seconds), once
+    unsupported: set[str] = field(default_factory=set)
+    garbage: dict[str, float] = field(default_factory=dict)  # field -> value, returned once
+    pending_xids: list[int] = field(default_factory=list)
+
+
+class SimGpu:
+    """One simulated GPU: product, schedule and state, advanced by :meth:`step`."""
+
+    def __init__(self, index: int, product: Product, schedule: list[Phase], offset: float,
+                 ambient_celsius: float, seed: int, cooling_factor: float = 1.0) -> None:
+        self.index = index
+        self.cooling_factor = cooling_factor  # > 1: a dusty heatsink or dried paste
+        self.product = product
+        self.schedule = schedule
+        self.offset = offset
+        self.ambient_celsius = ambient_celsius
+        self.uuid = f"GPU-{seed:08x}-5111-4a7e-9c3d-{index:012x}"
+        self.serial = f"13{seed % 10**6:06d}{index:04d}"
+        self.pci_bus_id = f"00000000:{0x17 + index * 0x20:02X}:00.0"
+        self.rng = random.Random(seed * 1000 + index)
+        self.state = GpuState(die_celsius=ambient_celsius + product.idle_watts * product.r_th_best,
+                              memory_celsius=ambient_celsius + product.idle_watts * product.r_th_memory)
+        self.cycle_seconds = sum(p.seconds for p in schedule)
+
+    def utilization_at(self, t: float) -> float:
+        """Workload utilization demanded at simulated time ``t``."""
+        if self.cycle_seconds <= 0:
+            return 0.0
+        t = (t + self.offset) % self.cycle_seconds
+        for phase in self.schedule:
+            if t < phase.seconds:
+                return phase.utilization_at(t)
+            t -= phase.seconds
+        return 0.0
+
+    def _thermal_resistance(self) -> float:
+        p = self.product
+        if p.fans == 0:
+            return p.r_th_best * self.cooling_factor
+        span = 1.0 - p.min_fan_ratio
+        r = p.r_th_best + (p.r_th_worst - p.r_th_best) * (1.0 - self.state.fan_ratio) / span
+        return r * self.cooling_factor
+
+    def step(self, t: float, dt: float) -> None:
+        """Advance the state by ``dt`` simulated seconds ending at time ``t``."""
+        s, p = self.state, self.product
+        if s.lost or dt <= 0:
+            return
+        s.utilization = self.utilization_at(t)
+        reasons = 0
+        # Thermal slowdown: software steps the clocks down above gpu_max, hardware halves them
+        # at the slowdown threshold; both recover once the die has cooled a little.
+        if s.die_celsius >= p.slowdown_celsius:
+            s.clock_factor = min(s.clock_factor, 0.5)
+            reasons |= REASON_HW_THERMAL
+        elif s.die_celsius >= p.gpu_max_celsius:
+            s.clock_factor = max(0.3, s.clock_factor - 0.04 * dt)
+            reasons |= REASON_SW_THERMAL
+        elif s.die_celsius < p.gpu_max_celsius - 3:
+            s.clock_factor = min(1.0, s.clock_factor + 0.02 * dt)
+        elif s.clock_factor < 1.0:
+            reasons |= REASON_SW_THERMAL
+        demand = p.idle_watts + s.utilization * (p.full_load_watts - p.idle_watts) * s.clock_factor
+        if demand > p.tdp_watts:
+            demand = p.tdp_watts
+            reasons |= REASON_SW_POWER_CAP
+        if s.utilization < 0.05:
+            reasons |= REASON_GPU_IDLE
+        s.reasons = reasons
+        s.power_watts = demand
+        s.energy_mj += demand * dt * 1000.0
+        if reasons & REASON_SW_POWER_CAP:
+            s.violation_power_ns += dt * 1e9
+        if reasons & (REASON_SW_THERMAL | REASON_HW_THERMAL):
+            s.violation_thermal_ns += dt * 1e9
+        if p.fans:
+            target = min(1.0, max(p.min_fan_ratio, (s.die_celsius - 35.0) / 45.0))
+            move = 0.05 * dt
+            s.fan_ratio += max(-move, min(move, target - s.fan_ratio))
+        die_target = self.ambient_celsius + demand * self._thermal_resistance()
+        s.die_celsius += (die_target - s.die_celsius) * (1.0 - math.exp(-dt / p.tau_die_seconds))
+        mem_target = self.ambient_celsius + demand * p.r_th_memory
+        s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
+
+    def apply(self, fault: Fault) -> None:
+        """Make a scripted fault happen now."""
+        s, k, prm = self.state, fault.kind, fault.params
+        if k == "lost":
+            s.lost = True
+            s.pending_xids.append(79)  # "GPU has fallen off the bus"
+        elif k == "recover":
+            s.lost = False
+        elif k == "xid":
+            s.pending_xids.append(int(prm.get("xid", 79)))
+        elif k == "ecc":
+            corrected, uncorrected = int(prm.get("corrected", 0)), int(prm.get("uncorrected", 0))
+            s.ecc_corrected_volatile += corrected
+            s.ecc_corrected_aggregate += corrected
+            s.ecc_uncorrected_volatile += uncorrected
+            s.ecc_uncorrected_aggregate += uncorrected
+        elif k == "not_supported":
+            s.unsupported.add(str(prm["field"]))
+        elif k == "hang":
+            s.hang_seconds = float(prm.get("seconds", 5.0))
+        elif k == "garbage":
+            s.garbage[str(prm["field"])] = float(prm["value"])
+        elif k == "retire_pages":
+            s.retired_single_bit += int(prm.get("single_bit", 0))
+            s.retired_double_bit += int(prm.get("double_bit", 0))
+            s.retired_pending = bool(prm.get("pending", False))
+        elif k == "remap_rows":
+            s.remapped_corrected += int(prm.get("corrected", 0))
+            s.remapped_uncorrected += int(prm.get("uncorrected", 0))
+            s.remap_pending = bool(prm.get("pending", False))
+            s.remap_failure = bool(prm.get("failure", False))
+        elif k == "pcie_replays":
+            s.pcie_replays += int(prm.get("count", 1))
+        elif k == "driver_reload":  # counters kept by the driver since it loaded restart at 0
+            s.energy_mj = 0.0
+            s.ecc_corrected_volatile = s.ecc_uncorrected_volatile = 0
+
+    def read_temperature(self, value: float) -> int:
+        """A sensor reading: the true value with a little noise, as NVML's integer °C."""
+        return round(value + self.rng.uniform(-0.6, 0.6))
+
+
+class Simulation:
+    """All simulated GPUs of a scenario, advanced lazily to a requested simulated time."""
+
+    MAX_STEP_SECONDS = 1.0
+
+    def __init__(self, gpus: list[SimGpu], faults: list[Fault], name: str) -> None:
+        self.gpus = gpus
+        self.faults = sorted(faults, key=lambda f: f.at)
+        self.name = name
+        self.time = 0.0  # simulated seconds since the scenario started
+        self._next_fault = 0
+
+    def advance_to(self, t: float) -> None:
+        """Integrate every GPU up to simulated time ``t`` (never backwards)."""
+        while self.time < t:
+            step_end = min(t, self.time + self.MAX_STEP_SECONDS)
+            while self._next_fault < len(self.faults) and self.faults[self._next_fault].at <= step_end:
+                fault = self.faults[self._next_fault]
+                self._next_fault += 1
+                if 0 <= fault.gpu < len(self.gpus):
+                    self.gpus[fault.gpu].apply(fault)
+            for gpu in self.gpus:
+                gpu.step(step_end, step_end - self.time)
+            self.time = step_end
+
+
+def builtin_scenarios() -> list[str]:
+    """Names of the scenarios shipped with the package."""
+    folder = resources.files("gpuwear.backends") / "scenarios"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_scenario(name_or_path: str, seed: int = 1) -> Simulation:
+    """Build a :class:`Simulation` from a built-in scenario name or a YAML file path."""
+    if name_or_path in builtin_scenarios():
+        text = (resources.files("gpuwear.backends") / "scenarios" / f"{name_or_path}.yaml").read_text()
+        name = name_or_path
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ScenarioError(f"scenario {name_or_path!r}: no such file and not a built-in "
+                                f"scenario (built-in: {', '.join(builtin_scenarios())})")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ScenarioError(f"scenario {name_or_path}: cannot read: {exc}") from exc
+        name = path.stem
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"scenario {name}: invalid YAML: {exc}") from exc
+    return parse_scenario(doc, name, seed)
+
+
+def _number(value: Any, where: str, minimum: float = 0.0, maximum: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ScenarioError(f"{where}: expected a number, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ScenarioError(f"{where}: {value} is outside [{minimum}, {maximum}]")
+    return float(value)
+
+
+def _phase(spec: Any, where: str) -> Phase:
+    if not isinstance(spec, dict):
+        raise ScenarioError(f"{where}: expected a mapping like {{kind: train, seconds: 600}}")
+    kind = spec.get("kind")
+    if kind not in PHASE_KINDS:
+        raise ScenarioError(f"{where}.kind: expected one of {', '.join(PHASE_KINDS)}, got {kind!r}")
+    default_util = {"idle": 0.0, "train": 0.95, "stress": 1.0}[kind]
+    known = {"kind", "seconds", "utilization", "eval_every", "eval_seconds", "eval_utilization"}
+    for key in spec:
+        if key not in known:
+            raise ScenarioError(f"{where}.{key}: unknown key")
+    return Phase(
+        kind=kind,
+        seconds=_number(spec.get("seconds"), f"{where}.seconds", 0.001),
+        utilization=_number(spec.get("utilization", default_util), f"{where}.utilization", 0, 1),
+        eval_every=_number(spec.get("eval_every", 0), f"{where}.eval_every"),
+        eval_seconds=_number(spec.get("eval_seconds", 0), f"{where}.eval_seconds"),
+        eval_utilization=_number(spec.get("eval_utilization", 0.3), f"{where}.eval_utilization", 0, 1),
+    )
+
+
+def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
+    """Validate a scenario document (see ``scenarios/demo.yaml``) and build the simulation."""
+    if not isinstance(doc, dict):
+        raise ScenarioError(f"scenario {name}: expected a mapping at the top level")
+    for key in doc:
+        if key not in {"description", "ambient_celsius", "gpus", "faults"}:
+            raise ScenarioError(f"scenario {name}: {key}: unknown key")
+    ambient = _number(doc.get("ambient_celsius", 25), f"scenario {name}: ambient_celsius", -20, 60)
+    gpu_specs = doc.get("gpus")
+    if not isinstance(gpu_specs, list) or not gpu_specs:
+        raise ScenarioError(f"scenario {name}: gpus: expected a non-empty list")
+    gpus = []
+    for i, spec in enumerate(gpu_specs):
+        where = f"scenario {name}: gpus[{i}]"
+        if not isinstance(spec, dict):
+            raise ScenarioError(f"{where}: expected a mapping")
+        product = PRODUCTS.get(spec.get("product", ""))
+        if product is None:
+            raise ScenarioError(f"{where}.product: expected one of {', '.join(PRODUCTS)}, "
+                                f"got {spec.get('product')!r}")
+        schedule_spec = spec.get("schedule", [{"kind": "idle", "seconds": 3600}])
+        if not isinstance(schedule_spec, list) or not schedule_spec:
+            raise ScenarioError(f"{where}.schedule: expected a non-empty list of phases")
+        schedule = [_phase(p, f"{where}.schedule[{j}]") for j, p in enumerate(schedule_spec)]
+        offset = _number(spec.get("offset_seconds", 0), f"{where}.offset_seconds")
+        cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 3.0)
+        unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported"}
+        if unknown:
+            raise ScenarioError(f"{where}.{sorted(unknown)[0]}: unknown key")
+        gpu = SimGpu(i, product, schedule, offset, ambient, seed, cooling)
+        for fld in spec.get("unsupported", []) or []:
+            gpu.state.unsupported.add(str(fld))
+        gpus.append(gpu)
+    faults = []
+    for i, spec in enumerate(doc.get("faults", []) or []):
+        where = f"scenario {name}: faults[{i}]"
+        if not isinstance(spec, dict) or spec.get("kind") not in FAULT_KINDS:
+            raise ScenarioError(f"{where}: expected a mapping with kind one of {', '.join(FAULT_KINDS)}")
+        params = {k: v for k, v in spec.items() if k not in {"at", "gpu", "kind"}}
+        gpu_index = int(_number(spec.get("gpu", 0), f"{where}.gpu", 0, len(gpus) - 1))
+        faults.append(Fault(_number(spec.get("at"), f"{where}.at"), gpu_index, spec["kind"], params))
+    return Simulation(gpus, faults, name)

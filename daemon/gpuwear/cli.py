@@ -1,0 +1,107 @@
+"""The ``gpuwear`` command: run | check-config."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+
+from gpuwear import __version__
+from gpuwear.backends.nvml import NvmlUnavailableError
+from gpuwear.backends.simulated import ScenarioError, builtin_scenarios
+from gpuwear.config import ConfigError, load_config, parse_listen
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuwear", description="GPU wear and health monitoring daemon.")
+    parser.add_argument("--version", action="version", version=f"gpuwear {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="sample the GPUs and serve /metrics (foreground)")
+    run.add_argument("--config", metavar="FILE", help="configuration file (default: built-in defaults)")
+    run.add_argument("--listen", metavar="HOST:PORT", help="serve /metrics here (config: listen)")
+    run.add_argument("--state-dir", metavar="DIR", help="state directory (config: state_dir)")
+    run.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
+                     help="use simulated GPUs: a built-in scenario ({}) or a YAML file; without a value, "
+                          "the configured one (default demo)".format(", ".join(builtin_scenarios())))
+    run.add_argument("--simulate-if-no-gpu", action="store_true",
+                     help="use real GPUs when the NVIDIA driver is present, else simulated ones")
+    run.add_argument("--speed", type=float, metavar="N",
+                     help="run simulated time N times faster than wall time (config: simulation.speed)")
+
+    check = sub.add_parser("check-config", help="validate a configuration file, listing every problem")
+    check.add_argument("file", metavar="FILE")
+    return parser
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"gpuwear: {message}", file=sys.stderr)
+    return code
+
+
+def _config_problems(path: str, error: ConfigError) -> int:
+    for problem in error.problems:
+        print(f"gpuwear: {path}: {problem}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpuwear.service import Daemon, open_source
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _config_problems(args.config, exc)
+    if args.listen is not None:
+        try:
+            parse_listen(args.listen)
+        except ValueError as exc:
+            return _fail(f"--listen: {exc}", EXIT_USAGE)
+        config = replace(config, listen=args.listen)
+    if args.state_dir is not None:
+        config = replace(config, state_dir=args.state_dir)
+    if args.speed is not None and not 0.001 <= args.speed <= 100000:
+        return _fail(f"--speed: must be between 0.001 and 100000, got {args.speed:g}", EXIT_USAGE)
+    if args.speed is not None and args.simulate is None and not args.simulate_if_no_gpu:
+        return _fail("--speed applies to simulated GPUs only; add --simulate", EXIT_USAGE)
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    speed = args.speed if args.speed is not None else config.simulation.speed
+    simulate = args.simulate if args.simulate != "" else config.simulation.scenario
+    try:
+        source = open_source(config, simulate, speed, args.simulate_if_no_gpu)
+    except NvmlUnavailableError as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    except ScenarioError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    daemon = Daemon(config, source)
+    daemon.handle_signals()
+    try:
+        daemon.start()
+    except OSError as exc:
+        daemon.stop()
+        return _fail(f"cannot serve on {config.listen}: {exc.strerror or exc}", EXIT_FAILURE)
+    daemon.wait()
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        load_config(args.file)
+    except ConfigError as exc:
+        return _config_problems(args.file, exc)
+    print(f"{args.file}: valid")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    return _check_config(args)
+

@@ -1,0 +1,199 @@
+"""Configuration: a YAML file whose every key has a default; unknown keys are errors.
+
+``load_config`` collects every problem (key path and reason) before failing, so a user
+fixes a file in one go. ``config.yaml`` at the repository root documents every key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class ConfigError(ValueError):
+    """An unusable configuration; ``problems`` lists each as 'key.path: reason'."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _number(lo: float, hi: float) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return f"expected a number, got {v!r}"
+        if not lo <= v <= hi:
+            return f"must be between {lo:g} and {hi:g}, got {v!r}"
+        return None
+
+    return check
+
+
+def _integer(lo: int, hi: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, int):
+            return f"expected an integer, got {v!r}"
+        if not lo <= v <= hi:
+            return f"must be between {lo} and {hi}, got {v!r}"
+        return None
+
+    return check
+
+
+def _choice(*options: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in options else f"expected one of {', '.join(options)}, got {v!r}"
+
+    return check
+
+
+def _string(v: Any) -> str | None:
+    return None if isinstance(v, str) else f"expected a string, got {v!r}"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """'HOST:PORT' (IPv6 as '[::1]:PORT') to (host, port); ValueError names the problem."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"port must be 1-65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+def _listen(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"expected HOST:PORT, got {v!r}"
+    try:
+        parse_listen(v)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _key(default: Any, check: Callable[[Any], str | None]) -> Any:
+    return field(default=default, metadata={"check": check})
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    interval_seconds: float = _key(1.0, _number(0.01, 3600))
+    slow_interval_seconds: float = _key(30.0, _number(0.01, 86400))
+    event_wait_milliseconds: int = _key(500, _integer(10, 10000))
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    scenario: str = _key("demo", _string)
+    speed: float = _key(1.0, _number(0.001, 100000))
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: str = _key("127.0.0.1:9941", _listen)
+    state_dir: str = _key("", _string)
+    log_level: str = _key("info", _choice("debug", "info", "warning", "error"))
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+    @property
+    def listen_is_loopback(self) -> bool:
+        host = self.listen_address[0]
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    def resolved_state_dir(self) -> Path:
+        """The state directory: the configured one, else systemd's $STATE_DIRECTORY, else
+        ~/.local/state/gpuwear."""
+        if self.state_dir:
+            return Path(self.state_dir).expanduser()
+        if os.environ.get("STATE_DIRECTORY"):
+            return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+        return Path.home() / ".local" / "state" / "gpuwear"
+
+
+def _build(cls: Any, data: Any, path: str, problems: list[str]) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        problems.append(f"{path.rstrip('.') or '(top level)'}: expected a mapping, got {type(data).__name__}")
+        return cls()
+    known = {f.name: f for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            problems.append(f"{path}{key}: unknown key (known: {', '.join(known)})")
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        if name not in data:
+            continue
+        if isinstance(f.default_factory, type) and is_dataclass(f.default_factory):  # a section
+            values[name] = _build(f.default_factory, data[name], f"{path}{name}.", problems)
+            continue
+        value = data[name]
+        if isinstance(value, int) and not isinstance(value, bool) and isinstance(f.default, float):
+            value = float(value)
+        problem = f.metadata["check"](value)
+        if problem:
+            problems.append(f"{path}{name}: {problem}")
+        else:
+            values[name] = value
+    return replace(cls(), **values)
+
+
+def parse_config(data: Any) -> Config:
+    """A :class:`Config` from parsed YAML; raises :class:`ConfigError` with every problem."""
+    problems: list[str] = []
+    config = _build(Config, data, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    return config  # type: ignore[no-any-return]
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read and validate a config file (``None``: the defaults)."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError([f"{p}: larger than {MAX_CONFIG_BYTES} bytes; not a gpuwear config"])
+        text = p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{p}: invalid YAML: {' '.join(str(exc).split())}"]) from None
+    return parse_config(data)
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf key of a config as 'section.key' -> value."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if is_dataclass(value):
+            out.update(flatten(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out

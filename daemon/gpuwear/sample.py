@@ -1,0 +1,115 @@
+"""One reading of one GPU, in base units. ``None`` means "not supported / not read"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What a GPU is; read once when the GPU is opened."""
+
+    index: int  # nvmlDeviceGetHandleByIndex index (nvidia-smi "index")
+    uuid: str  # nvmlDeviceGetUUID ("uuid"); the key of everything per GPU
+    name: str  # nvmlDeviceGetName ("name")
+    serial: str | None  # nvmlDeviceGetSerial ("serial"); GeForce boards have none
+    pci_bus_id: str | None  # nvmlDeviceGetPciInfo_v3().busId ("pci.bus_id")
+    architecture: str | None  # nvmlDeviceGetArchitecture, as a name ("hopper")
+    cuda_capability: str | None  # nvmlDeviceGetCudaComputeCapability, "9.0"
+    memory_total_bytes: int | None  # nvmlDeviceGetMemoryInfo().total ("memory.total")
+    fan_count: int  # nvmlDeviceGetNumFans; 0 on passive cards
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """Driver-wide facts: nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion,
+    nvmlSystemGetCudaDriverVersion (as "12.6")."""
+
+    driver_version: str
+    nvml_version: str
+    cuda_driver_version: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU. Fields are grouped fast (every tick) and slow (polled less)."""
+
+    timestamp: float  # wall clock, Unix seconds
+    monotonic: float  # monotonic clock, seconds
+    # temperatures, °C
+    temperature_gpu_celsius: float | None = None  # nvmlDeviceGetTemperature(GPU) ("temperature.gpu")
+    temperature_memory_celsius: float | None = None  # field NVML_FI_DEV_MEMORY_TEMP ("temperature.memory")
+    # nvmlDeviceGetTemperatureThreshold: SHUTDOWN, SLOWDOWN, GPU_MAX, MEM_MAX (slow)
+    threshold_shutdown_celsius: float | None = None
+    threshold_slowdown_celsius: float | None = None
+    threshold_gpu_max_celsius: float | None = None
+    threshold_memory_max_celsius: float | None = None
+    # power, W and J
+    power_watts: float | None = None  # nvmlDeviceGetPowerUsage ("power.draw")
+    power_limit_watts: float | None = None  # nvmlDeviceGetEnforcedPowerLimit ("enforced.power.limit"), slow
+    power_default_limit_watts: float | None = None  # nvmlDeviceGetPowerManagementDefaultLimit, slow
+    energy_joules: float | None = None  # field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, since driver load
+    # fans, per fan index
+    fan_speed_ratio: tuple[float | None, ...] | None = None  # nvmlDeviceGetFanSpeed_v2 / 100 ("fan.speed")
+    fan_speed_rpm: tuple[float | None, ...] | None = None  # nvmlDeviceGetFanSpeedRPM
+    # clocks, Hz (nvmlDeviceGetClockInfo / nvmlDeviceGetMaxClockInfo, MHz x 1e6)
+    clock_graphics_hz: float | None = None  # "clocks.gr"
+    clock_sm_hz: float | None = None  # "clocks.sm"
+    clock_memory_hz: float | None = None  # "clocks.mem"
+    clock_graphics_max_hz: float | None = None  # "clocks.max.gr", slow
+    clock_sm_max_hz: float | None = None  # "clocks.max.sm", slow
+    clock_memory_max_hz: float | None = None  # "clocks.max.mem", slow
+    performance_state: int | None = None  # nvmlDeviceGetPerformanceState, 0 (P0) .. 15
+    clock_event_reasons: int | None = None  # nvmlDeviceGetCurrentClocksEventReasons bitmask
+    # nvmlDeviceGetViolationStatus(POWER / THERMAL).violationTime, ns -> s, cumulative
+    violation_power_seconds: float | None = None
+    violation_thermal_seconds: float | None = None
+    # utilization and memory
+    utilization_gpu_ratio: float | None = None  # nvmlDeviceGetUtilizationRates().gpu / 100
+    utilization_memory_ratio: float | None = None  # nvmlDeviceGetUtilizationRates().memory / 100
+    memory_used_bytes: float | None = None  # nvmlDeviceGetMemoryInfo().used ("memory.used")
+    # modes and memory health (slow)
+    mig_enabled: bool | None = None  # nvmlDeviceGetMigMode current
+    ecc_enabled: bool | None = None  # nvmlDeviceGetEccMode current
+    # fields NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    # nvmlDeviceGetRetiredPages(cause) and nvmlDeviceGetRetiredPagesPendingStatus (pre-Ampere)
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+    # nvmlDeviceGetRemappedRows (Ampere+)
+    remapped_rows_corrected: int | None = None
+    remapped_rows_uncorrected: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    pcie_replays: int | None = None  # field NVML_FI_DEV_PCIE_REPLAY_COUNTER
+
+
+# Physical ranges: a reading outside is dropped (and counted), never exported or accumulated.
+PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
+    "temperature_gpu_celsius": (-40.0, 150.0),
+    "temperature_memory_celsius": (-40.0, 150.0),
+    "threshold_shutdown_celsius": (0.0, 150.0),
+    "threshold_slowdown_celsius": (0.0, 150.0),
+    "threshold_gpu_max_celsius": (0.0, 150.0),
+    "threshold_memory_max_celsius": (0.0, 150.0),
+    "power_watts": (0.0, 5000.0),
+    "power_limit_watts": (0.0, 5000.0),
+    "power_default_limit_watts": (0.0, 5000.0),
+    "energy_joules": (0.0, 1e15),
+    "fan_speed_ratio": (0.0, 2.0),  # NVML allows more than 100 % on some boards
+    "fan_speed_rpm": (0.0, 30000.0),
+    "clock_graphics_hz": (0.0, 1e10),
+    "clock_sm_hz": (0.0, 1e10),
+    "clock_memory_hz": (0.0, 1e11),
+    "clock_graphics_max_hz": (0.0, 1e10),
+    "clock_sm_max_hz": (0.0, 1e10),
+    "clock_memory_max_hz": (0.0, 1e11),
+    "performance_state": (0, 15),
+    "utilization_gpu_ratio": (0.0, 1.0),
+    "utilization_memory_ratio": (0.0, 1.0),
+    "memory_used_bytes": (0.0, 1e14),
+}

@@ -1,0 +1,225 @@
+"""One tick: read every GPU, validate, and publish an immutable snapshot.
+
+Failures are isolated per GPU: a lost GPU or a failing call marks that GPU's sample as
+failed and never stops the others. Readings outside physical ranges are dropped and
+counted. The snapshot is replaced atomically; readers (the collector) never wait on NVML.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from gpuwear.clock import Clock
+from gpuwear.sample import PHYSICAL_RANGES, GpuIdentity, GpuSample, SystemInfo
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """Where samples come from (``backends.nvml.NvmlBackend``)."""
+
+    def open(self) -> list[GpuIdentity]: ...
+
+    def close(self) -> None: ...
+
+    def system_info(self) -> SystemInfo: ...
+
+    def read(self, index: int, slow: bool) -> Any: ...
+
+    def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None: ...
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """Everything known about one GPU at the last tick; immutable."""
+
+    identity: GpuIdentity
+    up: bool  # False once the GPU answered GPU_IS_LOST
+    sample: GpuSample | None  # the last sample; None before the first and while down
+    last_success: bool  # the last read had no error
+    last_duration_seconds: float  # wall time the last read took
+    errors: Mapping[str, int]  # read errors by kind, since start
+    dropped: Mapping[str, int]  # readings dropped as out of range, by field, since start
+    xids: Mapping[int, int]  # XID events by code, since start
+    energy_joules_total: float | None  # energy counter, continued across counter resets
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The state served at scrape time."""
+
+    gpus: tuple[GpuStatus, ...]
+    system: SystemInfo | None
+    ticks: int
+
+
+EMPTY = Snapshot(gpus=(), system=None, ticks=0)
+
+
+@dataclass
+class _Gpu:
+    identity: GpuIdentity
+    up: bool = True
+    sample: GpuSample | None = None
+    slow_values: dict[str, Any] = field(default_factory=dict)
+    last_slow: float | None = None
+    last_success: bool = False
+    last_duration: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+    xids: Counter[int] = field(default_factory=Counter)
+    energy_offset: float = 0.0
+    energy_last: float | None = None
+    energy_total: float | None = None
+
+    def status(self) -> GpuStatus:
+        return GpuStatus(
+            identity=self.identity, up=self.up, sample=self.sample, last_success=self.last_success,
+            last_duration_seconds=self.last_duration, errors=MappingProxyType(dict(self.errors)),
+            dropped=MappingProxyType(dict(self.dropped)), xids=MappingProxyType(dict(self.xids)),
+            energy_joules_total=self.energy_total,
+        )
+
+
+def _in_range(name: str, value: Any) -> bool:
+    bounds = PHYSICAL_RANGES.get(name)
+    if bounds is None or value is None or isinstance(value, bool):
+        return True
+    return bool(bounds[0] <= value <= bounds[1])
+
+
+class Sampler:
+    """Reads all GPUs of a backend on each :meth:`tick` and publishes a :class:`Snapshot`.
+
+    ``lost_errors``: the exception types that mean "GPU fallen off the bus".
+    ``timer``: a high-resolution timer for durations (real seconds even under ``--speed``).
+    """
+
+    def __init__(self, backend: Backend, clock: Clock, slow_interval_seconds: float,
+                 lost_errors: tuple[type[BaseException], ...],
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.backend = backend
+        self.clock = clock
+        self.slow_interval = slow_interval_seconds
+        self.lost_errors = lost_errors
+        self.timer = timer
+        self._lock = threading.Lock()
+        self._gpus: list[_Gpu] = []
+        self._system: SystemInfo | None = None
+        self._ticks = 0
+        self._snapshot = EMPTY
+        self._logged_drops: set[tuple[int, str]] = set()
+
+    def open(self) -> None:
+        """Open the backend and learn the GPUs (raises what the backend raises)."""
+        identities = self.backend.open()
+        with self._lock:
+            self._gpus = [_Gpu(identity) for identity in identities]
+            self._system = self.backend.system_info()
+            self._publish()
+
+    def start_events(self, wait_ms: int = 500) -> None:
+        self.backend.start_events(self.record_xid, wait_ms)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The latest published snapshot (an atomic reference read; never blocks)."""
+        return self._snapshot
+
+    def record_xid(self, index: int, xid: int) -> None:
+        """Count an XID event (called from the event thread)."""
+        with self._lock:
+            if 0 <= index < len(self._gpus):
+                gpu = self._gpus[index]
+                gpu.xids[xid] += 1
+                log.warning("GPU %d (%s): XID %d", gpu.identity.index, gpu.identity.uuid, xid)
+                self._publish()
+
+    def tick(self) -> Snapshot:
+        """Read every GPU once; returns the new snapshot."""
+        for i, gpu in enumerate(self._gpus):
+            self._read(i, gpu)
+        with self._lock:
+            self._ticks += 1
+            self._publish()
+            return self._snapshot
+
+    def _read(self, i: int, gpu: _Gpu) -> None:
+        now = self.clock.monotonic()
+        slow = gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
+        start = self.timer()
+        try:
+            reading = self.backend.read(i, slow)
+        except self.lost_errors as exc:
+            with self._lock:
+                gpu.last_duration = self.timer() - start
+                gpu.last_success = False
+                gpu.errors["gpu_lost"] += 1
+                if gpu.up:
+                    log.error("GPU %d (%s) is lost: %s", gpu.identity.index, gpu.identity.uuid, exc)
+                gpu.up, gpu.sample = False, None
+            return
+        duration = self.timer() - start
+        values = self._validated(gpu, reading.values)
+        if slow:  # a slow read holds every field; fast reads reuse its slow ones
+            gpu.last_slow = now
+            gpu.slow_values = values
+        merged = {**gpu.slow_values, **values}
+        sample = GpuSample(timestamp=self.clock.wall(), monotonic=now, **merged)
+        with self._lock:
+            if not gpu.up:
+                log.warning("GPU %d (%s) answers again", gpu.identity.index, gpu.identity.uuid)
+            gpu.up = True
+            gpu.sample = sample
+            gpu.last_duration = duration
+            gpu.last_success = not reading.errors
+            gpu.errors.update(reading.errors)
+            self._account_energy(gpu, sample.energy_joules)
+
+    def _validated(self, gpu: _Gpu, values: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in values.items():
+            if isinstance(value, tuple):
+                kept = tuple(v if _in_range(name, v) else None for v in value)
+                if kept != value:
+                    self._drop(gpu, name, value)
+                out[name] = kept
+            elif _in_range(name, value):
+                out[name] = value
+            else:
+                self._drop(gpu, name, value)
+                out[name] = None
+        return out
+
+    def _drop(self, gpu: _Gpu, name: str, value: Any) -> None:
+        with self._lock:
+            gpu.dropped[name] += 1
+        if (gpu.identity.index, name) not in self._logged_drops:
+            self._logged_drops.add((gpu.identity.index, name))
+            log.warning("GPU %d (%s): dropped %s=%r, outside the physical range %s (logged once)",
+                        gpu.identity.index, gpu.identity.uuid, name, value, PHYSICAL_RANGES[name])
+
+    @staticmethod
+    def _account_energy(gpu: _Gpu, energy: float | None) -> None:
+        """Continue the energy counter across its resets (driver reload zeroes it)."""
+        if energy is None:
+            return
+        if gpu.energy_last is not None and energy < gpu.energy_last:
+            log.warning("GPU %d (%s): energy counter went back from %.0f J to %.0f J (driver "
+                        "reload?); continuing from the last value", gpu.identity.index,
+                        gpu.identity.uuid, gpu.energy_last, energy)
+            gpu.energy_offset += gpu.energy_last
+        gpu.energy_last = energy
+        gpu.energy_total = gpu.energy_offset + energy
+
+    def _publish(self) -> None:
+        self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,
+                                  ticks=self._ticks)
+

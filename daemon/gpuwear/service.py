@@ -1,0 +1,192 @@
+"""Wiring: backend, sampler, scheduler, HTTP server, signals, shutdown."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from gpuwear import __version__
+from gpuwear.backends.fakenvml import FakeNvmlLibrary
+from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, NvmlUnavailableError
+from gpuwear.backends.simulated import Simulation, load_scenario
+from gpuwear.clock import Clock, ScaledClock, SystemClock
+from gpuwear.collector import GpuwearCollector
+from gpuwear.config import Config
+from gpuwear.metrics import DaemonInfo
+from gpuwear.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+# Under --speed, ticks never come faster than this (wall seconds); each covers more
+# simulated time instead.
+MIN_WALL_INTERVAL_SECONDS = 0.02
+
+
+@dataclass
+class Source:
+    """An opened sampler, the clock it runs on and what it is (for the info metric)."""
+
+    sampler: Sampler
+    clock: Clock
+    info: DaemonInfo
+    speed: float
+    simulation: Simulation | None = None  # the simulated GPUs, when not real ones
+
+
+def _info(backend: str, scenario: str) -> DaemonInfo:
+    return DaemonInfo(version=__version__, python_version=sys.version.split()[0], backend=backend,
+                      scenario=scenario)
+
+
+def open_source(config: Config, simulate: str | None, speed: float, simulate_if_no_gpu: bool,
+                library: object | str = DEFAULT_LIBRARY) -> Source:
+    """Open real GPUs, or simulated ones (``simulate``: scenario name or file).
+
+    With ``simulate_if_no_gpu``, a machine without an NVIDIA driver falls back to the
+    configured simulation scenario. Raises ``NvmlUnavailableError`` or ``ScenarioError``.
+    """
+    if simulate is None:
+        clock: Clock = SystemClock()
+        sampler = Sampler(NvmlBackend(library), clock, config.sampling.slow_interval_seconds, (GpuLostError,))
+        try:
+            sampler.open()
+            return Source(sampler, clock, _info("nvml", ""), 1.0)
+        except NvmlUnavailableError as exc:
+            if not simulate_if_no_gpu:
+                raise
+            log.warning("no usable NVIDIA driver here (%s)", exc)
+            simulate = config.simulation.scenario
+    simulation = load_scenario(simulate)
+    clock = ScaledClock(speed) if speed != 1.0 else SystemClock()
+    backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
+    sampler = Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,))
+    sampler.open()
+    log.warning("SIMULATED GPUs (scenario %r, %d GPUs, speed x%g): these are not real hardware",
+                simulation.name, len(simulation.gpus), speed)
+    return Source(sampler, clock, _info("simulated", simulation.name), speed, simulation)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _MetricsServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._reply(200, content_type, encoder(self.server.registry))
+        elif path == "/healthz":
+            self._reply(200, "text/plain; charset=utf-8", b"ok\n")
+        elif path == "/":
+            self._reply(200, "text/html; charset=utf-8",
+                        b"<html><head><title>gpuwear</title></head><body><h1>gpuwear</h1>"
+                        b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
+        else:
+            self._reply(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _reply(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
+
+
+class _MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
+        self.registry = registry
+        if ":" in address[0]:
+            import socket
+
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+
+class Daemon:
+    """Samples on a schedule and serves /metrics until :meth:`stop`."""
+
+    def __init__(self, config: Config, source: Source, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.source = source
+        self.registry = registry or CollectorRegistry(auto_describe=False)
+        self.registry.register(GpuwearCollector(lambda: source.sampler.snapshot, source.info))
+        self._stopped = threading.Event()
+        self._wake = threading.Event()
+        self._scheduler = BackgroundScheduler(daemon=True)
+        self._server: _MetricsServer | None = None
+        self._server_thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    def _tick(self) -> None:
+        try:
+            self.source.sampler.tick()
+        except Exception:  # a bug in one tick must not end the sampling
+            log.exception("sampling tick failed")
+
+    def start(self) -> None:
+        """First sample, event listener, HTTP server, then the periodic schedule."""
+        sampler = self.source.sampler
+        sampler.tick()
+        sampler.start_events(self.config.sampling.event_wait_milliseconds)
+        host, port = self.config.listen_address
+        self._server = _MetricsServer((host, port), self.registry)
+        self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                               name="http", daemon=True)
+        self._server_thread.start()
+        wall_interval = max(self.config.sampling.interval_seconds / self.source.speed, MIN_WALL_INTERVAL_SECONDS)
+        self._scheduler.add_job(self._tick, "interval", seconds=wall_interval, id="sample",
+                                max_instances=1, coalesce=True, misfire_grace_time=None)
+        self._scheduler.start()
+        if not self.config.listen_is_loopback:
+            log.warning("serving /metrics on a non-loopback address %s", self.config.listen)
+        log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); serving "
+                 "http://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
+                 self.config.sampling.interval_seconds, wall_interval, host, self.port)
+
+    def stop(self) -> None:
+        """Stop sampling, serving and NVML; idempotent, returns within about a second."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        self.source.sampler.backend.close()
+        log.info("gpuwear stopped")
+
+    def handle_signals(self) -> None:
+        """Make SIGTERM and SIGINT end :meth:`wait`; call before :meth:`start`, so that a
+        signal arriving during start-up still stops the daemon cleanly."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+            self._wake.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def wait(self) -> None:
+        """Block until a handled signal arrives, then stop."""
+        while not self._wake.wait(0.5):
+            pass
+        self.stop()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh Debian machine: lint (ruff), types (mypy) and pytest,
+# including the end-to-end tests against a real Prometheus server (Debian's prometheus package,
+# installed here when missing). Arguments go to pytest, e.g. ./test.sh -x -m 'not e2e'
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")"
+
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    install=(apt-get install -y --no-install-recommends prometheus)
+    if [ "$(id -u)" -eq 0 ]; then
+        as_root=(env DEBIAN_FRONTEND=noninteractive)
+    elif command -v sudo >/dev/null; then
+        as_root=(sudo env DEBIAN_FRONTEND=noninteractive)
+    else
+        echo "test.sh: prometheus and promtool are missing: as root, run: apt-get install prometheus" >&2
+        exit 1
+    fi
+    echo "test.sh: installing Debian's prometheus package (prometheus, promtool)" >&2
+    "${as_root[@]}" apt-get update -q
+    "${as_root[@]}" "${install[@]}"
+fi
+
+[ -d .venv ] || python3 -m venv .venv
+.venv/bin/pip install -q -e '.[test]'
+.venv/bin/ruff check daemon tests
+.venv/bin/mypy
+.venv/bin/pytest "$@"

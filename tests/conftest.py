@@ -1,0 +1,69 @@
+"""Shared test rigs: simulated GPUs behind the fake NVML library, read by the real NVML
+backend through the real pynvml binding, on a manual clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuwear.backends.fakenvml import FakeNvmlLibrary
+from gpuwear.backends.nvml import GpuLostError, NvmlBackend
+from gpuwear.backends.simulated import Simulation, load_scenario, parse_scenario
+from gpuwear.clock import ManualClock
+from gpuwear.sampler import Sampler, Snapshot
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite tests/golden/*.prom from the current output instead of comparing")
+
+
+class StepTimer:
+    """A deterministic duration timer: each call moves 1/1024 s (exact in binary)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1 / 1024
+        return self.now
+
+
+@dataclass
+class Rig:
+    simulation: Simulation
+    clock: ManualClock
+    library: FakeNvmlLibrary
+    backend: NvmlBackend
+    sampler: Sampler
+
+    def run(self, seconds: float, interval: float = 1.0) -> Snapshot:
+        """Advance the clock and tick every ``interval`` for ``seconds``."""
+        snap = self.sampler.snapshot
+        for _ in range(round(seconds / interval)):
+            self.clock.advance(interval)
+            snap = self.sampler.tick()
+        return snap
+
+
+def make_rig(scenario: str | dict[str, object], slow_interval: float = 30.0) -> Rig:
+    """A rig on a built-in scenario name, a scenario file path, or a scenario document."""
+    sim = parse_scenario(scenario, "test") if isinstance(scenario, dict) else load_scenario(scenario)
+    clock = ManualClock()
+    library = FakeNvmlLibrary(sim, clock)
+    backend = NvmlBackend(library)
+    sampler = Sampler(backend, clock, slow_interval, (GpuLostError,), timer=StepTimer())
+    sampler.open()
+    return Rig(sim, clock, library, backend, sampler)
+
+
+@pytest.fixture
+def demo() -> Iterator[Rig]:
+    rig = make_rig("demo")
+    yield rig
+    rig.backend.close()

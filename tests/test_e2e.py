@@ -1,0 +1,200 @@
+"""End to end: the real daemon (simulated GPUs) scraped by a real Prometheus server.
+
+Needs Debian's ``prometheus`` package (``prometheus`` and ``promtool`` on PATH); ./test.sh installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
+JOB = "gpuwear"
+
+DAEMON_READY_SECONDS = 20.0
+PROMETHEUS_READY_SECONDS = 60.0
+DAEMON_EXIT_SECONDS = 2.0
+POLL_SECONDS = 0.2
+
+# urllib would send even loopback requests through $http_proxy: never use a proxy here.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+T = TypeVar("T")
+Series = list[dict[str, Any]]
+
+
+def _require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"`{tool}` is not on PATH: install Debian's prometheus package "
+                    "(sudo apt-get install prometheus), or run ./test.sh, which does", pytrace=False)
+    return path
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel reports free on 127.0.0.1, all distinct (the sockets are held together)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def write_prometheus_config(path: Path, target: str) -> Path:
+    """The example config, scraping ``target`` every second."""
+    config = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    config["global"]["scrape_interval"] = "1s"
+    config["global"]["evaluation_interval"] = "1s"
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == JOB]
+    job["static_configs"] = [{"targets": [target]}]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _tail(log: Path, lines: int = 30) -> str:
+    text = log.read_text(errors="replace") if log.exists() else "(no log)"
+    return f"--- last lines of {log.name} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def _logs_on_failure(*logs: Path) -> Iterator[None]:
+    """Append the tails of ``logs`` to the message of an assertion failing inside the block."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError("\n".join([str(exc), *(_tail(log) for log in logs)])) from None
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def _started(args: list[str], log: Path, cwd: Path, *, stdout_to_log: bool) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args`` (stderr, and stdout when asked, to ``log``); stop it on leaving, whatever happened."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out if stdout_to_log else subprocess.DEVNULL,
+                                stderr=out, cwd=cwd)
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def _poll(what: str, seconds: float, procs: dict[str, subprocess.Popen[bytes]], attempt: Callable[[], T | None]) -> T:
+    """Call ``attempt`` until it returns something other than None; fail early when a process died."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for name, proc in procs.items():
+            assert proc.poll() is None, f"{name} exited with code {proc.returncode} while waiting for {what}"
+        result = attempt()
+        if result is not None:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {seconds:g}s waiting for {what}"
+        time.sleep(POLL_SECONDS)
+
+
+def _get(url: str) -> str | None:
+    try:
+        with _HTTP.open(url, timeout=2) as response:
+            body: bytes = response.read()
+            return body.decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def _query(prometheus: str, promql: str) -> Series:
+    body = _get(f"http://{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    if body is None:
+        return []
+    reply = json.loads(body)
+    assert reply["status"] == "success", f"{promql}: {reply}"
+    result: Series = reply["data"]["result"]
+    return result
+
+
+def _labels(series: Series, label: str) -> set[str]:
+    return {s["metric"][label] for s in series}
+
+
+@pytest.mark.e2e
+def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
+    prometheus_bin = _require("prometheus")
+    daemon_port, prometheus_port = _free_ports(2)
+    daemon_addr, prometheus_addr = f"127.0.0.1:{daemon_port}", f"127.0.0.1:{prometheus_port}"
+    daemon_log, prometheus_log = tmp_path / "gpuwear.log", tmp_path / "prometheus.log"
+    config = write_prometheus_config(tmp_path / "prometheus.yml", daemon_addr)
+
+    with ExitStack() as stack:
+        stack.enter_context(_logs_on_failure(daemon_log, prometheus_log))
+        daemon = stack.enter_context(_started(
+            [sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen", daemon_addr,
+             "--state-dir", str(tmp_path / "state")],
+            daemon_log, tmp_path, stdout_to_log=False))
+
+        def daemon_ready() -> bool | None:
+            body = _get(f"http://{daemon_addr}/metrics")
+            return True if body is not None and 'gpuwear_backend_info{backend="simulated"' in body else None
+
+        _poll("the daemon's /metrics", DAEMON_READY_SECONDS, {"gpuwear": daemon}, daemon_ready)
+
+        prometheus = stack.enter_context(_started(
+            [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address={prometheus_addr}"],
+            prometheus_log, tmp_path, stdout_to_log=True))
+
+        def both_gpus_scraped() -> Series | None:
+            series = _query(prometheus_addr, 'gpuwear_temperature_celsius{sensor="gpu"}')
+            return series if len(_labels(series, "uuid")) == 2 else None
+
+        _poll("Prometheus to hold the temperatures of both GPUs", PROMETHEUS_READY_SECONDS,
+              {"gpuwear": daemon, "prometheus": prometheus}, both_gpus_scraped)
+
+        up = _query(prometheus_addr, f'up{{job="{JOB}"}}')
+        assert [s["value"][1] for s in up] == ["1"], up
+        assert _query(prometheus_addr, 'gpuwear_backend_info{backend="simulated"}')
+        # demo scenario: GPU 0 is an RTX 4090 (fans, no memory temperature), GPU 1 an H100 (HBM temperature, no fans)
+        memory = _query(prometheus_addr, 'gpuwear_temperature_celsius{sensor="memory"}')
+        assert len(_labels(memory, "uuid")) == 1, memory
+        fans = _query(prometheus_addr, "gpuwear_fan_speed_ratio")
+        assert fans and _labels(fans, "gpu") == {"0"}, fans
+        power = _query(prometheus_addr, "gpuwear_power_watts")
+        assert len(power) == 2, power
+
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            code = daemon.wait(timeout=DAEMON_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the daemon did not exit within {DAEMON_EXIT_SECONDS:g}s of SIGTERM") from None
+        assert code == 0, f"the daemon exited with code {code} on SIGTERM"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("generated", [False, True], ids=["example", "generated"])
+def test_promtool_accepts_config(tmp_path: Path, generated: bool) -> None:
+    promtool = _require("promtool")
+    config = write_prometheus_config(tmp_path / "prometheus.yml", "127.0.0.1:9941") if generated else EXAMPLE_CONFIG
+    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -1,0 +1,59 @@
+"""The fake NVML library serves any pynvml client, as a driver would."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from conftest import Rig
+from gpuwear.backends.nvml import install_library
+
+
+def test_plain_pynvml_client_reads_simulated_gpus(demo: Rig) -> None:
+    # Only pynvml calls here: a client that knows nothing of gpuwear.
+    assert pynvml.nvmlDeviceGetCount() == 2
+    names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(2)]
+    assert names == ["NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3"]
+    h100 = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetPciInfo(h100).busId == "00000000:37:00.0"
+    assert pynvml.nvmlDeviceGetMemoryInfo(h100).total == 80 * 2**30
+    assert 0 < pynvml.nvmlDeviceGetTemperature(h100, pynvml.NVML_TEMPERATURE_GPU) < 100
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(h100) == []
+
+
+def test_unknown_function_is_function_not_found(demo: Rig) -> None:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        pynvml.nvmlDeviceGetBoardPartNumber(handle)
+
+
+def test_not_supported_like_a_consumer_card(demo: Rig) -> None:
+    rtx = pynvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetEccMode(rtx)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetTemperatureThreshold(rtx, pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX)
+    assert pynvml.nvmlDeviceGetNumFans(rtx) == 2
+    h100 = pynvml.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetFanSpeed_v2(h100, 0)
+
+
+def test_calls_before_init_are_uninitialized(demo: Rig) -> None:
+    pynvml.nvmlShutdown()
+    try:
+        with pytest.raises(pynvml.NVMLError_Uninitialized):
+            pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlInit()
+
+
+def test_error_strings_come_from_the_library(demo: Rig) -> None:
+    assert str(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)) == "GPU is lost"
+
+
+def test_library_can_be_uninstalled(demo: Rig) -> None:
+    install_library(None)
+    assert pynvml.nvmlLib is None
+    install_library(demo.library)
+    assert pynvml.nvmlDeviceGetCount() == 2

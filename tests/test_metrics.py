@@ -1,0 +1,98 @@
+"""The metric table and the exposition: golden files per scenario, checked by promtool."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import REPO, Rig, make_rig
+from gpuwear.backends.simulated import builtin_scenarios
+from gpuwear.collector import GpuwearCollector
+from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, DaemonInfo
+
+GOLDEN = REPO / "tests" / "golden"
+SCENARIOS = [*builtin_scenarios(), str(REPO / "tests" / "scenarios" / "faults.yaml")]
+UNIT_SUFFIXES = ("celsius", "watts", "joules", "ratio", "hertz", "bytes", "seconds", "rpm")
+
+
+def exposition(rig: Rig, scenario: str) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario=scenario)
+    registry.register(GpuwearCollector(lambda: rig.sampler.snapshot, info))
+    return generate_latest(registry).decode()
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (apt-get install prometheus)"
+    return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
+def test_golden_exposition(scenario: str, request: pytest.FixtureRequest) -> None:
+    rig = make_rig(scenario)
+    rig.run(600)
+    text = exposition(rig, Path(scenario).stem)
+    golden = GOLDEN / f"{Path(scenario).stem}.prom"
+    if request.config.getoption("--update-golden"):
+        golden.write_text(text)
+    assert golden.exists(), f"{golden} missing: run pytest --update-golden"
+    assert text == golden.read_text(), f"exposition differs from {golden}; if intended, run pytest --update-golden"
+    result = promtool_check(text)
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), result
+
+
+def test_unsupported_values_are_absent_never_zero(demo: Rig) -> None:
+    demo.run(5)
+    families = {f.name: f for f in text_string_to_metric_families(exposition(demo, "demo"))}
+    memory = [s for s in families["gpuwear_temperature_celsius"].samples if s.labels["sensor"] == "memory"]
+    assert [s.labels["gpu"] for s in memory] == ["1"]  # the RTX 4090 has no memory sensor
+    assert {s.labels["gpu"] for s in families["gpuwear_fan_speed_ratio"].samples} == {"0"}
+    assert {s.labels["gpu"] for s in families["gpuwear_ecc_errors"].samples} == {"1"}
+    assert {s.labels["gpu"] for s in families["gpuwear_violation_seconds"].samples} == {"1"}
+
+
+def test_lost_gpu_series(demo: Rig) -> None:
+    demo.run(5)
+    demo.simulation.gpus[0].state.lost = True
+    demo.run(1)
+    text = exposition(demo, "demo")
+    assert 'gpuwear_gpu_up{gpu="0",uuid="GPU-00000001-5111-4a7e-9c3d-000000000000"} 0.0' in text
+    assert not re.search(r'gpuwear_power_watts\{gpu="0"', text)
+    assert re.search(r'gpuwear_power_watts\{gpu="1"', text)
+    assert 'gpuwear_sample_errors_total{gpu="0",kind="gpu_lost"' in text
+
+
+def test_xids_are_a_counter_per_code(demo: Rig) -> None:
+    demo.sampler.record_xid(1, 79)
+    demo.sampler.record_xid(1, 79)
+    demo.sampler.record_xid(1, 48)
+    text = exposition(demo, "demo")
+    assert re.search(r'gpuwear_xid_events_total\{gpu="1",uuid="[^"]+",xid="79"\} 2.0', text)
+    assert re.search(r'gpuwear_xid_events_total\{gpu="1",uuid="[^"]+",xid="48"\} 1.0', text)
+    assert "last_xid" not in text
+
+
+def test_metric_table_follows_conventions() -> None:
+    names = [m.name for m in GPU_METRICS] + [m.name for m in DAEMON_METRICS]
+    assert len(names) == len(set(names))
+    for m in [*GPU_METRICS, *DAEMON_METRICS]:
+        assert m.name.startswith("gpuwear_"), m.name
+        assert m.kind in ("gauge", "counter", "info"), m.name
+        assert (m.kind == "counter") == m.name.endswith("_total"), m.name
+        assert (m.kind == "info") == m.name.endswith("_info"), m.name
+        base = m.name.removesuffix("_total")
+        if m.unit:
+            assert base.endswith("_" + m.unit), m.name
+        else:
+            assert not base.endswith(UNIT_SUFFIXES), m.name
+        assert m.help.endswith("."), m.name
+    for m in GPU_METRICS:
+        assert not {"gpu", "uuid"} & set(m.labels), m.name
+        assert "name" not in m.labels or m.name == "gpuwear_gpu_info", m.name

@@ -1,0 +1,191 @@
+"""The production NVML backend and the sampler, over the fake library."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from conftest import Rig, make_rig
+from gpuwear.backends.nvml import ALL_FIELDS, NvmlBackend, NvmlUnavailableError
+from gpuwear.sample import GpuSample
+
+
+def scenario(*faults: dict[str, Any], products: tuple[str, ...] = ("rtx4090", "h100-sxm"),
+             unsupported: tuple[str, ...] = ()) -> dict[str, Any]:
+    train = [{"kind": "train", "seconds": 3600}]
+    gpus: list[dict[str, Any]] = [{"product": p, "schedule": train} for p in products]
+    gpus[0]["unsupported"] = list(unsupported)
+    return {"gpus": gpus, "faults": list(faults)}
+
+
+def test_identity_and_system_info(demo: Rig) -> None:
+    snap = demo.sampler.snapshot
+    rtx, h100 = (g.identity for g in snap.gpus)
+    assert (rtx.index, rtx.architecture, rtx.cuda_capability, rtx.fan_count) == (0, "ada", "8.9", 2)
+    assert rtx.serial is None  # GeForce: NOT_SUPPORTED, so absent, not ""
+    assert h100.uuid.startswith("GPU-") and h100.serial and h100.pci_bus_id == "00000000:37:00.0"
+    assert h100.memory_total_bytes == 80 * 2**30 and h100.fan_count == 0
+    assert snap.system is not None and snap.system.driver_version == "560.35.03"
+    assert snap.system.cuda_driver_version == "12.6"
+
+
+def test_datacenter_card_reports_every_field_but_fans_and_page_retirement(demo: Rig) -> None:
+    sample = demo.run(5).gpus[1].sample
+    assert sample is not None
+    missing = {f for f in ALL_FIELDS if getattr(sample, f) is None}
+    assert missing == {"fan_speed_ratio", "fan_speed_rpm", "retired_pages_single_bit",
+                       "retired_pages_double_bit", "retired_pages_pending"}
+    assert sample.ecc_enabled is True and sample.remapped_rows_failure is False
+    assert sample.threshold_slowdown_celsius == 89.0 and sample.threshold_memory_max_celsius == 95.0
+    assert sample.power_limit_watts == 700.0
+
+
+def test_consumer_card_unsupported_fields_are_none_logged_once_and_not_polled(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwear.backends.nvml")
+    rig = make_rig("demo", slow_interval=2.0)
+    rig.run(10)
+    sample = rig.sampler.snapshot.gpus[0].sample
+    assert sample is not None
+    for name in ("temperature_memory_celsius", "ecc_enabled", "ecc_corrected_volatile", "mig_enabled",
+                 "remapped_rows_pending", "retired_pages_pending", "violation_power_seconds",
+                 "threshold_memory_max_celsius"):
+        assert getattr(sample, name) is None, name
+    assert sample.fan_speed_ratio is not None and len(sample.fan_speed_ratio) == 2
+    assert sample.fan_speed_rpm is not None and all(r and r > 0 for r in sample.fan_speed_rpm)
+    ecc_lines = [r for r in caplog.records if "GPU 0" in r.getMessage() and "ecc_mode not supported" in r.getMessage()]
+    assert len(ecc_lines) == 1
+    # Ten ticks with a 2 s slow interval: five slow reads of the H100, and only the first
+    # one of the RTX asks for ECC mode; its violation counters are asked on the first tick only.
+    assert rig.library.calls["nvmlDeviceGetEccMode"] == 5 + 1
+    assert rig.library.calls["nvmlDeviceGetViolationStatus"] == 2 * 10 + 2
+
+
+def test_slow_values_are_polled_less_and_carried_between_reads(demo: Rig) -> None:
+    demo.run(1)  # the first tick reads everything
+    before = demo.library.calls["nvmlDeviceGetTemperatureThreshold"]
+    assert before == 2 * 4  # four thresholds per GPU (the RTX answers NOT_SUPPORTED for one)
+    demo.run(29)  # the slow interval is 30 s: no new threshold reads
+    assert demo.library.calls["nvmlDeviceGetTemperatureThreshold"] == before
+    sample = demo.sampler.snapshot.gpus[1].sample
+    assert sample is not None and sample.threshold_shutdown_celsius == 92.0
+    demo.run(1)
+    assert demo.library.calls["nvmlDeviceGetTemperatureThreshold"] > before
+
+
+def test_field_values_are_batched(demo: Rig) -> None:
+    before = demo.library.calls.copy()
+    demo.run(1)
+    calls = demo.library.calls - before
+    assert calls["nvmlDeviceGetFieldValues"] == 2  # memory temperature and energy, one call per GPU
+    assert calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
+
+
+def test_lost_gpu_is_down_and_the_other_keeps_reporting(caplog: pytest.LogCaptureFixture) -> None:
+    rig = make_rig(scenario({"at": 30, "gpu": 0, "kind": "lost"}, {"at": 60, "gpu": 0, "kind": "recover"}))
+    rig.run(20)
+    snap = rig.run(20)
+    rtx, h100 = snap.gpus
+    assert not rtx.up and rtx.sample is None and not rtx.last_success
+    assert rtx.errors["gpu_lost"] == 11  # ticks at t = 30 .. 40
+    assert h100.up and h100.last_success and h100.sample is not None
+    assert h100.sample.timestamp == rig.clock.wall()
+    assert sum("is lost" in r.getMessage() for r in caplog.records) == 1  # logged on the transition only
+    snap = rig.run(30)
+    assert snap.gpus[0].up and snap.gpus[0].sample is not None
+
+
+def test_xid_events_are_counted_per_code() -> None:
+    rig = make_rig(scenario({"at": 5, "gpu": 1, "kind": "xid", "xid": 48},
+                            {"at": 6, "gpu": 1, "kind": "xid", "xid": 48},
+                            {"at": 7, "gpu": 0, "kind": "xid", "xid": 13}))
+    rig.sampler.start_events(wait_ms=20)
+    try:
+        rig.run(10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            gpus = rig.sampler.snapshot.gpus
+            if gpus[1].xids.get(48) == 2 and gpus[0].xids.get(13) == 1:
+                break
+            time.sleep(0.02)
+        assert dict(rig.sampler.snapshot.gpus[1].xids) == {48: 2}
+        assert dict(rig.sampler.snapshot.gpus[0].xids) == {13: 1}
+    finally:
+        rig.backend.close()
+
+
+def test_out_of_range_readings_are_dropped_and_counted() -> None:
+    rig = make_rig(scenario({"at": 9.5, "gpu": 0, "kind": "garbage", "field": "temperature", "value": 82505},
+                            {"at": 9.5, "gpu": 0, "kind": "garbage", "field": "power", "value": -5}))
+    rig.run(9)
+    snap = rig.run(1)
+    sample = snap.gpus[0].sample
+    assert sample is not None
+    assert sample.temperature_gpu_celsius is None and sample.power_watts is None
+    assert dict(snap.gpus[0].dropped) == {"temperature_gpu_celsius": 1, "power_watts": 1}
+    assert sample.clock_sm_hz is not None  # the rest of the sample is kept
+    sample = rig.run(1).gpus[0].sample
+    assert sample is not None and sample.temperature_gpu_celsius is not None
+
+
+def test_field_turning_unsupported_mid_run() -> None:
+    rig = make_rig(scenario({"at": 5, "gpu": 1, "kind": "not_supported", "field": "power"}))
+    assert (s := rig.run(3).gpus[1].sample) is not None and s.power_watts is not None
+    snap = rig.run(5)
+    assert (s := snap.gpus[1].sample) is not None and s.power_watts is None
+    assert snap.gpus[1].last_success  # NOT_SUPPORTED is not an error
+
+
+def test_energy_counter_reset_is_continued() -> None:
+    rig = make_rig(scenario({"at": 100.5, "gpu": 1, "kind": "driver_reload"}))
+    before = rig.run(100).gpus[1].energy_joules_total
+    assert before is not None and before > 50_000
+    after = rig.run(10).gpus[1]
+    assert after.sample is not None and after.sample.energy_joules is not None
+    assert after.sample.energy_joules < 10 * 700  # the raw counter restarted
+    assert after.energy_joules_total is not None and after.energy_joules_total > before
+
+
+def test_hung_call_delays_one_read_only() -> None:
+    rig = make_rig(scenario({"at": 2.5, "gpu": 0, "kind": "hang", "seconds": 0.3}))
+    rig.sampler.timer = time.perf_counter
+    rig.run(2)
+    start = time.perf_counter()
+    snap = rig.run(1)
+    assert time.perf_counter() - start >= 0.3
+    assert snap.gpus[0].last_duration_seconds >= 0.3
+    assert snap.gpus[1].last_duration_seconds < 0.3 and snap.gpus[1].sample is not None
+
+
+def test_pre_ampere_card_reports_retired_pages() -> None:
+    rig = make_rig(scenario({"at": 5, "gpu": 0, "kind": "retire_pages", "double_bit": 2, "pending": True},
+                            {"at": 5, "gpu": 0, "kind": "ecc", "uncorrected": 2, "corrected": 7},
+                            products=("v100",)), slow_interval=1.0)
+    sample = rig.run(10).gpus[0].sample
+    assert sample is not None
+    assert (sample.retired_pages_double_bit, sample.retired_pages_single_bit, sample.retired_pages_pending) == (
+        2, 0, True)
+    assert (sample.ecc_uncorrected_aggregate, sample.ecc_corrected_volatile) == (2, 7)
+    assert sample.remapped_rows_pending is None
+
+
+def test_row_remap_failure_is_reported() -> None:
+    rig = make_rig(scenario({"at": 5, "gpu": 0, "kind": "remap_rows", "uncorrected": 3, "failure": True},
+                            products=("h100-sxm",)), slow_interval=1.0)
+    sample = rig.run(10).gpus[0].sample
+    assert sample is not None
+    assert (sample.remapped_rows_uncorrected, sample.remapped_rows_failure) == (3, True)
+
+
+def test_missing_nvml_library_is_a_clear_error() -> None:
+    with pytest.raises(NvmlUnavailableError, match=r"install the NVIDIA driver.*--simulate"):
+        NvmlBackend("/nonexistent/libnvidia-ml.so.1").open()
+
+
+def test_all_fields_are_sample_fields() -> None:
+    names = set(GpuSample.__dataclass_fields__)
+    assert set(ALL_FIELDS) <= names
+    assert names - set(ALL_FIELDS) == {"timestamp", "monotonic"}

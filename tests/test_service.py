@@ -1,0 +1,139 @@
+"""The daemon: HTTP endpoints, scrapes that never wait on NVML, start and stop."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpuwear.config import Config
+from gpuwear.service import Daemon, open_source
+from helpers import fetch, free_port, real_nvml_present, wait_for
+
+
+@pytest.fixture
+def daemon() -> Iterator[Daemon]:
+    config = Config(listen=f"127.0.0.1:{free_port()}")
+    d = Daemon(config, open_source(config, "demo", 1.0, False))
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_endpoints(daemon: Daemon) -> None:
+    base = f"http://127.0.0.1:{daemon.port}"
+    status, body = fetch(base + "/metrics")
+    assert status == 200 and 'gpuwear_backend_info{backend="simulated",scenario="demo"} 1.0' in body
+    assert fetch(base + "/healthz") == (200, "ok\n")
+    assert fetch(base + "/")[0] == 200
+    assert fetch(base + "/nope")[0] == 404
+
+
+def test_scrape_is_served_from_the_snapshot_while_nvml_hangs(daemon: Daemon) -> None:
+    assert daemon.source.simulation is not None
+    daemon.source.simulation.gpus[0].state.hang_seconds = 1.5
+    ticking = threading.Thread(target=daemon.source.sampler.tick)
+    ticking.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    status, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
+    elapsed = time.monotonic() - start
+    ticking.join()
+    assert status == 200 and "gpuwear_temperature_celsius" in body
+    assert elapsed < 0.5, f"scrape waited {elapsed:.2f}s on a hung NVML call"
+
+
+def run_daemon(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gpuwear", "run", *args], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_the_daemon_within_two_seconds(sig: signal.Signals) -> None:
+    port = free_port()
+    proc = run_daemon("--simulate", "--listen", f"127.0.0.1:{port}")
+    try:
+        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_power_watts")
+        start = time.monotonic()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=5) == 0
+        assert time.monotonic() - start < 2.0
+    finally:
+        proc.kill()
+    assert proc.stderr is not None
+    log = proc.stderr.read()
+    assert "SIMULATED GPUs" in log and "Traceback" not in log
+
+
+def test_speed_runs_simulated_time_faster() -> None:
+    port = free_port()
+    proc = run_daemon("--simulate", "--speed", "100", "--listen", f"127.0.0.1:{port}")
+    try:
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_sampler_ticks_total")
+        first = float(body.split('gpuwear_energy_joules_total{gpu="1"')[1].split()[1])
+        time.sleep(1.0)
+        _, body = fetch(f"http://127.0.0.1:{port}/metrics")
+        second = float(body.split('gpuwear_energy_joules_total{gpu="1"')[1].split()[1])
+        # The H100 trains at about 670 W: 100 simulated seconds in one wall second.
+        assert second - first > 100 * 300
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+
+
+def test_usage_errors() -> None:
+    result = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--speed", "10"], capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 2 and "--speed applies to simulated GPUs only" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--simulate", "nope"], capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("gpuwear: scenario 'nope': no such file and not a built-in scenario")
+    result = subprocess.run([sys.executable, "-m", "gpuwear", "--version"], capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert result.returncode == 0 and result.stdout.startswith("gpuwear ")
+
+
+@pytest.mark.skipif(real_nvml_present(), reason="this machine has an NVIDIA driver; NVML is not missing here")
+def test_without_a_driver_run_fails_with_one_clear_line() -> None:
+    result = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--listen", f"127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "install the NVIDIA driver" in lines[0] and "--simulate" in lines[0]
+
+
+@pytest.mark.skipif(real_nvml_present(), reason="this machine has an NVIDIA driver; the fallback is not used")
+def test_without_a_driver_the_fallback_simulates_and_says_so() -> None:
+    port = free_port()
+    proc = run_daemon("--simulate-if-no-gpu", "--listen", f"127.0.0.1:{port}")
+    try:
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_power_watts")
+        assert 'gpuwear_backend_info{backend="simulated",scenario="demo"} 1.0' in body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+    assert proc.stderr is not None
+    log = proc.stderr.read()
+    assert "no usable NVIDIA driver here" in log and "SIMULATED GPUs" in log
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    port = free_port()
+    first = run_daemon("--simulate", "--listen", f"127.0.0.1:{port}")
+    try:
+        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_power_watts")
+        second = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen",
+                                 f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30, check=False)
+        assert second.returncode == 1
+        assert f"gpuwear: cannot serve on 127.0.0.1:{port}: Address already in use" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=5)
