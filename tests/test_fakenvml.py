@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pynvml
 import pytest
 
@@ -57,3 +61,18 @@ def test_library_can_be_uninstalled(demo: Rig) -> None:
     assert pynvml.nvmlLib is None
     install_library(demo.library)
     assert pynvml.nvmlDeviceGetCount() == 2
+
+
+def test_any_pynvml_program_runs_over_the_fake_unchanged(tmp_path: Path) -> None:
+    client = tmp_path / "client.py"
+    client.write_text(
+        "import sys, pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "for i in range(pynvml.nvmlDeviceGetCount()):\n"
+        "    h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
+        "    print(pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetPowerUsage(h) > 0, sys.argv[1])\n"
+        "sys.exit(3)\n")
+    result = subprocess.run([sys.executable, "-m", "gpuwear.backends.fakenvml", "--scenario", "training",
+                             str(client), "hello"], capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.splitlines() == ["NVIDIA H100 80GB HBM3 True hello", "Tesla V100-PCIE-16GB True hello"]

@@ -552,3 +552,42 @@ class SimulatedDriver:
         with self._lock:
             self._event_sets.pop(_address(event_set), None)
         return SUCCESS
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpuwear.backends.fakenvml [--scenario S] [--speed N] PROGRAM [ARGS...]``:
+    run a pynvml-based Python program (a script or a console command on PATH) over the
+    simulated GPUs, without changing its code."""
+    import argparse
+    import runpy
+    import shutil
+    import sys
+
+    from gpuwear.backends.nvml import install_library
+    from gpuwear.backends.simulated import ScenarioError, load_scenario
+    from gpuwear.clock import ScaledClock
+
+    parser = argparse.ArgumentParser(prog="python -m gpuwear.backends.fakenvml",
+                                     description="Run a pynvml program over simulated GPUs.")
+    parser.add_argument("--scenario", default="demo", help="built-in scenario or YAML file (default demo)")
+    parser.add_argument("--speed", type=float, default=1.0, help="simulated time per wall second")
+    parser.add_argument("program", help="a Python script, or a console command on PATH")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    try:
+        simulation = load_scenario(ns.scenario)
+    except ScenarioError as exc:
+        print(f"fakenvml: {exc}", file=sys.stderr)
+        return 2
+    path = ns.program if "/" in ns.program else shutil.which(ns.program) or ns.program
+    install_library(FakeNvmlLibrary(simulation, ScaledClock(ns.speed)))
+    sys.argv = [path, *ns.args]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
