@@ -62,6 +62,15 @@ def make_rig(scenario: str | dict[str, object], slow_interval: float = 30.0) -> 
     return Rig(sim, clock, library, backend, sampler)
 
 
+@pytest.fixture(autouse=True)
+def state_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Daemons started by a test (and their children) keep state in the test's own folder,
+    through systemd's $STATE_DIRECTORY convention, never in the user's home."""
+    folder = tmp_path / "state"
+    monkeypatch.setenv("STATE_DIRECTORY", str(folder))
+    return folder
+
+
 @pytest.fixture
 def demo() -> Iterator[Rig]:
     rig = make_rig("demo")

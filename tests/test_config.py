@@ -26,20 +26,20 @@ def test_every_key_of_config_yaml_is_commented() -> None:
     lines = (REPO / "config.yaml").read_text().splitlines()
     keys = set(flatten(Config()))
     seen = set()
-    section = ""
+    path: list[tuple[int, str]] = []  # (indent, key) of the enclosing sections
     for i, line in enumerate(lines):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
+        indent = len(line) - len(line.lstrip())
         key = stripped.split(":", 1)[0]
-        if not line.startswith(" "):
-            section = key + "."
-            full = key
-        else:
-            full = section + key
+        while path and path[-1][0] >= indent:
+            path.pop()
+        full = ".".join([k for _, k in path] + [key])
+        path.append((indent, key))
         if full in keys:
-            seen.add(full)
             assert lines[i - 1].strip().startswith("#"), f"config.yaml: {full} has no comment above it"
+            seen.add(full)
     assert seen == keys
 
 

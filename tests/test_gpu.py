@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
 from gpuwear.clock import SystemClock
 from gpuwear.collector import GpuwearCollector
-from gpuwear.metrics import DaemonInfo
+from gpuwear.metrics import DaemonInfo, Published
 from gpuwear.sample import PHYSICAL_RANGES
 from gpuwear.sampler import Sampler
 
@@ -72,7 +72,8 @@ def test_events_listener_starts(sampler: Sampler) -> None:
 def test_exposition_passes_promtool(sampler: Sampler) -> None:
     sampler.tick()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuwearCollector(lambda: sampler.snapshot, DaemonInfo("test", "test", "nvml", "")))
+    info = DaemonInfo("test", "test", "nvml", "")
+    registry.register(GpuwearCollector(lambda: Published(sampler.snapshot, {}, None, info)))
     text = generate_latest(registry).decode()
     promtool = shutil.which("promtool")
     if promtool is None:

@@ -14,17 +14,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import REPO, Rig, make_rig
 from gpuwear.backends.simulated import builtin_scenarios
 from gpuwear.collector import GpuwearCollector
-from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, DaemonInfo
+from gpuwear.config import WearConfig
+from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, WEAR_METRICS, DaemonInfo, LedgerStatus, Published
+from gpuwear.wear.tracker import WearTracker
 
 GOLDEN = REPO / "tests" / "golden"
 SCENARIOS = [*builtin_scenarios(), str(REPO / "tests" / "scenarios" / "faults.yaml")]
 UNIT_SUFFIXES = ("celsius", "watts", "joules", "ratio", "hertz", "bytes", "seconds", "rpm")
 
 
-def exposition(rig: Rig, scenario: str) -> str:
+def exposition(rig: Rig, scenario: str, tracker: WearTracker | None = None) -> str:
     registry = CollectorRegistry(auto_describe=False)
     info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario=scenario)
-    registry.register(GpuwearCollector(lambda: rig.sampler.snapshot, info))
+    status = LedgerStatus(True, 1_800_000_000.0, 0, False) if tracker else None
+    registry.register(GpuwearCollector(
+        lambda: Published(rig.sampler.snapshot, tracker.views if tracker else {}, status, info)))
     return generate_latest(registry).decode()
 
 
@@ -37,8 +41,11 @@ def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
 def test_golden_exposition(scenario: str, request: pytest.FixtureRequest) -> None:
     rig = make_rig(scenario)
-    rig.run(600)
-    text = exposition(rig, Path(scenario).stem)
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(600):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    text = exposition(rig, Path(scenario).stem, tracker)
     golden = GOLDEN / f"{Path(scenario).stem}.prom"
     if request.config.getoption("--update-golden"):
         golden.write_text(text)
@@ -80,9 +87,9 @@ def test_xids_are_a_counter_per_code(demo: Rig) -> None:
 
 
 def test_metric_table_follows_conventions() -> None:
-    names = [m.name for m in GPU_METRICS] + [m.name for m in DAEMON_METRICS]
+    names = [m.name for m in (*GPU_METRICS, *DAEMON_METRICS, *WEAR_METRICS)]
     assert len(names) == len(set(names))
-    for m in [*GPU_METRICS, *DAEMON_METRICS]:
+    for m in [*GPU_METRICS, *DAEMON_METRICS, *WEAR_METRICS]:
         assert m.name.startswith("gpuwear_"), m.name
         assert m.kind in ("gauge", "counter", "info"), m.name
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
@@ -93,6 +100,6 @@ def test_metric_table_follows_conventions() -> None:
         else:
             assert not base.endswith(UNIT_SUFFIXES), m.name
         assert m.help.endswith("."), m.name
-    for m in GPU_METRICS:
+    for m in (*GPU_METRICS, *WEAR_METRICS):
         assert not {"gpu", "uuid"} & set(m.labels), m.name
         assert "name" not in m.labels or m.name == "gpuwear_gpu_info", m.name

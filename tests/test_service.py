@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,8 @@ from helpers import fetch, free_port, real_nvml_present, wait_for
 
 
 @pytest.fixture
-def daemon() -> Iterator[Daemon]:
-    config = Config(listen=f"127.0.0.1:{free_port()}")
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
     d = Daemon(config, open_source(config, "demo", 1.0, False))
     d.start()
     yield d

@@ -1,16 +1,19 @@
-"""The ``gpuwear`` command: run | check-config."""
+"""The ``gpuwear`` command: run | report | check-config."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import sqlite3
 import sys
 from dataclasses import replace
 
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
 from gpuwear.backends.simulated import ScenarioError, builtin_scenarios
-from gpuwear.config import ConfigError, load_config, parse_listen
+from gpuwear.config import Config, ConfigError, load_config, parse_listen
+from gpuwear.ledger import Ledger, LedgerError
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -35,7 +38,19 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a configuration file, listing every problem")
     check.add_argument("file", metavar="FILE")
+
+    report = sub.add_parser("report", help="what the wear ledger knows about each GPU, in words or JSON")
+    _ledger_arguments(report)
+    report.add_argument("--gpu", metavar="UUID", help="only this GPU")
+    report.add_argument("--json", action="store_true", help="a stable machine-readable document")
     return parser
+
+
+def _ledger_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="configuration file (model parameters, state_dir)")
+    parser.add_argument("--state-dir", metavar="DIR", help="state directory (config: state_dir)")
+    parser.add_argument("--simulated", action="store_true",
+                        help="the ledger of the simulated GPUs (gpuwear run --simulate) instead of the real one")
 
 
 def _fail(message: str, code: int) -> int:
@@ -79,7 +94,11 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_FAILURE)
     except ScenarioError as exc:
         return _fail(str(exc), EXIT_USAGE)
-    daemon = Daemon(config, source)
+    try:
+        daemon = Daemon(config, source)
+    except (LedgerError, OSError, sqlite3.Error) as exc:
+        source.sampler.backend.close()
+        return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
     daemon.handle_signals()
     try:
         daemon.start()
@@ -99,9 +118,46 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ledger_config(args: argparse.Namespace) -> Config:
+    config = load_config(args.config)
+    return replace(config, state_dir=args.state_dir) if args.state_dir is not None else config
+
+
+def _report(args: argparse.Namespace) -> int:
+    from gpuwear.report import document, text_report
+    from gpuwear.service import ledger_path
+
+    try:
+        config = _ledger_config(args)
+    except ConfigError as exc:
+        return _config_problems(args.config, exc)
+    path = ledger_path(config, args.simulated)
+    try:
+        ledger = Ledger.open_read_only(path)
+        try:
+            wears = ledger.load(config.wear.cycles.hysteresis_celsius)
+            events = {uuid: ledger.events(uuid) for uuid in wears}
+        finally:
+            ledger.close()
+    except (LedgerError, sqlite3.Error) as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    selected = [w for uuid, w in sorted(wears.items()) if args.gpu is None or uuid == args.gpu]
+    if args.gpu is not None and not selected:
+        return _fail(f"--gpu {args.gpu}: no such GPU in {path} (known: {', '.join(sorted(wears)) or 'none'})",
+                     EXIT_USAGE)
+    doc = document(selected, config.wear, events, str(path), args.simulated)
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=False))
+    else:
+        print(text_report(doc), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "report":
+        return _report(args)
     return _check_config(args)
 

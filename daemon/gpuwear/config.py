@@ -99,12 +99,68 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True)
+class BandConfig:
+    """One model parameter as a low / central / high set (each 0 or more)."""
+
+    low: float = _key(0.0, _number(0, 1e12))
+    central: float = _key(0.0, _number(0, 1e12))
+    high: float = _key(0.0, _number(0, 1e12))
+
+    def items(self) -> list[tuple[str, float]]:
+        return [("low", self.low), ("central", self.central), ("high", self.high)]
+
+
+def _band(low: float, central: float, high: float) -> Any:
+    return field(default_factory=lambda: BandConfig(low, central, high))
+
+
+@dataclass(frozen=True)
+class ArrheniusConfig:
+    reference_celsius: float = _key(60.0, _number(-40, 150))
+    activation_energy_ev: BandConfig = _band(0.3, 0.7, 1.0)
+
+
+@dataclass(frozen=True)
+class CyclesConfig:
+    hysteresis_celsius: float = _key(2.0, _number(0, 50))
+    reference_range_celsius: float = _key(40.0, _number(1, 200))
+    reference_peak_celsius: float = _key(80.0, _number(-40, 150))
+    exponent: BandConfig = _band(2.65, 2.35, 1.9)
+    peak_term_kelvin: BandConfig = _band(2185.0, 0.0, 1414.0)
+
+
+@dataclass(frozen=True)
+class FanConfig:
+    rated_rpm: float = _key(3000.0, _number(1, 100000))
+    l10_hours: BandConfig = _band(30000.0, 50000.0, 70000.0)
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    slowdown_watch_seconds: float = _key(600.0, _number(0, 1e9))
+    thermal_throttle_watch_ratio: float = _key(0.05, _number(0, 1))
+    resistance_rise_watch_ratio: float = _key(0.15, _number(0.01, 10))
+
+
+@dataclass(frozen=True)
+class WearConfig:
+    persist_interval_seconds: float = _key(60.0, _number(0.01, 86400))
+    max_gap_seconds: float = _key(30.0, _number(0.01, 86400))
+    busy_utilization_ratio: float = _key(0.1, _number(0, 1))
+    arrhenius: ArrheniusConfig = field(default_factory=ArrheniusConfig)
+    cycles: CyclesConfig = field(default_factory=CyclesConfig)
+    fan: FanConfig = field(default_factory=FanConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = _key("127.0.0.1:9941", _listen)
     state_dir: str = _key("", _string)
     log_level: str = _key("info", _choice("debug", "info", "warning", "error"))
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    wear: WearConfig = field(default_factory=WearConfig)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -130,12 +186,13 @@ class Config:
         return Path.home() / ".local" / "state" / "gpuwear"
 
 
-def _build(cls: Any, data: Any, path: str, problems: list[str]) -> Any:
+def _build(cls: Any, data: Any, path: str, problems: list[str], base: Any = None) -> Any:
+    base = cls() if base is None else base
     if data is None:
-        return cls()
+        return base
     if not isinstance(data, dict):
         problems.append(f"{path.rstrip('.') or '(top level)'}: expected a mapping, got {type(data).__name__}")
-        return cls()
+        return base
     known = {f.name: f for f in fields(cls)}
     for key in data:
         if key not in known:
@@ -144,8 +201,9 @@ def _build(cls: Any, data: Any, path: str, problems: list[str]) -> Any:
     for name, f in known.items():
         if name not in data:
             continue
-        if isinstance(f.default_factory, type) and is_dataclass(f.default_factory):  # a section
-            values[name] = _build(f.default_factory, data[name], f"{path}{name}.", problems)
+        default = getattr(base, name)
+        if is_dataclass(default):  # a section
+            values[name] = _build(type(default), data[name], f"{path}{name}.", problems, default)
             continue
         value = data[name]
         if isinstance(value, int) and not isinstance(value, bool) and isinstance(f.default, float):
@@ -155,7 +213,7 @@ def _build(cls: Any, data: Any, path: str, problems: list[str]) -> Any:
             problems.append(f"{path}{name}: {problem}")
         else:
             values[name] = value
-    return replace(cls(), **values)
+    return replace(base, **values)
 
 
 def parse_config(data: Any) -> Config:

@@ -5,10 +5,13 @@ then their own. A value that is ``None`` (unsupported, failed, dropped) yields n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuwear.sample import CLOCK_EVENT_REASONS
 from gpuwear.sampler import GpuStatus, Snapshot
+from gpuwear.wear.models import STATUS_ORDER
+from gpuwear.wear.tracker import WearView
 
 Series = Iterable[tuple[tuple[str, ...], float]]
 GPU_LABELS = ("gpu", "uuid")
@@ -37,13 +40,45 @@ class DaemonInfo:
 
 
 @dataclass(frozen=True)
+class LedgerStatus:
+    """The wear ledger's persistence, for the self-metrics."""
+
+    last_success: bool | None  # None before the first save
+    last_success_wall: float | None  # Unix time of the last successful save
+    failures: int  # failed saves since start
+    moved_aside: bool  # the ledger found at start was unreadable and moved aside
+
+
+@dataclass(frozen=True)
+class Published:
+    """Everything a scrape reads: each part an immutable object published by its owner."""
+
+    snapshot: Snapshot
+    wear: Mapping[str, WearView]  # by GPU UUID
+    ledger: LedgerStatus | None
+    info: DaemonInfo
+
+
+@dataclass(frozen=True)
 class DaemonMetricDef:
     name: str
     kind: str
     unit: str
     help: str
     labels: tuple[str, ...]
-    values: Callable[[Snapshot, DaemonInfo], Series]
+    values: Callable[[Published], Series]
+
+
+@dataclass(frozen=True)
+class WearMetricDef:
+    """A per-GPU metric read from the GPU's wear view (lifetime, restart-safe)."""
+
+    name: str
+    kind: str
+    unit: str
+    help: str
+    labels: tuple[str, ...]
+    values: Callable[[WearView], Series]
 
 
 def _sample_field(attr: str) -> Callable[[GpuStatus], Series]:
@@ -76,15 +111,6 @@ def _per_fan(attr: str) -> Callable[[GpuStatus], Series]:
                 yield (str(fan),), value
 
     return values
-
-
-# nvmlClocksEventReason* bits (nvml.h), by the label value used for them.
-CLOCK_EVENT_REASONS = (
-    ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8), ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-)
 
 
 def _reasons(status: GpuStatus) -> Series:
@@ -198,6 +224,9 @@ GPU_METRICS: tuple[MetricDef, ...] = (
        "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure")),
     _m("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
        "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays")),
+    _m("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
+       "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
+       (), _sample_field("recovery_action")),
     _m("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
     _m("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error.", (),
@@ -213,20 +242,133 @@ GPU_METRICS: tuple[MetricDef, ...] = (
 )
 
 
+def _ledger(value: Callable[[LedgerStatus], float | None]) -> Callable[[Published], Series]:
+    def values(pub: Published) -> Series:
+        v = value(pub.ledger) if pub.ledger is not None else None
+        if v is not None:
+            yield (), float(v)
+
+    return values
+
+
 DAEMON_METRICS: tuple[DaemonMetricDef, ...] = (
     DaemonMetricDef("gpuwear_build_info", "info", "", "gpuwear build; value 1.",
                     ("version", "python_version"),
-                    lambda snap, info: [((info.version, info.python_version), 1.0)]),
+                    lambda pub: [((pub.info.version, pub.info.python_version), 1.0)]),
     DaemonMetricDef("gpuwear_backend_info", "info", "", "Where the samples come from: backend "
                     "\"nvml\" (real GPUs) or \"simulated\" (simulated GPUs, not real hardware); value 1.",
-                    ("backend", "scenario"), lambda snap, info: [((info.backend, info.scenario), 1.0)]),
+                    ("backend", "scenario"), lambda pub: [((pub.info.backend, pub.info.scenario), 1.0)]),
     DaemonMetricDef("gpuwear_driver_info", "info", "", "NVIDIA driver, NVML and CUDA driver versions "
                     "(nvmlSystemGetDriverVersion, GetNVMLVersion, GetCudaDriverVersion); value 1.",
                     ("driver_version", "nvml_version", "cuda_driver_version"),
-                    lambda snap, info: [((snap.system.driver_version, snap.system.nvml_version,
-                                          snap.system.cuda_driver_version), 1.0)] if snap.system else []),
+                    lambda pub: [((pub.snapshot.system.driver_version, pub.snapshot.system.nvml_version,
+                                   pub.snapshot.system.cuda_driver_version), 1.0)] if pub.snapshot.system else []),
     DaemonMetricDef("gpuwear_gpus", "gauge", "", "GPUs the daemon knows.", (),
-                    lambda snap, info: [((), float(len(snap.gpus)))]),
+                    lambda pub: [((), float(len(pub.snapshot.gpus)))]),
     DaemonMetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
-                    lambda snap, info: [((), float(snap.ticks))]),
+                    lambda pub: [((), float(pub.snapshot.ticks))]),
+    DaemonMetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "
+                    "succeeded, 0 when it failed (disk full, read-only state directory); absent before the first.",
+                    (), _ledger(lambda st: None if st.last_success is None else float(st.last_success))),
+    DaemonMetricDef("gpuwear_ledger_last_persist_timestamp_seconds", "gauge", "seconds", "Unix time of the last "
+                    "successful save of the wear ledger.", (), _ledger(lambda st: st.last_success_wall)),
+    DaemonMetricDef("gpuwear_ledger_persist_failures_total", "counter", "", "Failed saves of the wear ledger "
+                    "since start.", (), _ledger(lambda st: st.failures)),
+    DaemonMetricDef("gpuwear_ledger_moved_aside", "gauge", "", "1 when the ledger found at start could not be "
+                    "read and was moved aside (its history is not counted until repaired).", (),
+                    _ledger(lambda st: float(st.moved_aside))),
+)
+
+
+def _wear_value(value: Callable[[WearView], float | None]) -> Callable[[WearView], Series]:
+    def values(v: WearView) -> Series:
+        x = value(v)
+        if x is not None:
+            yield (), float(x)
+
+    return values
+
+
+def _wear_map(attr: str) -> Callable[[WearView], Series]:
+    def values(v: WearView) -> Series:
+        for key, x in sorted(getattr(v, attr).items()):
+            yield (key if isinstance(key, tuple) else (key,)), float(x)
+
+    return values
+
+
+def _bands(estimate: str, scale: float = 1.0) -> Callable[[WearView], Series]:
+    def values(v: WearView) -> Series:
+        e = v.estimates[estimate]
+        for band in ("low", "central", "high"):
+            yield ("gpu", band), e[band] * scale
+            if "memory" in e:
+                yield ("memory", band), e["memory"][band] * scale
+
+    return values
+
+
+def _fans(index: int) -> Callable[[WearView], Series]:
+    def values(v: WearView) -> Series:
+        for fan, pair in enumerate(v.fans):
+            yield (str(fan),), pair[index]
+
+    return values
+
+
+def _status(v: WearView) -> Series:
+    for status in STATUS_ORDER:
+        yield (status,), 1.0 if v.verdict["status"] == status else 0.0
+
+
+def _reasons_active(v: WearView) -> Series:
+    for r in v.verdict["reasons"]:
+        yield (r["code"], r["severity"]), 1.0
+
+
+WEAR_METRICS: tuple[WearMetricDef, ...] = (
+    WearMetricDef("gpuwear_lifetime_observed_seconds_total", "counter", "seconds", "Time the GPU was observed "
+                  "(integrated samples), over its whole life in the ledger.", (),
+                  _wear_value(lambda v: v.observed_seconds)),
+    WearMetricDef("gpuwear_lifetime_busy_seconds_total", "counter", "seconds", "Observed time with GPU utilization "
+                  "at or above wear.busy_utilization_ratio.", (), _wear_value(lambda v: v.busy_seconds)),
+    WearMetricDef("gpuwear_lifetime_down_seconds_total", "counter", "seconds", "Time the GPU was lost (off the bus) "
+                  "while the daemon ran.", (), _wear_value(lambda v: v.down_seconds)),
+    WearMetricDef("gpuwear_lifetime_unobserved_seconds_total", "counter", "seconds", "Time since first seen that "
+                  "was not observed (daemon stopped, sample gaps); never extrapolated.", (),
+                  _wear_value(lambda v: v.gap_seconds)),
+    WearMetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
+                  "was first seen.", (), _wear_value(lambda v: v.coverage)),
+    WearMetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
+                  "(NVML energy counter deltas, else integrated power).", (), _wear_value(lambda v: v.energy_joules)),
+    WearMetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
+                  "99 % of the enforced power limit.", (), _wear_value(lambda v: v.power_limit_seconds)),
+    WearMetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
+                  "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds")),
+    WearMetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
+                  "above a temperature, by sensor (from the 1 °C time-at-temperature histogram).",
+                  ("sensor", "celsius"), _wear_map("above_celsius")),
+    WearMetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
+                  "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
+                  ("sensor", "threshold"), _wear_map("above_threshold")),
+    WearMetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
+                  "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles")),
+    WearMetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
+                  _fans(0)),
+    WearMetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "
+                  "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1)),
+    WearMetricDef("gpuwear_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal aging as time "
+                  "at wear.arrhenius.reference_celsius (Arrhenius, JEDEC JEP122), per parameter band; an estimate, "
+                  "not a measured remaining life.", ("sensor", "band"),
+                  _bands("thermal_aging_equivalent_hours", 3600.0)),
+    WearMetricDef("gpuwear_cycle_fatigue_equivalent_cycles", "gauge", "", "Estimated thermal-cycle fatigue as "
+                  "reference cycles (Coffin-Manson / Norris-Landzberg, Miner's rule), per parameter band; an "
+                  "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles")),
+    WearMetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
+                  "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
+                  _wear_value(lambda v: v.thermal_resistance)),
+    WearMetricDef("gpuwear_health_status", "gauge", "", "Health verdict: 1 for the current status (ok, unknown, "
+                  "watch, act), 0 for the others.", ("status",), _status),
+    WearMetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
+                  "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active),
 )

@@ -86,7 +86,18 @@ class GpuSample:
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     pcie_replays: int | None = None  # field NVML_FI_DEV_PCIE_REPLAY_COUNTER
+    # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot,
+    # 3 drain P2P, 4 drain and reset (nvmlDeviceGpuRecoveryAction_t)
+    recovery_action: int | None = None
 
+
+# nvmlClocksEventReason* bits (nvml.h) of ``GpuSample.clock_event_reasons``, by name.
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8), ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
 
 # Physical ranges: a reading outside is dropped (and counted), never exported or accumulated.
 PHYSICAL_RANGES: dict[str, tuple[float, float]] = {

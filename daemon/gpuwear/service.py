@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -22,14 +25,17 @@ from gpuwear.backends.simulated import Simulation, load_scenario
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import GpuwearCollector
 from gpuwear.config import Config
-from gpuwear.metrics import DaemonInfo
+from gpuwear.ledger import FILENAME, Ledger
+from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
+from gpuwear.wear.tracker import WearTracker
 
 log = logging.getLogger(__name__)
 
 # Under --speed, ticks never come faster than this (wall seconds); each covers more
-# simulated time instead.
+# simulated time instead. Ledger saves likewise.
 MIN_WALL_INTERVAL_SECONDS = 0.02
+MIN_PERSIST_SECONDS = 1.0
 
 
 @dataclass
@@ -116,14 +122,27 @@ class _MetricsServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
 
+def ledger_path(config: Config, simulated: bool) -> Path:
+    """The ledger file; simulated GPUs keep theirs apart, so a real ledger never holds them."""
+    folder = config.resolved_state_dir()
+    return (folder / "simulated" if simulated else folder) / FILENAME
+
+
 class Daemon:
-    """Samples on a schedule and serves /metrics until :meth:`stop`."""
+    """Samples on a schedule, keeps the wear ledger and serves /metrics until :meth:`stop`.
+
+    Raises ``LedgerError`` or ``OSError`` when the ledger cannot be opened.
+    """
 
     def __init__(self, config: Config, source: Source, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.source = source
+        self.ledger = Ledger.open(ledger_path(config, source.simulation is not None))
+        self.tracker = WearTracker(self.ledger.load(config.wear.cycles.hysteresis_celsius), config.wear)
+        self._ledger_status = LedgerStatus(None, None, 0, self.ledger.moved_aside is not None)
         self.registry = registry or CollectorRegistry(auto_describe=False)
-        self.registry.register(GpuwearCollector(lambda: source.sampler.snapshot, source.info))
+        self.registry.register(GpuwearCollector(
+            lambda: Published(source.sampler.snapshot, self.tracker.views, self._ledger_status, source.info)))
         self._stopped = threading.Event()
         self._wake = threading.Event()
         self._scheduler = BackgroundScheduler(daemon=True)
@@ -137,14 +156,39 @@ class Daemon:
 
     def _tick(self) -> None:
         try:
-            self.source.sampler.tick()
+            snapshot = self.source.sampler.tick()
+            self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall())
         except Exception:  # a bug in one tick must not end the sampling
             log.exception("sampling tick failed")
+
+    def persist(self) -> bool:
+        """Save the accumulators and events in one transaction; on failure keep them for the next try."""
+        wears, events = self.tracker.take()
+        status = self._ledger_status
+        try:
+            self.ledger.save(wears, events)
+        except sqlite3.Error as exc:
+            self.tracker.give_back(events)
+            if status.last_success is not False:
+                log.error("cannot save the wear ledger %s (%s); sampling goes on and the save is retried",
+                          self.ledger.path, exc)
+            self._ledger_status = replace(status, last_success=False, failures=status.failures + 1)
+            return False
+        if status.last_success is False:
+            log.warning("the wear ledger %s is saved again", self.ledger.path)
+        self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
+        return True
+
+    def _persist_job(self) -> None:
+        try:
+            self.persist()
+        except Exception:
+            log.exception("ledger save failed")
 
     def start(self) -> None:
         """First sample, event listener, HTTP server, then the periodic schedule."""
         sampler = self.source.sampler
-        sampler.tick()
+        self._tick()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
         self._server = _MetricsServer((host, port), self.registry)
@@ -154,12 +198,15 @@ class Daemon:
         wall_interval = max(self.config.sampling.interval_seconds / self.source.speed, MIN_WALL_INTERVAL_SECONDS)
         self._scheduler.add_job(self._tick, "interval", seconds=wall_interval, id="sample",
                                 max_instances=1, coalesce=True, misfire_grace_time=None)
+        persist_interval = max(self.config.wear.persist_interval_seconds / self.source.speed, MIN_PERSIST_SECONDS)
+        self._scheduler.add_job(self._persist_job, "interval", seconds=persist_interval, id="persist",
+                                max_instances=1, coalesce=True, misfire_grace_time=None)
         self._scheduler.start()
         if not self.config.listen_is_loopback:
             log.warning("serving /metrics on a non-loopback address %s", self.config.listen)
-        log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); serving "
+        log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); ledger %s; serving "
                  "http://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
-                 self.config.sampling.interval_seconds, wall_interval, host, self.port)
+                 self.config.sampling.interval_seconds, wall_interval, self.ledger.path, host, self.port)
 
     def stop(self) -> None:
         """Stop sampling, serving and NVML; idempotent, returns within about a second."""
@@ -172,6 +219,8 @@ class Daemon:
             self._server.shutdown()
             self._server.server_close()
         self.source.sampler.backend.close()
+        self.persist()
+        self.ledger.close()
         log.info("gpuwear stopped")
 
     def handle_signals(self) -> None:

@@ -52,6 +52,7 @@ FI_ECC_DBE_AGG_TOTAL = 6
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY_CONSUMPTION = 83
 FI_PCIE_REPLAY_COUNTER = 94
+FI_GET_GPU_RECOVERY_ACTION = 230
 VALUE_TYPE_UNSIGNED_INT = 1
 VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 
@@ -470,6 +471,10 @@ class SimulatedDriver:
             if "energy" in s.unsupported:
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_LONG_LONG, int(s.energy_mj)
+        if field_id == FI_GET_GPU_RECOVERY_ACTION:
+            if p.architecture < 9 or "recovery_action" in s.unsupported:  # Hopper and newer drivers only
+                raise _UnsupportedError()
+            return VALUE_TYPE_UNSIGNED_INT, s.recovery_action
         if field_id == FI_PCIE_REPLAY_COUNTER:
             if "pcie_replays" in s.unsupported:
                 raise _UnsupportedError()

@@ -230,9 +230,10 @@ FIELD_VALUES: tuple[tuple[int, str, float, bool], ...] = (
     (pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, "ecc_corrected_aggregate", 1.0, True),
     (pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, "ecc_uncorrected_aggregate", 1.0, True),
     (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "pcie_replays", 1.0, True),
+    (getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230), "recovery_action", 1.0, True),
 )
 _INTEGER_FIELDS = {"ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
-                   "ecc_uncorrected_aggregate", "pcie_replays"}
+                   "ecc_uncorrected_aggregate", "pcie_replays", "recovery_action"}
 _VALUE_MEMBERS = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",

@@ -100,7 +100,7 @@ PRODUCTS: dict[str, Product] = {
 
 PHASE_KINDS = ("idle", "train", "stress")
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
-               "retire_pages", "remap_rows", "pcie_replays", "driver_reload")
+               "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action")
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,7 @@ class GpuState:
     remap_pending: bool = False
     remap_failure: bool = False
     pcie_replays: int = 0
+    recovery_action: int = 0
     lost: bool = False
     hang_seconds: float = 0.0  # the next call blocks this long (wall seconds), once
     unsupported: set[str] = field(default_factory=set)
@@ -276,6 +277,8 @@ class SimGpu:
             s.remap_failure = bool(prm.get("failure", False))
         elif k == "pcie_replays":
             s.pcie_replays += int(prm.get("count", 1))
+        elif k == "recovery_action":
+            s.recovery_action = int(prm.get("action", 1))
         elif k == "driver_reload":  # counters kept by the driver since it loaded restart at 0
             s.energy_mj = 0.0
             s.ecc_corrected_volatile = s.ecc_uncorrected_volatile = 0

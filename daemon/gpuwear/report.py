@@ -1,0 +1,186 @@
+"""`gpuwear report`: the ledger as a stable JSON document and as words a person can read.
+
+The JSON keys are a contract (see README): add keys, never rename or remove them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpuwear.config import WearConfig
+from gpuwear.ledger import Event
+from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.models import estimates, resistance_trend, verdict
+
+THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
+
+
+def _cycles(bins: dict[str, float]) -> list[dict[str, float]]:
+    rows = []
+    for key, count in bins.items():
+        rng, peak = (int(v) for v in key.split(":"))
+        rows.append({"range_celsius": rng, "max_celsius": peak, "count": round(count, 3)})
+    return sorted(rows, key=lambda r: (-r["range_celsius"], -r["max_celsius"]))
+
+
+def gpu_document(w: GpuWear, p: WearConfig, events: list[Event]) -> dict[str, Any]:
+    """The report of one GPU: measured health first, then stress, then estimate bands."""
+    est = estimates(w, p)
+    return {
+        "uuid": w.uuid, "name": w.name, "serial": w.serial,
+        "first_seen": w.first_seen, "last_seen": w.last_seen,
+        "health": {**verdict(w, p), "measured": dict(w.health), "xid_events": dict(w.xids),
+                   "gpu_lost_events": w.lost_events},
+        "observed_seconds": round(w.observed_seconds, 3),
+        "busy_seconds": round(w.busy_seconds(p.busy_utilization_ratio), 3),
+        "busy_utilization_ratio": p.busy_utilization_ratio,
+        "down_seconds": round(w.down_seconds, 3),
+        "unobserved_seconds": round(w.gap_seconds, 3), "gaps": w.gaps,
+        "coverage_ratio": None if w.coverage() is None else round(w.coverage() or 0.0, 6),
+        "time_at_temperature_seconds": {
+            sensor: {t: round(s, 3) for t, s in sorted(hist.items(), key=lambda kv: int(kv[0]))}
+            for sensor, hist in w.temperature_seconds.items()},
+        "thresholds_celsius": {k: v for k, v in w.thresholds.items() if k in THRESHOLD_SENSORS},
+        "time_above_thresholds_seconds": {
+            name: round(w.seconds_at_or_above(THRESHOLD_SENSORS[name], value), 3)
+            for name, value in w.thresholds.items()
+            if name in THRESHOLD_SENSORS and THRESHOLD_SENSORS[name] in w.temperature_seconds},
+        "thermal_cycles": {sensor: _cycles(w.all_cycles(sensor)) for sensor in w.cycles},
+        "energy_joules": round(w.energy_joules, 3),
+        "energy_source_seconds": {"counter": round(w.energy_counter_seconds, 3),
+                                  "integrated_power": round(w.energy_integrated_seconds, 3)},
+        "power_limit_seconds": round(w.power_limit_seconds, 3),
+        "throttle_seconds": {k: round(v, 3) for k, v in sorted(w.throttle_seconds.items())},
+        "violation_seconds": {k: round(v, 3) for k, v in sorted(w.violation_seconds.items())},
+        "thermal_resistance": resistance_trend(w),
+        **est,
+        "events": [{"wall": e.wall, "kind": e.kind, **e.detail} for e in events[-50:]],
+    }
+
+
+def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]], ledger: str,
+             simulated: bool) -> dict[str, Any]:
+    return {"ledger": ledger, "simulated": simulated,
+            "gpus": [gpu_document(w, p, events.get(w.uuid, [])) for w in wears]}
+
+
+# -- words ------------------------------------------------------------------------------
+
+
+def _hours(seconds: float) -> str:
+    h = seconds / 3600
+    if h >= 48:
+        return f"{h / 24:.1f} days"
+    if h >= 1:
+        return f"{h:.1f} h"
+    return f"{seconds / 60:.0f} min"
+
+
+def _percentile(hist: dict[str, float], q: float) -> int | None:
+    total = sum(hist.values())
+    if total <= 0:
+        return None
+    acc = 0.0
+    for t, s in sorted(hist.items(), key=lambda kv: int(kv[0])):
+        acc += s
+        if acc >= q * total:
+            return int(t)
+    return None
+
+
+def _band_text(e: dict[str, Any], unit: str) -> str:
+    lo, hi = min(e["low"], e["central"], e["high"]), max(e["low"], e["central"], e["high"])
+    return f"{lo:.3g} to {hi:.3g} {unit} (central {e['central']:.3g})"
+
+
+def _plain_words(d: dict[str, Any]) -> str:
+    """One or two sentences a non-expert can act on."""
+    profiles = [p for p in d["reference_profiles"] if p["observed_thermal_aging_ratio"] is not None]
+    status = d["health"]["status"]
+    health = {"ok": "Nothing in its measured health asks for action.",
+              "unknown": "Its memory health cannot be known (the card reports no ECC counters); nothing else "
+                         "measured asks for action." if len(d["health"]["reasons"]) == 1 else
+                         "Some of its health cannot be known; see the reasons above.",
+              "watch": "Keep an eye on it: see the reasons above.",
+              "act": "It needs action now: see the reasons above."}[status]
+    if not profiles or d["observed_seconds"] < 60:
+        return f"Too little observed yet to compare its wear. {health}"
+    closest = min(profiles, key=lambda p: abs(math.log(max(p["observed_thermal_aging_ratio"], 1e-12))))
+    idle = next((p for p in profiles if p["profile"] == "idle_24_7"), None)
+    text = (f"Over the {_hours(d['observed_seconds'])} observed, its silicon aged by heat "
+            f"{closest['observed_thermal_aging_ratio']:.2g} times as fast as a card used for "
+            f"\"{closest['description']}\" would have (central estimate)")
+    if idle is not None and closest is not idle:
+        text += f", and {idle['observed_thermal_aging_ratio']:.2g} times as fast as an idle one"
+    return text + f". Wear is an estimate from models, not a measured remaining life. {health}"
+
+
+def text_report(doc: dict[str, Any]) -> str:
+    """The human report: the verdict and its reasons first, then stress, then estimates."""
+    out: list[str] = []
+    if doc["simulated"]:
+        out.append("SIMULATED GPUs (gpuwear --simulate): not real hardware.\n")
+    if not doc["gpus"]:
+        out.append(f"No GPU in the ledger {doc['ledger']} yet.")
+    for d in doc["gpus"]:
+        serial = f", serial {d['serial']}" if d["serial"] else ""
+        out.append(f"{d['name'] or 'unknown GPU'} ({d['uuid']}{serial})")
+        h = d["health"]
+        out.append(f"  Health: {h['status'].upper()}")
+        for r in h["reasons"]:
+            out.append(f"    - [{r['severity']}] {r['text']}")
+        if not h["reasons"]:
+            out.append("    - no memory error, retired page, row remap, critical XID or thermal stress recorded")
+        coverage = d["coverage_ratio"]
+        cov = f" ({100 * coverage:.0f} % of the time since first seen)" if coverage is not None else ""
+        out.append(f"  Observed: {_hours(d['observed_seconds'])}{cov}; busy {_hours(d['busy_seconds'])}; "
+                   f"energy {d['energy_joules'] / 3.6e6:.2f} kWh; not observed {_hours(d['unobserved_seconds'])}")
+        out.append("  Stress:")
+        for sensor, label in (("gpu", "Die"), ("memory", "Memory")):
+            hist = d["time_at_temperature_seconds"].get(sensor)
+            if not hist:
+                if sensor == "memory":
+                    out.append("    Memory temperature: not reported by this card")
+                continue
+            line = (f"    {label} temperature: median {_percentile(hist, 0.5)} °C, 95th percentile "
+                    f"{_percentile(hist, 0.95)} °C, highest {max(int(t) for t in hist)} °C")
+            for name, seconds in d["time_above_thresholds_seconds"].items():
+                if THRESHOLD_SENSORS[name] == sensor and name != "shutdown":
+                    line += f"; {_hours(seconds)} at or above its {name} limit ({d['thresholds_celsius'][name]:g} °C)"
+            out.append(line)
+        for sensor, cycles in d["thermal_cycles"].items():
+            big = sum(c["count"] for c in cycles if c["range_celsius"] >= 10)
+            largest = max((c["range_celsius"] for c in cycles), default=0)
+            out.append(f"    Thermal cycles ({'die' if sensor == 'gpu' else sensor}): {big:g} of 10 °C or more, "
+                       f"largest {largest} °C ({sum(c['count'] for c in cycles):g} in all)")
+        busy = d["busy_seconds"] or 1.0
+        throttle = ", ".join(f"{k.replace('_', ' ')} {100 * v / busy:.1f} %" for k, v in d["throttle_seconds"].items()
+                             if k != "gpu_idle")
+        out.append(f"    Clocks held down (share of busy time): {throttle or 'never'}; the card slows itself "
+                   "to stay within its limits")
+        for fan in d["fan_wear"]:
+            out.append(f"    Fan {fan['fan']}: {fan['on_hours']:.1f} h turning, {fan['revolutions'] / 1e6:.2f} M "
+                       f"revolutions = {fan['equivalent_hours_at_rated_rpm']:.1f} h at {fan['rated_rpm']:g} RPM "
+                       f"(L10 ratings {fan['l10_hours']['low']:g} to {fan['l10_hours']['high']:g} h)")
+        trend = d["thermal_resistance"]
+        if trend:
+            out.append(f"    Cooling: {trend['last_celsius_per_watt']:.3f} °C per W above idle at steady load "
+                       f"({trend['days']} day(s) measured)")
+        a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
+        out.append("  Estimated wear (bands from three parameter sets; estimates, not a remaining life):")
+        out.append(f"    Thermal aging: {_band_text(a, 'hours')} at {a['reference_celsius']:g} °C "
+                   f"(Arrhenius, Ea {a['parameters']['activation_energy_ev']['low']:g} / "
+                   f"{a['parameters']['activation_energy_ev']['central']:g} / "
+                   f"{a['parameters']['activation_energy_ev']['high']:g} eV)")
+        out.append(f"    Thermal-cycle fatigue: {_band_text(c, 'reference cycles')} of "
+                   f"{c['reference_range_celsius']:g} °C peaking at {c['reference_peak_celsius']:g} °C "
+                   "(Coffin-Manson / Norris-Landzberg)")
+        for prof in d["reference_profiles"]:
+            if prof["observed_thermal_aging_ratio"] is not None:
+                out.append(f"      vs \"{prof['description']}\": aging x{prof['observed_thermal_aging_ratio']:.2g}"
+                           + (f", cycles x{prof['observed_cycle_fatigue_ratio']:.2g}"
+                              if prof["observed_cycle_fatigue_ratio"] is not None else ""))
+        out.append(f"  In plain words: {_plain_words(d)}")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"

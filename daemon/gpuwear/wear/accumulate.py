@@ -1,0 +1,313 @@
+"""Per-GPU wear accumulators: parameter-free sufficient statistics, updated sample by sample.
+
+Nothing here reads a clock or does I/O: the caller passes each sample and the seconds it
+covers. Model estimates (``wear/models.py``) are derived from these at read time, so a
+changed model parameter recomputes the whole history. Two settings act at accumulation
+time and are recorded with the data: the rainflow hysteresis gate and the steady-load rule
+of the thermal-resistance tracker.
+
+Integration rule: a sample's values are held over the interval that ends at it (``dt``
+seconds since the previous sample of the same GPU). An interval longer than the caller's
+gap limit is recorded as a gap and never integrated.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample
+from gpuwear.wear.rainflow import Cycle, RainflowCounter
+
+SCHEMA = 1
+SENSORS = ("gpu", "memory")
+IDLE_UTILIZATION = 0.05  # below: idle, for the cooling baseline
+STEADY_UTILIZATION = 0.8  # at or above, for long enough: steady load
+STEADY_SECONDS = 300.0  # about ten die time constants
+STEADY_MIN_WATTS_ABOVE_IDLE = 20.0
+
+
+def _add(d: dict[str, float], key: str, value: float) -> None:
+    d[key] = d.get(key, 0.0) + value
+
+
+def cycle_key(cycle: Cycle) -> str:
+    """The (range, peak) bin of a cycle, 1 °C each: 'range:peak'."""
+    rng, peak, _ = cycle
+    return f"{math.floor(rng + 0.5)}:{math.floor(peak + 0.5)}"
+
+
+@dataclass
+class FanWear:
+    """One fan: seconds turning, revolutions measured (from RPM), and speed-ratio seconds
+    (∫ ratio dt, turned into revolutions at read time with a rated RPM where RPM is not
+    reported)."""
+
+    on_seconds: float = 0.0
+    revolutions: float = 0.0
+    rpm_seconds: float = 0.0  # seconds covered by RPM readings
+    ratio_seconds: float = 0.0  # ∫ speed ratio dt over seconds without an RPM reading
+
+
+@dataclass
+class ThermalState:
+    """Trackers for the cooling-health proxy (die °C above idle per W at steady load)."""
+
+    idle_celsius: float | None = None
+    idle_watts: float | None = None
+    idle_run: float = 0.0
+    load_run: float = 0.0
+    last_celsius: float | None = None
+
+
+@dataclass
+class GpuWear:
+    """Lifetime accumulators of one GPU (keyed by UUID in the ledger)."""
+
+    uuid: str
+    name: str = ""
+    serial: str | None = None
+    first_seen: float | None = None  # wall clock, Unix s
+    last_seen: float | None = None
+    observed_seconds: float = 0.0  # integrated sample time
+    down_seconds: float = 0.0  # the daemon ran but the GPU was lost
+    gap_seconds: float = 0.0  # not observed: daemon stopped, GPU missing, samples too far apart
+    gaps: int = 0
+    utilization_seconds: dict[str, float] = field(default_factory=dict)  # GPU util % (0..100) -> s
+    temperature_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> °C -> s
+    cycles: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> 'range:peak' -> count
+    rainflow: dict[str, RainflowCounter] = field(default_factory=dict)
+    energy_joules: float = 0.0
+    energy_counter_seconds: float = 0.0  # seconds whose energy came from NVML's counter
+    energy_integrated_seconds: float = 0.0  # seconds whose energy is ∫ power dt
+    power_limit_seconds: float = 0.0  # at or above 99 % of the enforced limit
+    power_seconds: float = 0.0  # seconds with a power reading
+    throttle_seconds: dict[str, float] = field(default_factory=dict)  # clock-event reason -> s
+    violation_seconds: dict[str, float] = field(default_factory=dict)  # NVML violation counters, deltas
+    fans: list[FanWear] = field(default_factory=list)
+    thermal_resistance: dict[str, list[float]] = field(default_factory=dict)  # UTC day -> [n, Σr, Σr²]
+    thermal: ThermalState = field(default_factory=ThermalState)
+    thresholds: dict[str, float] = field(default_factory=dict)  # the device's own, last read
+    health: dict[str, Any] = field(default_factory=dict)  # last measured memory/device health
+    xids: dict[str, int] = field(default_factory=dict)  # XID code -> events, lifetime
+    lost_events: int = 0
+    gate_celsius: float = 2.0
+    # previous readings of cumulative NVML counters (valid only while samples are contiguous)
+    last_energy: float | None = None
+    last_violation: dict[str, float] = field(default_factory=dict)
+
+    # -- updating ----------------------------------------------------------------------
+
+    def see(self, wall: float) -> None:
+        """Note that the GPU was seen at ``wall``; timestamps never go backwards."""
+        if self.first_seen is None:
+            self.first_seen = wall
+        self.last_seen = wall if self.last_seen is None else max(self.last_seen, wall)
+
+    def gap(self, seconds: float) -> None:
+        """Record an unobserved interval; cumulative counters restart their baselines."""
+        if seconds > 0:
+            self.gap_seconds += seconds
+            self.gaps += 1
+        self.last_energy = None
+        self.last_violation = {}
+        self.thermal.idle_run = self.thermal.load_run = 0.0
+        self.thermal.last_celsius = None
+
+    def down(self, seconds: float) -> None:
+        """The GPU was lost for ``seconds`` while the daemon ran."""
+        self.down_seconds += max(0.0, seconds)
+        self.gap(0.0)
+
+    def add(self, s: GpuSample, dt: float) -> None:
+        """Integrate one sample held over the ``dt`` seconds that end at it."""
+        self.see(s.timestamp)
+        self._thresholds(s)
+        self._health(s)
+        if dt <= 0:  # the first sample after a start or a gap: a baseline only
+            self._feed_cycles(s)
+            self._baselines(s)
+            return
+        self.observed_seconds += dt
+        if s.utilization_gpu_ratio is not None:
+            _add(self.utilization_seconds, str(round(s.utilization_gpu_ratio * 100)), dt)
+        for sensor, temp in (("gpu", s.temperature_gpu_celsius), ("memory", s.temperature_memory_celsius)):
+            if temp is not None:
+                _add(self.temperature_seconds.setdefault(sensor, {}), str(math.floor(temp)), dt)
+        self._feed_cycles(s)
+        self._energy(s, dt)
+        if s.clock_event_reasons is not None:
+            for reason, bit in CLOCK_EVENT_REASONS:
+                if s.clock_event_reasons & bit:
+                    _add(self.throttle_seconds, reason, dt)
+        self._fans(s, dt)
+        self._cooling(s, dt)
+        self._baselines(s)
+
+    def _feed_cycles(self, s: GpuSample) -> None:
+        for sensor, temp in (("gpu", s.temperature_gpu_celsius), ("memory", s.temperature_memory_celsius)):
+            if temp is None:
+                continue
+            counter = self.rainflow.get(sensor)
+            if counter is None:
+                counter = self.rainflow[sensor] = RainflowCounter(self.gate_celsius)
+            bins = self.cycles.setdefault(sensor, {})
+            counter.push(temp, lambda c, bins=bins: _add(bins, cycle_key(c), c[2]))  # type: ignore[misc]
+
+    def _energy(self, s: GpuSample, dt: float) -> None:
+        if s.power_watts is not None:
+            self.power_seconds += dt
+            if s.power_limit_watts and s.power_watts >= 0.99 * s.power_limit_watts:
+                self.power_limit_seconds += dt
+        if s.energy_joules is not None and self.last_energy is not None:
+            delta = s.energy_joules - self.last_energy
+            if delta < 0:  # the counter restarted (driver reload): it holds the energy since
+                delta = s.energy_joules
+            self.energy_joules += delta
+            self.energy_counter_seconds += dt
+        elif s.power_watts is not None:
+            self.energy_joules += s.power_watts * dt
+            self.energy_integrated_seconds += dt
+        for policy, value in (("power", s.violation_power_seconds), ("thermal", s.violation_thermal_seconds)):
+            last = self.last_violation.get(policy)
+            if value is not None and last is not None and value >= last:
+                _add(self.violation_seconds, policy, value - last)
+
+    def _baselines(self, s: GpuSample) -> None:
+        self.last_energy = s.energy_joules
+        self.last_violation = {k: v for k, v in (("power", s.violation_power_seconds),
+                                                 ("thermal", s.violation_thermal_seconds)) if v is not None}
+
+    def _fans(self, s: GpuSample, dt: float) -> None:
+        ratios = s.fan_speed_ratio or ()
+        rpms = s.fan_speed_rpm or ()
+        for i in range(max(len(ratios), len(rpms))):
+            while len(self.fans) <= i:
+                self.fans.append(FanWear())
+            fan = self.fans[i]
+            ratio = ratios[i] if i < len(ratios) else None
+            rpm = rpms[i] if i < len(rpms) else None
+            if (rpm or 0) > 0 or (ratio or 0) > 0:
+                fan.on_seconds += dt
+            if rpm is not None:
+                fan.revolutions += rpm / 60.0 * dt
+                fan.rpm_seconds += dt
+            elif ratio is not None:
+                fan.ratio_seconds += ratio * dt
+
+    def _cooling(self, s: GpuSample, dt: float) -> None:
+        """Thermal resistance at steady high load against the idle baseline, per UTC day."""
+        t, util, power, th = s.temperature_gpu_celsius, s.utilization_gpu_ratio, s.power_watts, self.thermal
+        if t is None or util is None or power is None:
+            th.idle_run = th.load_run = 0.0
+            return
+        steady = th.last_celsius is not None and abs(t - th.last_celsius) <= 1.0
+        th.last_celsius = t
+        if util < IDLE_UTILIZATION:
+            th.load_run = 0.0
+            th.idle_run += dt
+            if th.idle_run >= STEADY_SECONDS and steady:
+                th.idle_celsius, th.idle_watts = t, power
+            return
+        th.idle_run = 0.0
+        th.load_run = th.load_run + dt if util >= STEADY_UTILIZATION else 0.0
+        if (th.load_run >= STEADY_SECONDS and steady and th.idle_celsius is not None and th.idle_watts is not None
+                and power - th.idle_watts >= STEADY_MIN_WATTS_ABOVE_IDLE):
+            r = (t - th.idle_celsius) / (power - th.idle_watts)
+            day = datetime.datetime.fromtimestamp(s.timestamp, datetime.timezone.utc).date().isoformat()
+            acc = self.thermal_resistance.setdefault(day, [0.0, 0.0, 0.0])
+            acc[0] += dt
+            acc[1] += r * dt
+            acc[2] += r * r * dt
+
+    def _thresholds(self, s: GpuSample) -> None:
+        for name, value in (("shutdown", s.threshold_shutdown_celsius), ("slowdown", s.threshold_slowdown_celsius),
+                            ("gpu_max", s.threshold_gpu_max_celsius),
+                            ("memory_max", s.threshold_memory_max_celsius),
+                            ("power_limit_watts", s.power_limit_watts)):
+            if value is not None:
+                self.thresholds[name] = value
+
+    def _health(self, s: GpuSample) -> None:
+        for name in ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+                     "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
+                     "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
+                     "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action"):
+            value = getattr(s, name)
+            if value is not None:
+                self.health[name] = value
+        if s.temperature_memory_celsius is not None:
+            self.health["memory_temperature_reported"] = True
+
+    def add_xids(self, counts: dict[int, int]) -> None:
+        """Add XID events (code -> new events)."""
+        for code, n in counts.items():
+            if n > 0:
+                self.xids[str(code)] = self.xids.get(str(code), 0) + n
+
+    # -- reading -----------------------------------------------------------------------
+
+    def all_cycles(self, sensor: str) -> dict[str, float]:
+        """Closed cycles plus the open residue (as half cycles), in 'range:peak' bins."""
+        out = dict(self.cycles.get(sensor, {}))
+        counter = self.rainflow.get(sensor)
+        if counter is not None:
+            for c in counter.residue():
+                _add(out, cycle_key(c), c[2])
+        return {k: v for k, v in out.items() if not k.startswith("0:")}
+
+    def busy_seconds(self, threshold_ratio: float) -> float:
+        """Seconds with GPU utilization at or above ``threshold_ratio``."""
+        return sum(s for pct, s in self.utilization_seconds.items() if int(pct) >= threshold_ratio * 100)
+
+    def seconds_at_or_above(self, sensor: str, celsius: float) -> float:
+        return sum(s for t, s in self.temperature_seconds.get(sensor, {}).items() if int(t) >= celsius)
+
+    def coverage(self) -> float | None:
+        """Observed share of the wall time since the GPU was first seen (None before 1 s)."""
+        if self.first_seen is None or self.last_seen is None or self.last_seen - self.first_seen < 1:
+            return None
+        return min(1.0, self.observed_seconds / (self.last_seen - self.first_seen))
+
+    # -- persistence -------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "uuid": self.uuid, "name": self.name, "serial": self.serial,
+            "first_seen": self.first_seen, "last_seen": self.last_seen,
+            "observed_seconds": self.observed_seconds, "down_seconds": self.down_seconds,
+            "gap_seconds": self.gap_seconds, "gaps": self.gaps,
+            "utilization_seconds": self.utilization_seconds, "temperature_seconds": self.temperature_seconds,
+            "cycles": self.cycles, "rainflow": {k: v.to_json() for k, v in self.rainflow.items()},
+            "energy_joules": self.energy_joules, "energy_counter_seconds": self.energy_counter_seconds,
+            "energy_integrated_seconds": self.energy_integrated_seconds,
+            "power_limit_seconds": self.power_limit_seconds, "power_seconds": self.power_seconds,
+            "throttle_seconds": self.throttle_seconds, "violation_seconds": self.violation_seconds,
+            "fans": [vars(f) for f in self.fans], "thermal_resistance": self.thermal_resistance,
+            "thermal": vars(self.thermal), "thresholds": self.thresholds, "health": self.health,
+            "xids": self.xids, "lost_events": self.lost_events, "gate_celsius": self.gate_celsius,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], gate_celsius: float) -> GpuWear:
+        """Restore from :meth:`to_json`; the counter baselines start afresh (a restart is a gap)."""
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"unknown wear schema {d.get('schema')!r}")
+        w = cls(uuid=d["uuid"], name=d.get("name", ""), serial=d.get("serial"), gate_celsius=gate_celsius)
+        for key in ("first_seen", "last_seen"):
+            setattr(w, key, d.get(key))
+        for key in ("observed_seconds", "down_seconds", "gap_seconds", "energy_joules", "energy_counter_seconds",
+                    "energy_integrated_seconds", "power_limit_seconds", "power_seconds"):
+            setattr(w, key, float(d.get(key, 0.0)))
+        w.gaps, w.lost_events = int(d.get("gaps", 0)), int(d.get("lost_events", 0))
+        for key in ("utilization_seconds", "temperature_seconds", "cycles", "throttle_seconds", "violation_seconds",
+                    "thermal_resistance", "thresholds", "health", "xids"):
+            setattr(w, key, d.get(key, {}))
+        w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
+        w.fans = [FanWear(**f) for f in d.get("fans", [])]
+        w.thermal = ThermalState(**d.get("thermal", {}))
+        w.thermal.idle_run = w.thermal.load_run = 0.0
+        w.thermal.last_celsius = None
+        return w

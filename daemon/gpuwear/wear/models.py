@@ -1,0 +1,225 @@
+"""Wear estimates derived at read time from the accumulators, and the health verdict.
+
+Every estimate is a band computed with three named parameter sets (low / central / high,
+from the config), labelled with its model and parameters. Nothing here gives a remaining
+life, a "% worn" or a failure probability: the figures are equivalent hours or cycles at a
+stated reference, compared with reference usage profiles. See docs/wear-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwear.config import WearConfig
+from gpuwear.wear.accumulate import GpuWear
+
+BOLTZMANN_EV_PER_K = 8.617333262e-5
+KELVIN = 273.15
+
+# XIDs by the action NVIDIA's XID catalog asks for (see docs/wear-model.md); others
+# (e.g. 13, 31, 43, 45: application faults) say nothing about the card's health or only a little.
+XID_ACT = {46: "GPU stopped processing", 48: "double-bit ECC error", 61: "internal micro-controller breakpoint",
+           62: "internal micro-controller halt", 64: "ECC page retirement or row remap failed",
+           74: "NVLink error", 79: "GPU fell off the bus", 95: "uncontained ECC error", 119: "GSP RPC timeout",
+           120: "GSP error", 140: "unrecovered ECC error"}
+XID_WATCH = {13: "graphics engine exception", 31: "GPU memory page fault",
+             63: "ECC page retirement or row remap recorded", 92: "high single-bit ECC error rate",
+             94: "contained ECC error"}
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
+RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
+                    4: "drain and reset the GPU"}
+STATUS_ORDER = ("ok", "unknown", "watch", "act")
+
+
+def arrhenius_factor(celsius: float, reference_celsius: float, ea_ev: float) -> float:
+    """Acceleration of thermally activated aging at ``celsius`` relative to the reference."""
+    return math.exp(ea_ev / BOLTZMANN_EV_PER_K * (1 / (reference_celsius + KELVIN) - 1 / (celsius + KELVIN)))
+
+
+def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius: float, ea_ev: float) -> float:
+    """Σ t·AF(T): hours at the reference temperature that age as much as the histogram.
+    Each 1 °C bin is taken at its middle (bin 60 holds 60.0 <= T < 61.0)."""
+    return float(sum(s * arrhenius_factor(int(t) + 0.5, reference_celsius, ea_ev)
+                     for t, s in seconds_by_celsius.items())) / 3600.0
+
+
+def cycle_factor(range_celsius: float, peak_celsius: float, reference_range: float, reference_peak: float,
+                 exponent: float, peak_term_kelvin: float) -> float:
+    """Norris–Landzberg damage of one cycle relative to the reference cycle (no frequency term)."""
+    return math.pow(range_celsius / reference_range, exponent) * math.exp(
+        peak_term_kelvin * (1 / (reference_peak + KELVIN) - 1 / (peak_celsius + KELVIN)))
+
+
+def equivalent_cycles(cycles: dict[str, float], reference_range: float, reference_peak: float, exponent: float,
+                      peak_term_kelvin: float) -> float:
+    """Miner's sum of cycles ('range:peak' bins -> counts) in reference cycles."""
+    total = 0.0
+    for key, count in cycles.items():
+        rng, peak = (int(v) for v in key.split(":"))
+        if rng > 0:
+            total += count * cycle_factor(rng, peak, reference_range, reference_peak, exponent, peak_term_kelvin)
+    return total
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A reference usage profile, per day: hours at temperatures and cycles (range, peak, n)."""
+
+    key: str
+    text: str
+    hours_at: tuple[tuple[float, float], ...]  # (°C, hours) summing to 24
+    cycles: tuple[tuple[float, float, float], ...]  # (range °C, peak °C, cycles per day)
+
+    def histogram(self) -> dict[str, float]:
+        return {str(math.floor(t)): h * 3600 for t, h in self.hours_at}
+
+    def cycle_bins(self) -> dict[str, float]:
+        return {f"{round(r)}:{round(p)}": n for r, p, n in self.cycles}
+
+
+PROFILES = (
+    Profile("idle_24_7", "24/7 idle at 35 °C", ((35, 24),), ()),
+    Profile("gaming_4h_day", "4 h a day of gaming at 70 °C, idle at 35 °C otherwise", ((70, 4), (35, 20)),
+            ((35, 70, 2),)),
+    Profile("training_24_7", "24/7 deep-learning training at 75 °C", ((75, 24),), ((10, 75, 24), (40, 75, 1))),
+    Profile("stress_24_7", "24/7 stress test or mining at 85 °C", ((85, 24),), ((50, 85, 1),)),
+)
+
+
+def _band(values: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in values.items()}
+
+
+def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
+    """All estimates of one GPU, each a band with its model and parameters."""
+    a, c = p.arrhenius, p.cycles
+
+    def aging(hist: dict[str, float]) -> dict[str, float]:
+        return _band({b: thermal_aging_hours(hist, a.reference_celsius, ea)
+                      for b, ea in a.activation_energy_ev.items()})
+
+    def fatigue(bins: dict[str, float]) -> dict[str, float]:
+        return _band({b: equivalent_cycles(bins, c.reference_range_celsius, c.reference_peak_celsius, m, q)
+                      for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True)})
+
+    aging_out: dict[str, Any] = {**aging(w.temperature_seconds.get("gpu", {})),
+                                 "reference_celsius": a.reference_celsius, "model": "arrhenius",
+                                 "parameters": {"activation_energy_ev": dict(a.activation_energy_ev.items())}}
+    fatigue_out: dict[str, Any] = {**fatigue(w.all_cycles("gpu")),
+                                   "reference_range_celsius": c.reference_range_celsius,
+                                   "reference_peak_celsius": c.reference_peak_celsius,
+                                   "model": "coffin-manson/norris-landzberg, miner's rule",
+                                   "parameters": {"exponent": dict(c.exponent.items()),
+                                                  "peak_term_kelvin": dict(c.peak_term_kelvin.items()),
+                                                  "hysteresis_celsius": w.gate_celsius}}
+    if "memory" in w.temperature_seconds:
+        aging_out["memory"] = aging(w.temperature_seconds["memory"])
+        fatigue_out["memory"] = fatigue(w.all_cycles("memory"))
+    days = w.observed_seconds / 86400.0
+    profiles = []
+    for prof in PROFILES:
+        per_day_aging = thermal_aging_hours(prof.histogram(), a.reference_celsius, a.activation_energy_ev.central)
+        per_day_cycles = equivalent_cycles(prof.cycle_bins(), c.reference_range_celsius, c.reference_peak_celsius,
+                                           c.exponent.central, c.peak_term_kelvin.central)
+        profiles.append({
+            "profile": prof.key, "description": prof.text,
+            "thermal_aging_hours_per_day": round(per_day_aging, 6),
+            "cycle_fatigue_cycles_per_day": round(per_day_cycles, 6),
+            "observed_thermal_aging_ratio": round(aging_out["central"] / (per_day_aging * days), 4)
+            if days > 0 and per_day_aging > 0 else None,
+            "observed_cycle_fatigue_ratio": round(fatigue_out["central"] / (per_day_cycles * days), 4)
+            if days > 0 and per_day_cycles > 0 else None,
+        })
+    fans = []
+    for i, fan in enumerate(w.fans):
+        revolutions = fan.revolutions + fan.ratio_seconds * p.fan.rated_rpm / 60.0
+        fans.append({"fan": i, "on_hours": round(fan.on_seconds / 3600, 6), "revolutions": round(revolutions, 1),
+                     "revolutions_estimated_from_speed_ratio": fan.ratio_seconds > 0,
+                     "equivalent_hours_at_rated_rpm": round(revolutions / p.fan.rated_rpm / 60.0, 6),
+                     "rated_rpm": p.fan.rated_rpm, "l10_hours": dict(p.fan.l10_hours.items())})
+    return {"thermal_aging_equivalent_hours": aging_out, "cycle_fatigue_equivalent_cycles": fatigue_out,
+            "fan_wear": fans, "reference_profiles": profiles}
+
+
+def resistance_trend(w: GpuWear) -> dict[str, Any] | None:
+    """Die thermal resistance (°C/W) at steady load: first and last three days with data."""
+    days = sorted((d, v) for d, v in w.thermal_resistance.items() if v[0] > 0)
+    if not days:
+        return None
+
+    def mean(rows: list[tuple[str, list[float]]]) -> float:
+        return sum(v[1] for _, v in rows) / sum(v[0] for _, v in rows)
+
+    first, last = days[:3], days[-3:]
+    out: dict[str, Any] = {"days": len(days), "first_celsius_per_watt": round(mean(first), 6),
+                           "last_celsius_per_watt": round(mean(last), 6), "rise_ratio": None}
+    if len(days) >= 6:
+        out["rise_ratio"] = round(mean(last) / mean(first) - 1, 4)
+    return out
+
+
+def verdict(w: GpuWear, p: WearConfig) -> dict[str, Any]:
+    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first.
+
+    Reason codes are a fixed set (they label a metric); the text explains each in plain words.
+    """
+    reasons: list[dict[str, str]] = []
+
+    def reason(severity: str, code: str, text: str) -> None:
+        reasons.append({"severity": severity, "code": code, "text": text})
+
+    h = w.health
+    if h.get("remapped_rows_failure"):
+        reason("act", "row_remap_failure", "a memory row remap failed: NVIDIA says the GPU needs service (RMA)")
+    if h.get("remapped_rows_pending"):
+        reason("watch", "row_remap_pending", "a memory row remap is pending: reset the GPU when convenient to "
+               "apply it")
+    if h.get("retired_pages_pending"):
+        reason("watch", "page_retirement_pending",
+               "a memory page retirement is pending: reload the driver or reset the GPU when convenient")
+    action = h.get("recovery_action")
+    if action:
+        reason("act", "recovery_action", f"the driver asks to {RECOVERY_ACTIONS.get(action, f'recover ({action})')}")
+    if h.get("ecc_uncorrected_volatile", 0) > 0:
+        reason("act", "uncorrectable_ecc", f"{h['ecc_uncorrected_volatile']} uncorrectable ECC error(s) since "
+               "the driver loaded: results computed since may be wrong; reset the GPU")
+    retired = h.get("retired_pages_single_bit", 0) + h.get("retired_pages_double_bit", 0)
+    if retired >= 60:
+        reason("act", "retired_pages_limit", f"{retired} retired memory pages: at NVIDIA's limit of 60, the GPU "
+               "should be replaced")
+    elif retired > 0:
+        reason("watch", "retired_pages", f"{retired} retired memory page(s): normal in small numbers; keep watching")
+    if h.get("remapped_rows_uncorrected", 0) > 0 or h.get("remapped_rows_corrected", 0) > 0:
+        n = h.get("remapped_rows_uncorrected", 0) + h.get("remapped_rows_corrected", 0)
+        reason("watch", "remapped_rows", f"{n} memory row(s) remapped: the spare rows did their job; keep watching")
+    for xid, n in sorted((int(x), n) for x, n in w.xids.items()):
+        for severity, table in (("act", XID_ACT), ("watch", XID_WATCH)):
+            if xid in table:
+                reason(severity, f"xid_{xid}", f"XID {xid} ({table[xid]}) seen {n} time(s)")
+    if w.lost_events:
+        reason("act", "gpu_lost", f"the GPU fell off the bus {w.lost_events} time(s)")
+    if h.get("ecc_uncorrected_aggregate", 0) > 0 and "uncorrectable_ecc" not in {r["code"] for r in reasons}:
+        reason("watch", "uncorrectable_ecc_history", f"{h['ecc_uncorrected_aggregate']} uncorrectable ECC "
+               "error(s) in the card's lifetime record")
+    slowdown = w.thresholds.get("slowdown")
+    if slowdown is not None:
+        above = w.seconds_at_or_above("gpu", slowdown)
+        if above >= p.health.slowdown_watch_seconds:
+            reason("watch", "time_above_slowdown", f"{above / 3600:.2f} h at or above the card's own slowdown "
+                   f"temperature ({slowdown:g} °C)")
+    thermal = sum(w.throttle_seconds.get(k, 0.0) for k in ("sw_thermal_slowdown", "hw_thermal_slowdown"))
+    busy = w.busy_seconds(p.busy_utilization_ratio)
+    if busy > 0 and thermal / busy >= p.health.thermal_throttle_watch_ratio:
+        reason("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time: "
+               "the card protects itself by slowing down; check cooling and airflow")
+    trend = resistance_trend(w)
+    if trend and trend["rise_ratio"] is not None and trend["rise_ratio"] >= p.health.resistance_rise_watch_ratio:
+        reason("watch", "cooling_degrading", f"the die runs {100 * trend['rise_ratio']:.0f} % hotter per watt than "
+               "when first measured: dust or dried thermal paste?")
+    if not h.get("ecc_enabled") and not h.get("memory_temperature_reported"):
+        reason("unknown", "memory_health_unknown", "this card reports neither ECC counters nor memory temperature: "
+               "its memory health cannot be known")
+    status = max((r["severity"] for r in reasons), key=STATUS_ORDER.index, default="ok")
+    return {"status": status, "reasons": reasons}

@@ -1,0 +1,183 @@
+"""Feeds sampler snapshots into the per-GPU accumulators and publishes read-only views.
+
+No clock and no I/O of its own: the caller passes the time with each snapshot and takes
+the accumulators (as JSON) and the pending events out for the ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from gpuwear.config import WearConfig
+from gpuwear.ledger import Event
+from gpuwear.sampler import GpuStatus, Snapshot
+from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.models import estimates, resistance_trend, verdict
+
+ABOVE_CELSIUS = tuple(range(40, 100, 5))  # "time at or above" series exported per sensor
+CYCLE_RANGES = ((2, 5), (5, 10), (10, 20), (20, 40), (40, 1000))  # °C, [lo, hi)
+THRESHOLDS = (("gpu", "slowdown"), ("gpu", "gpu_max"), ("memory", "memory_max"))
+_HEALTH_EVENTS = ("ecc_uncorrected_aggregate", "ecc_corrected_aggregate", "ecc_uncorrected_volatile",
+                  "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
+                  "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
+                  "remapped_rows_failure", "recovery_action")
+
+
+def cycle_range_label(lo: int, hi: int) -> str:
+    return f"{lo}-{hi}" if hi < 1000 else f"{lo}+"
+
+
+@dataclass(frozen=True)
+class WearView:
+    """What the collector exports for one GPU; immutable, rebuilt after each tick."""
+
+    observed_seconds: float
+    busy_seconds: float
+    down_seconds: float
+    gap_seconds: float
+    coverage: float | None
+    energy_joules: float
+    power_limit_seconds: float
+    throttle_seconds: Mapping[str, float]
+    above_celsius: Mapping[tuple[str, str], float]  # (sensor, °C) -> s
+    above_threshold: Mapping[tuple[str, str], float]  # (sensor, threshold) -> s
+    cycles: Mapping[tuple[str, str], float]  # (sensor, range label) -> closed cycles
+    fans: tuple[tuple[float, float], ...]  # (on seconds, revolutions) per fan
+    estimates: Mapping[str, Any]
+    verdict: Mapping[str, Any]
+    thermal_resistance: float | None  # °C/W, the latest day's
+
+
+def view(w: GpuWear, p: WearConfig) -> WearView:
+    """Build the exported view of one GPU's accumulators."""
+    above = {(sensor, str(t)): w.seconds_at_or_above(sensor, t)
+             for sensor in w.temperature_seconds for t in ABOVE_CELSIUS}
+    thresholds = {(sensor, name): w.seconds_at_or_above(sensor, w.thresholds[name])
+                  for sensor, name in THRESHOLDS if name in w.thresholds and sensor in w.temperature_seconds}
+    cycles: dict[tuple[str, str], float] = {}
+    for sensor, bins in w.cycles.items():
+        for lo, hi in CYCLE_RANGES:
+            cycles[(sensor, cycle_range_label(lo, hi))] = sum(
+                n for key, n in bins.items() if lo <= int(key.split(":")[0]) < hi)
+    est = estimates(w, p)
+    revolutions = [f["revolutions"] for f in est["fan_wear"]]
+    trend = resistance_trend(w)
+    return WearView(
+        observed_seconds=w.observed_seconds, busy_seconds=w.busy_seconds(p.busy_utilization_ratio),
+        down_seconds=w.down_seconds, gap_seconds=w.gap_seconds, coverage=w.coverage(),
+        energy_joules=w.energy_joules, power_limit_seconds=w.power_limit_seconds,
+        throttle_seconds=MappingProxyType(dict(w.throttle_seconds)), above_celsius=MappingProxyType(above),
+        above_threshold=MappingProxyType(thresholds), cycles=MappingProxyType(cycles),
+        fans=tuple((f.on_seconds, r) for f, r in zip(w.fans, revolutions, strict=True)),
+        estimates=MappingProxyType(est), verdict=MappingProxyType(verdict(w, p)),
+        thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
+    )
+
+
+@dataclass
+class _Seen:
+    monotonic: float | None = None  # of the last sample integrated
+    up: bool = True
+    down_since: float | None = None
+    xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
+
+
+class WearTracker:
+    """Integrates each new sample of each GPU; thread-safe."""
+
+    def __init__(self, wears: dict[str, GpuWear], params: WearConfig) -> None:
+        self._wears = wears
+        self._params = params
+        self._lock = threading.Lock()
+        self._seen: dict[str, _Seen] = {}
+        self._events: list[Event] = []
+        self._views: Mapping[str, WearView] = MappingProxyType({})
+
+    @property
+    def views(self) -> Mapping[str, WearView]:
+        """Views by UUID of the GPUs present now (an atomic reference read)."""
+        return self._views
+
+    def set_params(self, params: WearConfig) -> None:
+        with self._lock:
+            self._params = params
+
+    def observe(self, snap: Snapshot, monotonic: float, wall: float) -> None:
+        """Account the GPUs of a snapshot taken at ``monotonic`` / ``wall``."""
+        with self._lock:
+            for status in snap.gpus:
+                self._observe(status, monotonic, wall)
+            self._views = MappingProxyType({s.identity.uuid: view(self._wears[s.identity.uuid], self._params)
+                                            for s in snap.gpus})
+
+    def _observe(self, status: GpuStatus, monotonic: float, wall: float) -> None:
+        ident = status.identity
+        w = self._wears.get(ident.uuid)
+        if w is None:
+            w = self._wears[ident.uuid] = GpuWear(ident.uuid, gate_celsius=self._params.cycles.hysteresis_celsius)
+        w.name, w.serial = ident.name, ident.serial or w.serial
+        seen = self._seen.get(ident.uuid)
+        if seen is None:  # first sight in this process: the time since the ledger last saw it is a gap
+            seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids))
+            if w.last_seen is not None and wall > w.last_seen:
+                w.gap(wall - w.last_seen)
+                self._event(w, wall, "gap", {"seconds": wall - w.last_seen, "reason": "not observed (daemon stopped?)"})
+        self._xids(w, seen, status, wall)
+        if not status.up:
+            if seen.up:
+                w.lost_events += 1
+                self._event(w, wall, "gpu_lost", {})
+                seen.up, seen.down_since, seen.monotonic = False, monotonic, None
+            elif seen.down_since is not None:
+                w.down(monotonic - seen.down_since)
+                seen.down_since = monotonic
+            w.see(wall)
+            return
+        if not seen.up:
+            if seen.down_since is not None:
+                w.down(monotonic - seen.down_since)
+            self._event(w, wall, "gpu_back", {})
+            seen.up, seen.down_since = True, None
+        sample = status.sample
+        if sample is None or sample.monotonic == seen.monotonic:
+            return
+        dt = 0.0 if seen.monotonic is None else sample.monotonic - seen.monotonic
+        if dt > self._params.max_gap_seconds:
+            w.gap(dt)
+            self._event(w, sample.timestamp, "gap", {"seconds": dt, "reason": "samples too far apart"})
+            dt = 0.0
+        before = {k: w.health.get(k) for k in _HEALTH_EVENTS}
+        w.add(sample, dt)
+        seen.monotonic = sample.monotonic
+        for k in _HEALTH_EVENTS:
+            if w.health.get(k) != before[k] and before[k] is not None:
+                self._event(w, sample.timestamp, "health", {"field": k, "from": before[k], "to": w.health.get(k)})
+
+    def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
+        new = {code: n - seen.xids.get(code, 0) for code, n in status.xids.items() if n > seen.xids.get(code, 0)}
+        if new:
+            w.add_xids(new)
+            for code, n in new.items():
+                self._event(w, wall, "xid", {"xid": code, "count": n})
+            seen.xids = dict(status.xids)
+
+    def _event(self, w: GpuWear, wall: float, kind: str, detail: dict[str, Any]) -> None:
+        self._events.append(Event(w.uuid, wall, kind, detail))
+
+    def take(self) -> tuple[list[dict[str, Any]], list[Event]]:
+        """Accumulators (as JSON) of every GPU and the events since the last take, for a save.
+        Hand the events back with :meth:`give_back` when the save fails."""
+        with self._lock:
+            events, self._events = self._events, []
+            return [w.to_json() for w in self._wears.values()], events
+
+    def give_back(self, events: list[Event]) -> None:
+        with self._lock:
+            self._events[:0] = events
+
+    def wear(self, uuid: str) -> GpuWear | None:
+        return self._wears.get(uuid)
