@@ -1,4 +1,4 @@
-"""The ``gpuwear`` command: run | report | check-config."""
+"""The ``gpuwear`` command: run | report | import | check-config."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
@@ -43,6 +44,17 @@ def _parser() -> argparse.ArgumentParser:
     _ledger_arguments(report)
     report.add_argument("--gpu", metavar="UUID", help="only this GPU")
     report.add_argument("--json", action="store_true", help="a stable machine-readable document")
+
+    imp = sub.add_parser("import", help="backfill the wear ledger from telemetry logs")
+    imp_sub = imp.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    smi = imp_sub.add_parser("nvidia-smi", help="CSV from nvidia-smi --query-gpu=... --format=csv (or the "
+                             "llm-gpu-stress NVML logger's CSV)")
+    smi.add_argument("files", nargs="+", metavar="FILE")
+    _ledger_arguments(smi)
+    smi.add_argument("--gpu", metavar="UUID", help="the GPU the logs are of, when they carry no uuid column")
+    smi.add_argument("--columns", metavar="NAMES", help="comma-separated query fields of a noheader CSV")
+    smi.add_argument("--timezone", metavar="ZONE", help="zone of the logs' timestamps, e.g. UTC or Europe/Paris "
+                     "(default: this machine's; nvidia-smi writes local time without a zone)")
     return parser
 
 
@@ -135,7 +147,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         ledger = Ledger.open_read_only(path)
         try:
-            wears = ledger.load(config.wear.cycles.hysteresis_celsius)
+            wears = ledger.load_all(config.wear.cycles.hysteresis_celsius)
             events = {uuid: ledger.events(uuid) for uuid in wears}
         finally:
             ledger.close()
@@ -153,11 +165,62 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    import zoneinfo
+
+    from gpuwear.backfill import import_file
+    from gpuwear.importer import ImportFormatError
+    from gpuwear.service import ledger_path
+
+    try:
+        config = _ledger_config(args)
+    except ConfigError as exc:
+        return _config_problems(args.config, exc)
+    tz = None
+    if args.timezone:
+        try:
+            tz = zoneinfo.ZoneInfo(args.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            return _fail(f"--timezone: unknown time zone {args.timezone!r}", EXIT_USAGE)
+    columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
+    try:
+        ledger = Ledger.open(ledger_path(config, args.simulated))
+    except (LedgerError, OSError, sqlite3.Error) as exc:
+        return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
+    failed = 0
+    try:
+        for name in args.files:
+            path = Path(name)
+            try:
+                result = import_file(path, ledger, config.wear, gpu=args.gpu, columns=columns, tz=tz,
+                                     say=lambda line: print(f"gpuwear: {line}", file=sys.stderr))
+            except (ImportFormatError, OSError) as exc:
+                print(f"gpuwear: {path}: not imported: {exc}", file=sys.stderr)
+                failed += 1
+                continue
+            except sqlite3.Error as exc:
+                print(f"gpuwear: {path}: not imported: the ledger cannot be written ({exc})", file=sys.stderr)
+                failed += 1
+                continue
+            for uuid, rows in result.imported.items():
+                skipped = result.skipped.get(uuid, 0)
+                print(f"{path}: GPU {uuid}: {rows} row(s) imported"
+                      + (f", {skipped} skipped (already imported)" if skipped else ""))
+            if result.problems or result.dropped:
+                print(f"{path}: {result.problems} bad row(s) skipped, {result.dropped} out-of-range reading(s) "
+                      "dropped")
+    finally:
+        ledger.close()
+    return EXIT_FAILURE if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "import":
+        return _import(args)
     return _check_config(args)
 

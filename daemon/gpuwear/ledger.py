@@ -45,14 +45,15 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL               -- JSON
 );
 CREATE INDEX IF NOT EXISTS events_by_gpu ON events (uuid, wall);
-CREATE TABLE IF NOT EXISTS imports (
+CREATE TABLE IF NOT EXISTS imports (  -- history backfilled from logs, kept apart from the live one
     id INTEGER PRIMARY KEY,
     uuid TEXT NOT NULL,
     source TEXT NOT NULL,
     first REAL NOT NULL,               -- the time span imported, Unix seconds
     last REAL NOT NULL,
     rows INTEGER NOT NULL,
-    imported REAL NOT NULL
+    imported REAL NOT NULL,
+    wear TEXT NOT NULL                 -- GpuWear.to_json() of the imported rows alone
 );
 """
 
@@ -158,12 +159,28 @@ class Ledger:
         """Time spans already imported for a GPU."""
         return list(self._db.execute("SELECT first, last FROM imports WHERE uuid = ? ORDER BY first", (uuid,)))
 
+    def load_imported(self, gate_celsius: float) -> dict[str, GpuWear]:
+        """The history imported from logs, all imports of a GPU merged, by UUID."""
+        out: dict[str, GpuWear] = {}
+        for uuid, text in self._db.execute("SELECT uuid, wear FROM imports ORDER BY first"):
+            w = GpuWear.from_json(json.loads(text), gate_celsius)
+            out[uuid] = out[uuid].merged(w) if uuid in out else GpuWear(uuid, gate_celsius=gate_celsius).merged(w)
+        return out
+
+    def load_all(self, gate_celsius: float) -> dict[str, GpuWear]:
+        """Live and imported history merged, by UUID (what a report shows)."""
+        live = self.load(gate_celsius)
+        for uuid, imported in self.load_imported(gate_celsius).items():
+            live[uuid] = live[uuid].merged(imported) if uuid in live else imported
+        return live
+
     # -- writing ------------------------------------------------------------------------
 
     def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
-             imports: Iterable[tuple[str, str, float, float, int]] = ()) -> None:
-        """Write accumulators (``GpuWear.to_json()`` dicts), events and import records in one
-        transaction. Raises ``sqlite3.Error`` (disk full, read-only directory) with nothing written."""
+             imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = ()) -> None:
+        """Write accumulators (``GpuWear.to_json()`` dicts), events and imports (uuid, source,
+        first, last, rows, wear) in one transaction. Raises ``sqlite3.Error`` (disk full,
+        read-only directory) with nothing written."""
         now = time.time()
         with self._transaction() as db:
             for w in wears:
@@ -175,8 +192,10 @@ class Ledger:
                             json.dumps(w, separators=(",", ":"))))
             db.executemany("INSERT INTO events (uuid, wall, kind, detail) VALUES (?, ?, ?, ?)",
                            [(e.uuid, e.wall, e.kind, json.dumps(e.detail)) for e in events])
-            db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported) VALUES (?, ?, ?, ?, ?, ?)",
-                           [(*i, now) for i in imports])
+            db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           [(u, src, a, b, n, now, json.dumps(w, separators=(",", ":")))
+                            for u, src, a, b, n, w in imports])
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,29 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "utilization_memory_ratio": (0.0, 1.0),
     "memory_used_bytes": (0.0, 1e14),
 }
+
+
+def _in_range(name: str, value: Any) -> bool:
+    bounds = PHYSICAL_RANGES.get(name)
+    if bounds is None or value is None or isinstance(value, bool):
+        return True
+    return bool(bounds[0] <= value <= bounds[1])
+
+
+def validated(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Readings with those outside :data:`PHYSICAL_RANGES` set to None, and the names dropped.
+    Per-fan tuples drop single fans."""
+    out: dict[str, Any] = {}
+    dropped: list[str] = []
+    for name, value in values.items():
+        if isinstance(value, tuple):
+            kept = tuple(v if _in_range(name, v) else None for v in value)
+            if kept != value:
+                dropped.append(name)
+            out[name] = kept
+        elif _in_range(name, value):
+            out[name] = value
+        else:
+            dropped.append(name)
+            out[name] = None
+    return out, dropped

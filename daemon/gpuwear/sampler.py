@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from gpuwear.clock import Clock
-from gpuwear.sample import PHYSICAL_RANGES, GpuIdentity, GpuSample, SystemInfo
+from gpuwear.sample import PHYSICAL_RANGES, GpuIdentity, GpuSample, SystemInfo, validated
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,6 @@ class _Gpu:
             dropped=MappingProxyType(dict(self.dropped)), xids=MappingProxyType(dict(self.xids)),
             energy_joules_total=self.energy_total,
         )
-
-
-def _in_range(name: str, value: Any) -> bool:
-    bounds = PHYSICAL_RANGES.get(name)
-    if bounds is None or value is None or isinstance(value, bool):
-        return True
-    return bool(bounds[0] <= value <= bounds[1])
 
 
 class Sampler:
@@ -184,19 +177,10 @@ class Sampler:
             self._account_energy(gpu, sample.energy_joules)
 
     def _validated(self, gpu: _Gpu, values: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, value in values.items():
-            if isinstance(value, tuple):
-                kept = tuple(v if _in_range(name, v) else None for v in value)
-                if kept != value:
-                    self._drop(gpu, name, value)
-                out[name] = kept
-            elif _in_range(name, value):
-                out[name] = value
-            else:
-                self._drop(gpu, name, value)
-                out[name] = None
-        return out
+        clean, dropped = validated(values)
+        for name in dropped:
+            self._drop(gpu, name, values[name])
+        return clean
 
     def _drop(self, gpu: _Gpu, name: str, value: Any) -> None:
         with self._lock:

@@ -138,12 +138,14 @@ class Daemon:
         self.config = config
         self.source = source
         self.ledger = Ledger.open(ledger_path(config, source.simulation is not None))
-        self.tracker = WearTracker(self.ledger.load(config.wear.cycles.hysteresis_celsius), config.wear)
+        gate = config.wear.cycles.hysteresis_celsius
+        self.tracker = WearTracker(self.ledger.load(gate), config.wear, self.ledger.load_imported(gate))
         self._ledger_status = LedgerStatus(None, None, 0, self.ledger.moved_aside is not None)
         self.registry = registry or CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwearCollector(
             lambda: Published(source.sampler.snapshot, self.tracker.views, self._ledger_status, source.info)))
         self._stopped = threading.Event()
+        self._tick_lock = threading.Lock()
         self._wake = threading.Event()
         self._scheduler = BackgroundScheduler(daemon=True)
         self._server: _MetricsServer | None = None
@@ -155,11 +157,14 @@ class Daemon:
         return int(self._server.server_address[1])
 
     def _tick(self) -> None:
-        try:
-            snapshot = self.source.sampler.tick()
-            self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall())
-        except Exception:  # a bug in one tick must not end the sampling
-            log.exception("sampling tick failed")
+        with self._tick_lock:
+            if self._stopped.is_set():
+                return
+            try:
+                snapshot = self.source.sampler.tick()
+                self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall())
+            except Exception:  # a bug in one tick must not end the sampling
+                log.exception("sampling tick failed")
 
     def persist(self) -> bool:
         """Save the accumulators and events in one transaction; on failure keep them for the next try."""
@@ -218,6 +223,9 @@ class Daemon:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        # let a tick in flight finish (not a hung one), so the last save holds what was served
+        if self._tick_lock.acquire(timeout=1.0):
+            self._tick_lock.release()
         self.source.sampler.backend.close()
         self.persist()
         self.ledger.close()

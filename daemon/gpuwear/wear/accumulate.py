@@ -33,6 +33,12 @@ def _add(d: dict[str, float], key: str, value: float) -> None:
     d[key] = d.get(key, 0.0) + value
 
 
+def celsius_bin(celsius: float) -> str:
+    """The 1 °C time-at-temperature bin of a reading: the nearest whole degree (NVML reports
+    whole degrees, so its readings fall exactly on bins)."""
+    return str(math.floor(celsius + 0.5))
+
+
 def cycle_key(cycle: Cycle) -> str:
     """The (range, peak) bin of a cycle, 1 °C each: 'range:peak'."""
     rng, peak, _ = cycle
@@ -69,6 +75,7 @@ class GpuWear:
     uuid: str
     name: str = ""
     serial: str | None = None
+    pci_bus_id: str | None = None  # where it was last seen (imports without a UUID match on it)
     first_seen: float | None = None  # wall clock, Unix s
     last_seen: float | None = None
     observed_seconds: float = 0.0  # integrated sample time
@@ -76,7 +83,7 @@ class GpuWear:
     gap_seconds: float = 0.0  # not observed: daemon stopped, GPU missing, samples too far apart
     gaps: int = 0
     utilization_seconds: dict[str, float] = field(default_factory=dict)  # GPU util % (0..100) -> s
-    temperature_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> °C -> s
+    temperature_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> whole °C -> s
     cycles: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> 'range:peak' -> count
     rainflow: dict[str, RainflowCounter] = field(default_factory=dict)
     energy_joules: float = 0.0
@@ -135,7 +142,7 @@ class GpuWear:
             _add(self.utilization_seconds, str(round(s.utilization_gpu_ratio * 100)), dt)
         for sensor, temp in (("gpu", s.temperature_gpu_celsius), ("memory", s.temperature_memory_celsius)):
             if temp is not None:
-                _add(self.temperature_seconds.setdefault(sensor, {}), str(math.floor(temp)), dt)
+                _add(self.temperature_seconds.setdefault(sensor, {}), celsius_bin(temp), dt)
         self._feed_cycles(s)
         self._energy(s, dt)
         if s.clock_event_reasons is not None:
@@ -271,11 +278,52 @@ class GpuWear:
             return None
         return min(1.0, self.observed_seconds / (self.last_seen - self.first_seen))
 
+    def merged(self, other: GpuWear) -> GpuWear:
+        """A new accumulator holding this one's history plus ``other``'s (an imported log).
+
+        ``other``'s open rainflow residue is closed as half cycles; this one's stays open, so
+        live counting goes on. Health and thresholds: this one's (the newer) win."""
+        out = GpuWear.from_json(self.to_json(), self.gate_celsius)
+        out.rainflow = self.rainflow
+        seen = [t for t in (self.first_seen, other.first_seen) if t is not None]
+        out.first_seen = min(seen) if seen else None
+        last = [t for t in (self.last_seen, other.last_seen) if t is not None]
+        out.last_seen = max(last) if last else None
+        for key in ("observed_seconds", "down_seconds", "gap_seconds", "gaps", "energy_joules",
+                    "energy_counter_seconds", "energy_integrated_seconds", "power_limit_seconds", "power_seconds",
+                    "lost_events"):
+            setattr(out, key, getattr(out, key) + getattr(other, key))
+        for key in ("utilization_seconds", "throttle_seconds", "violation_seconds"):
+            for k, v in getattr(other, key).items():
+                _add(getattr(out, key), k, v)
+        for sensor, hist in other.temperature_seconds.items():
+            for k, v in hist.items():
+                _add(out.temperature_seconds.setdefault(sensor, {}), k, v)
+        for sensor in other.temperature_seconds:
+            for k, v in other.all_cycles(sensor).items():
+                _add(out.cycles.setdefault(sensor, {}), k, v)
+        for i, fan in enumerate(other.fans):
+            while len(out.fans) <= i:
+                out.fans.append(FanWear())
+            for key in ("on_seconds", "revolutions", "rpm_seconds", "ratio_seconds"):
+                setattr(out.fans[i], key, getattr(out.fans[i], key) + getattr(fan, key))
+        for day, acc in other.thermal_resistance.items():
+            mine = out.thermal_resistance.setdefault(day, [0.0, 0.0, 0.0])
+            out.thermal_resistance[day] = [a + b for a, b in zip(mine, acc, strict=True)]
+        out.thresholds = {**other.thresholds, **self.thresholds}
+        out.health = {**other.health, **self.health}
+        for code, n in other.xids.items():
+            out.xids[code] = out.xids.get(code, 0) + n
+        out.name = self.name or other.name
+        out.serial = self.serial or other.serial
+        return out
+
     # -- persistence -------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA, "uuid": self.uuid, "name": self.name, "serial": self.serial,
+            "pci_bus_id": self.pci_bus_id,
             "first_seen": self.first_seen, "last_seen": self.last_seen,
             "observed_seconds": self.observed_seconds, "down_seconds": self.down_seconds,
             "gap_seconds": self.gap_seconds, "gaps": self.gaps,
@@ -286,7 +334,8 @@ class GpuWear:
             "power_limit_seconds": self.power_limit_seconds, "power_seconds": self.power_seconds,
             "throttle_seconds": self.throttle_seconds, "violation_seconds": self.violation_seconds,
             "fans": [vars(f) for f in self.fans], "thermal_resistance": self.thermal_resistance,
-            "thermal": vars(self.thermal), "thresholds": self.thresholds, "health": self.health,
+            "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
+            "thresholds": self.thresholds, "health": self.health,
             "xids": self.xids, "lost_events": self.lost_events, "gate_celsius": self.gate_celsius,
         }
 
@@ -295,7 +344,8 @@ class GpuWear:
         """Restore from :meth:`to_json`; the counter baselines start afresh (a restart is a gap)."""
         if d.get("schema") != SCHEMA:
             raise ValueError(f"unknown wear schema {d.get('schema')!r}")
-        w = cls(uuid=d["uuid"], name=d.get("name", ""), serial=d.get("serial"), gate_celsius=gate_celsius)
+        w = cls(uuid=d["uuid"], name=d.get("name", ""), serial=d.get("serial"), pci_bus_id=d.get("pci_bus_id"),
+                gate_celsius=gate_celsius)
         for key in ("first_seen", "last_seen"):
             setattr(w, key, d.get(key))
         for key in ("observed_seconds", "down_seconds", "gap_seconds", "energy_joules", "energy_counter_seconds",
@@ -307,7 +357,6 @@ class GpuWear:
             setattr(w, key, d.get(key, {}))
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]
-        w.thermal = ThermalState(**d.get("thermal", {}))
-        w.thermal.idle_run = w.thermal.load_run = 0.0
-        w.thermal.last_celsius = None
+        thermal = d.get("thermal", {})
+        w.thermal = ThermalState(idle_celsius=thermal.get("idle_celsius"), idle_watts=thermal.get("idle_watts"))
         return w

@@ -39,9 +39,9 @@ def arrhenius_factor(celsius: float, reference_celsius: float, ea_ev: float) -> 
 
 
 def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius: float, ea_ev: float) -> float:
-    """Σ t·AF(T): hours at the reference temperature that age as much as the histogram.
-    Each 1 °C bin is taken at its middle (bin 60 holds 60.0 <= T < 61.0)."""
-    return float(sum(s * arrhenius_factor(int(t) + 0.5, reference_celsius, ea_ev)
+    """Σ t·AF(T): hours at the reference temperature that age as much as the histogram
+    (bins of whole °C, each taken at its value)."""
+    return float(sum(s * arrhenius_factor(int(t), reference_celsius, ea_ev)
                      for t, s in seconds_by_celsius.items())) / 3600.0
 
 
@@ -88,21 +88,16 @@ PROFILES = (
 )
 
 
-def _band(values: dict[str, float]) -> dict[str, float]:
-    return {k: round(v, 6) for k, v in values.items()}
-
-
 def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     """All estimates of one GPU, each a band with its model and parameters."""
     a, c = p.arrhenius, p.cycles
 
     def aging(hist: dict[str, float]) -> dict[str, float]:
-        return _band({b: thermal_aging_hours(hist, a.reference_celsius, ea)
-                      for b, ea in a.activation_energy_ev.items()})
+        return {b: thermal_aging_hours(hist, a.reference_celsius, ea) for b, ea in a.activation_energy_ev.items()}
 
     def fatigue(bins: dict[str, float]) -> dict[str, float]:
-        return _band({b: equivalent_cycles(bins, c.reference_range_celsius, c.reference_peak_celsius, m, q)
-                      for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True)})
+        return {b: equivalent_cycles(bins, c.reference_range_celsius, c.reference_peak_celsius, m, q)
+                for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True)}
 
     aging_out: dict[str, Any] = {**aging(w.temperature_seconds.get("gpu", {})),
                                  "reference_celsius": a.reference_celsius, "model": "arrhenius",

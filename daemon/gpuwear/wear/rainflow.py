@@ -1,8 +1,8 @@
 """Streaming rainflow cycle counting (ASTM E1049-85, section 5.4.4), with a hysteresis gate.
 
 Temperatures arrive one at a time. A *reversal* is confirmed when the signal has moved
-back from its last extreme by at least the gate (and by more than 0), so that sensor noise
-smaller than the gate never makes cycles. Confirmed reversals go through the E1049
+back from its last extreme by more than the gate, so that swings of at most the gate (sensor
+noise: a ±1 °C flicker makes 2 °C swings) never make cycles. Confirmed reversals go through the E1049
 three-point rule: closed full cycles and the half cycles that contain the starting point
 are final; what is left (the *residue*) is persisted, so that a cycle spanning a daemon
 restart is counted once. At read time the residue is counted as half cycles (0.5 each),
@@ -40,15 +40,14 @@ class RainflowCounter:
             return
         if self.direction == 0:
             start = self.stack[-1]
-            if x != start and abs(x - start) >= self.gate:
+            if abs(x - start) > self.gate:
                 self.direction = 1 if x > start else -1
                 self.extreme = x
             return
         if (x - self.extreme) * self.direction > 0:
             self.extreme = x  # further in the same direction
             return
-        retreat = abs(self.extreme - x)
-        if retreat > 0 and retreat >= self.gate:
+        if abs(self.extreme - x) > self.gate:
             self._reversal(self.extreme, on_cycle)
             self.direction = -self.direction
             self.extreme = x

@@ -89,8 +89,10 @@ class _Seen:
 class WearTracker:
     """Integrates each new sample of each GPU; thread-safe."""
 
-    def __init__(self, wears: dict[str, GpuWear], params: WearConfig) -> None:
+    def __init__(self, wears: dict[str, GpuWear], params: WearConfig,
+                 imported: dict[str, GpuWear] | None = None) -> None:
         self._wears = wears
+        self._imported = imported or {}  # history backfilled from logs: shown, never saved from here
         self._params = params
         self._lock = threading.Lock()
         self._seen: dict[str, _Seen] = {}
@@ -111,15 +113,20 @@ class WearTracker:
         with self._lock:
             for status in snap.gpus:
                 self._observe(status, monotonic, wall)
-            self._views = MappingProxyType({s.identity.uuid: view(self._wears[s.identity.uuid], self._params)
+            self._views = MappingProxyType({s.identity.uuid: view(self._shown(s.identity.uuid), self._params)
                                             for s in snap.gpus})
+
+    def _shown(self, uuid: str) -> GpuWear:
+        w = self._wears[uuid]
+        imported = self._imported.get(uuid)
+        return w.merged(imported) if imported is not None else w
 
     def _observe(self, status: GpuStatus, monotonic: float, wall: float) -> None:
         ident = status.identity
         w = self._wears.get(ident.uuid)
         if w is None:
             w = self._wears[ident.uuid] = GpuWear(ident.uuid, gate_celsius=self._params.cycles.hysteresis_celsius)
-        w.name, w.serial = ident.name, ident.serial or w.serial
+        w.name, w.serial, w.pci_bus_id = ident.name, ident.serial or w.serial, ident.pci_bus_id or w.pci_bus_id
         seen = self._seen.get(ident.uuid)
         if seen is None:  # first sight in this process: the time since the ledger last saw it is a gap
             seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids))

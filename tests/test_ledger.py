@@ -1,0 +1,177 @@
+"""The ledger keeps wear safe across restarts, crashes and corrupt files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import make_rig
+from gpuwear.config import WearConfig
+from gpuwear.ledger import Event, Ledger, LedgerError
+from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.tracker import WearTracker
+from helpers import fetch, free_port, wait_for
+
+
+def run_tracker(rig_seconds: int, wears: dict[str, GpuWear], rig_start: int = 0) -> WearTracker:
+    rig = make_rig("demo")
+    rig.clock.advance(rig_start)  # the wall clock moves on between runs, as it would
+    tracker = WearTracker(wears, WearConfig())
+    for _ in range(rig_seconds):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    return tracker
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    tracker = run_tracker(300, {})
+    ledger = Ledger.open(tmp_path / "ledger.sqlite")
+    wears, events = tracker.take()
+    ledger.save(wears, [*events, Event(wears[0]["uuid"], 1.0, "test", {"a": 1})])
+    loaded = ledger.load(2.0)
+    assert sorted(loaded) == sorted(w["uuid"] for w in wears)
+    for w in wears:
+        again = loaded[w["uuid"]].to_json()
+        assert again == json.loads(json.dumps(w))
+    assert [e.kind for e in ledger.events(wears[0]["uuid"])][-1] == "test"
+    ledger.close()
+
+
+def test_restart_continues_the_history(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    first = run_tracker(600, {})
+    ledger = Ledger.open(path)
+    ledger.save(*first.take())
+    ledger.close()
+    before = {u: w.to_json() for u, w in Ledger.open(path).load(2.0).items()}
+    # the daemon comes back 100 s later and runs on
+    second = run_tracker(600, Ledger.open(path).load(2.0), rig_start=700)
+    for uuid, old in before.items():
+        w = second.wear(uuid)
+        assert w is not None
+        assert w.observed_seconds >= old["observed_seconds"] + 598
+        assert w.energy_joules > old["energy_joules"]
+        assert w.gap_seconds == pytest.approx(old["gap_seconds"] + 101, abs=1)
+        for sensor, bins in old["cycles"].items():
+            for key, n in bins.items():
+                assert w.cycles[sensor].get(key, 0) >= n  # counters never go backwards
+        assert w.first_seen == old["first_seen"] and w.last_seen is not None and w.last_seen > old["last_seen"]
+
+
+def test_unreadable_ledger_is_moved_aside_never_replaced(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "ledger.sqlite"
+    garbage = b"this is not SQLite" * 100
+    path.write_bytes(garbage)
+    ledger = Ledger.open(path)
+    assert ledger.moved_aside is not None and ledger.moved_aside.read_bytes() == garbage
+    assert ledger.load(2.0) == {}
+    assert "cannot be read" in caplog.text and str(ledger.moved_aside) in caplog.text
+    ledger.close()
+    with pytest.raises(LedgerError, match="not a readable gpuwear ledger"):
+        Ledger.open_read_only(ledger.moved_aside)
+
+
+def test_truncated_ledger_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    ledger.save(*run_tracker(60, {}).take())
+    ledger.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    reopened = Ledger.open(path)
+    assert reopened.moved_aside is not None
+    reopened.close()
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    Ledger.open(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(LedgerError, match="schema"):
+        Ledger.open_read_only(path)
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {daemon!r})
+from gpuwear.ledger import Ledger
+from gpuwear.wear.accumulate import GpuWear
+ledger = Ledger.open(Path({path!r}))
+w = ledger.load(2.0).get("GPU-k", GpuWear("GPU-k"))
+print("ready", flush=True)
+while True:
+    w.observed_seconds += 1
+    w.temperature_seconds.setdefault("gpu", {{}})[str(int(w.observed_seconds) % 90)] = w.observed_seconds
+    ledger.save([w.to_json()], [])
+"""
+
+
+def test_kill_9_during_writes_never_corrupts(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    script = WRITER.format(daemon=str(Path(__file__).parent.parent / "daemon"), path=str(path))
+    rng = random.Random(11)
+    last = 0.0
+    for _ in range(25):
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.01, 0.25))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        ledger = Ledger.open(path)
+        assert ledger.moved_aside is None
+        observed = ledger.load(2.0)["GPU-k"].observed_seconds
+        ledger.close()
+        assert observed >= last  # never backwards
+        last = observed
+    assert last > 25
+
+
+def lifetime_observed(body: str, gpu: str) -> float:
+    for line in body.splitlines():
+        if line.startswith(f'gpuwear_lifetime_observed_seconds_total{{gpu="{gpu}"'):
+            return float(line.split()[-1])
+    raise AssertionError("no gpuwear_lifetime_observed_seconds_total")
+
+
+def report_json(state: Path) -> dict[str, object]:
+    result = subprocess.run([sys.executable, "-m", "gpuwear", "report", "--state-dir", str(state), "--simulated",
+                             "--json"], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def test_daemon_killed_at_random_instants_loses_at_most_one_persist_interval(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    speed = 600
+    rng = random.Random(5)
+    last_saved = 0.0
+    for _ in range(6):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--speed", str(speed),
+                                 "--state-dir", str(state), "--listen", f"127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_lifetime_observed_seconds_total")
+            time.sleep(rng.uniform(1.2, 3.0))
+            _, body = fetch(f"http://127.0.0.1:{port}/metrics")
+            scraped = lifetime_observed(body, "0")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        doc = report_json(state)
+        saved = doc["gpus"][0]["observed_seconds"]  # type: ignore[index]
+        assert saved >= last_saved
+        # one persist interval is 1 s of wall time at this speed (600 simulated s), plus a tick
+        assert saved >= scraped - (1.0 + 0.1) * speed
+        last_saved = saved
+    assert last_saved > 2 * 3600

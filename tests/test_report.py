@@ -1,0 +1,152 @@
+"""`gpuwear report` and `gpuwear import`: the ledger in words and JSON, and backfilling it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import REPO
+from gpuwear.config import Config
+from gpuwear.service import Daemon, open_source
+from helpers import free_port
+
+TRACES = REPO / "tests" / "fixtures" / "traces"
+RTX4060 = TRACES / "rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv"
+CONTRACT = ("uuid", "name", "serial", "observed_seconds", "busy_seconds", "time_at_temperature_seconds",
+            "thermal_cycles", "energy_joules", "throttle_seconds", "thermal_aging_equivalent_hours",
+            "cycle_fatigue_equivalent_cycles", "health")
+
+
+def gpuwear(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwear", *args], capture_output=True, text=True, timeout=120,
+                          check=check)
+
+
+def report(state: Path, *extra: str) -> dict[str, Any]:
+    return json.loads(gpuwear("report", "--state-dir", str(state), "--json", *extra).stdout)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def simulated_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[tuple[str, ...], float]]]:
+    """The daemon on the demo scenario at --speed 600 for 15 s of wall time (2.5 simulated
+    hours), stopped; returns the state folder and the last /metrics it served."""
+    state = tmp_path_factory.mktemp("state")
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state))
+    daemon = Daemon(config, open_source(config, "demo", 600.0, False))
+    daemon.start()
+    time.sleep(15)
+    daemon.stop()
+    metrics: dict[str, dict[tuple[str, ...], float]] = {}
+    for family in text_string_to_metric_families(generate_latest(daemon.registry).decode()):
+        for s in family.samples:
+            metrics.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value  # type: ignore[index]
+    return state, metrics
+
+
+def metric(metrics: dict[str, dict[tuple[str, ...], float]], name: str, **labels: str) -> float:
+    for key, value in metrics[name].items():
+        if all((k, v) in key for k, v in labels.items()):  # type: ignore[comparison-overlap]
+            return value
+    raise AssertionError(f"{name}{labels} not exported")
+
+
+def test_report_json_contract_and_the_same_numbers_as_metrics(
+        simulated_day: tuple[Path, dict[str, dict[tuple[str, ...], float]]]) -> None:
+    state, metrics = simulated_day
+    doc = report(state, "--simulated")
+    assert doc["simulated"] is True and len(doc["gpus"]) == 2
+    for g in doc["gpus"]:
+        for key in CONTRACT:
+            assert key in g, key
+        assert g["observed_seconds"] > 2 * 3600  # 15 s at x600, minus start-up
+        assert set(g["thermal_aging_equivalent_hours"]) >= {"low", "central", "high", "reference_celsius"}
+        assert g["health"]["status"] in ("ok", "unknown", "watch", "act")
+        assert sum(g["time_at_temperature_seconds"]["gpu"].values()) == pytest.approx(g["observed_seconds"])
+        cycle = g["thermal_cycles"]["gpu"][0]
+        assert set(cycle) == {"range_celsius", "max_celsius", "count"}
+        uuid = g["uuid"]
+        assert metric(metrics, "gpuwear_lifetime_observed_seconds_total", uuid=uuid) == pytest.approx(
+            g["observed_seconds"], abs=1e-3)
+        assert metric(metrics, "gpuwear_lifetime_energy_joules_total", uuid=uuid) == pytest.approx(
+            g["energy_joules"], abs=1e-2)
+        for band in ("low", "central", "high"):
+            assert metric(metrics, "gpuwear_thermal_aging_equivalent_seconds", uuid=uuid, band=band,
+                          sensor="gpu") == pytest.approx(g["thermal_aging_equivalent_hours"][band] * 3600)
+        assert metric(metrics, "gpuwear_health_status", uuid=uuid, status=g["health"]["status"]) == 1
+    rtx, h100 = doc["gpus"] if doc["gpus"][0]["name"].endswith("4090") else doc["gpus"][::-1]
+    assert rtx["health"]["status"] == "unknown" and "memory" not in rtx["time_at_temperature_seconds"]
+    assert "memory" in h100["time_at_temperature_seconds"] and "memory" in h100["thermal_cycles"]
+
+
+def test_report_in_words(simulated_day: tuple[Path, dict[str, dict[tuple[str, ...], float]]]) -> None:
+    state, _ = simulated_day
+    text = gpuwear("report", "--state-dir", str(state), "--simulated").stdout
+    assert text.startswith("SIMULATED GPUs")
+    block = text.split("NVIDIA H100 80GB HBM3")[1]
+    order = [block.index(s) for s in ("Health:", "Observed:", "Stress:", "Estimated wear", "In plain words:")]
+    assert order == sorted(order)  # verdict first, then stress, then the estimate bands
+    assert "not a remaining life" in block and "equivalent" not in block.split("Estimated wear")[0]
+    for forbidden in ("% worn", "remaining life:", "probability"):
+        assert forbidden not in text
+
+
+def test_report_errors(tmp_path: Path,
+                       simulated_day: tuple[Path, dict[str, dict[tuple[str, ...], float]]]) -> None:
+    missing = gpuwear("report", "--state-dir", str(tmp_path / "none"), check=False)
+    assert missing.returncode == 1 and "no ledger at" in missing.stderr and "Traceback" not in missing.stderr
+    state, _ = simulated_day
+    unknown = gpuwear("report", "--state-dir", str(state), "--simulated", "--gpu", "GPU-nope", check=False)
+    assert unknown.returncode == 2 and "no such GPU" in unknown.stderr
+
+
+def test_import_real_traces_once(tmp_path: Path) -> None:
+    files = sorted(str(p) for p in TRACES.glob("*.csv"))
+    first = gpuwear("import", "nvidia-smi", *files, "--state-dir", str(tmp_path), "--timezone", "UTC")
+    assert "22637 row(s) imported" in first.stdout and "4333 row(s) imported" in first.stdout
+    doc = report(tmp_path)
+    again = gpuwear("import", "nvidia-smi", *files, "--state-dir", str(tmp_path), "--timezone", "UTC")
+    assert "0 row(s) imported, 22637 skipped (already imported)" in again.stdout
+    assert report(tmp_path) == doc  # nothing counted twice
+    laptop = next(g for g in doc["gpus"] if g["name"] == "NVIDIA GeForce RTX 4060 Laptop GPU")
+    # SOURCES.md: 376 min, 43-74 °C; the first 191 samples are 0.5 s apart
+    assert laptop["observed_seconds"] == pytest.approx(376 * 60, rel=0.01)
+    temps = [int(t) for t in laptop["time_at_temperature_seconds"]["gpu"]]
+    assert (min(temps), max(temps)) == (43, 74)
+    assert max(c["range_celsius"] for c in laptop["thermal_cycles"]["gpu"]) == 31
+    ada = next(g for g in doc["gpus"] if g["name"] == "NVIDIA RTX 6000 Ada Generation")
+    assert ada["energy_source_seconds"]["counter"] > 0
+    assert ada["energy_joules"] == pytest.approx(61068.6, rel=0.01)  # the counter's own rise over the log
+
+
+def test_import_merges_into_a_known_gpu_and_reports_bad_rows(tmp_path: Path) -> None:
+    log = tmp_path / "smi.csv"
+    log.write_text(
+        "timestamp, uuid, temperature.gpu, power.draw [W], utilization.gpu [%]\n"
+        "2026/11/01 10:00:00.000, GPU-abc, 40, 100.00 W, 90 %\n"
+        "2026/11/01 10:00:01.000, GPU-abc, 41, 120.00 W, 95 %\n"
+        "2026/11/01 10:00:02.000, GPU-abc, hot, 120.00 W, 95 %\n"
+        "2026/11/01 10:00:03.000, GPU-abc, 82505, 130.00 W, 95 %\n"
+        "2026/11/01 10:00:04.000, GPU-abc, 43, 130.00 W, 95 %\n")
+    result = gpuwear("import", "nvidia-smi", str(log), "--state-dir", str(tmp_path), "--timezone", "UTC")
+    assert f"{log}:4:" in result.stderr and "row skipped" in result.stderr
+    assert "GPU GPU-abc: 4 row(s) imported" in result.stdout
+    assert "1 bad row(s) skipped, 1 out-of-range reading(s) dropped" in result.stdout
+    g = report(tmp_path, "--gpu", "GPU-abc")["gpus"][0]
+    # intervals end at t = 1, 3 (2 s: the bad row is skipped) and 4
+    assert g["observed_seconds"] == 4 and g["energy_joules"] == pytest.approx(120 * 1 + 130 * 2 + 130 * 1)
+    assert sum(g["time_at_temperature_seconds"]["gpu"].values()) == 2  # the 82505 °C reading is not counted
+
+
+def test_import_of_an_unusable_file_fails_clearly(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\x00\xff\xfe garbage")
+    result = gpuwear("import", "nvidia-smi", str(bad), "--state-dir", str(tmp_path), check=False)
+    assert result.returncode == 1 and f"{bad}: not imported:" in result.stderr and "Traceback" not in result.stderr
