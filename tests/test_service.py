@@ -138,3 +138,51 @@ def test_port_in_use_is_a_clear_error() -> None:
     finally:
         first.terminate()
         first.wait(timeout=5)
+
+
+def test_systemd_notify_readiness_watchdog_reload_and_stop(tmp_path: Path) -> None:
+    """A real datagram socket stands in for systemd's NOTIFY_SOCKET."""
+    import os
+    import socket
+
+    notify = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.settimeout(10)
+    config = tmp_path / "config.yaml"
+    config.write_text("sampling:\n  interval_seconds: 0.2\n")
+    port = free_port()
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify), "WATCHDOG_USEC": "400000"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--config", str(config),
+                             "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True, env=env)
+
+    def until(prefix: str) -> str:
+        while True:
+            message = sock.recv(4096).decode()
+            if message.startswith(prefix):
+                return message
+
+    try:
+        assert "STATUS=sampling 2 GPU(s)" in until("READY=1")
+        status, body = fetch(f"http://127.0.0.1:{port}/metrics")  # serving once ready
+        assert status == 200 and "gpuwear_temperature_celsius" in body
+        until("WATCHDOG=1")
+        until("WATCHDOG=1")  # fed again by the sampling loop
+        config.write_text("sampling:\n  interval_seconds: 0.5\nwear:\n  busy_utilization_ratio: 0.5\n")
+        proc.send_signal(signal.SIGHUP)
+        until("RELOADING=1")
+        until("READY=1")
+        config.write_text("sampling:\n  interval_seconds: -3\n")
+        proc.send_signal(signal.SIGHUP)
+        until("RELOADING=1")
+        until("READY=1")
+        proc.send_signal(signal.SIGTERM)
+        until("STOPPING=1")
+        assert proc.wait(timeout=5) == 0
+    finally:
+        proc.kill()
+        sock.close()
+    assert proc.stderr is not None
+    log = proc.stderr.read()
+    assert "SIGHUP: reloaded" in log and "(sampling every 0.5s)" in log
+    assert "refused, keeping the running config: sampling.interval_seconds" in log

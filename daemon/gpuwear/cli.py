@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         return _fail(str(exc), EXIT_USAGE)
     try:
-        daemon = Daemon(config, source)
+        daemon = Daemon(config, source, config_path=args.config)
     except (LedgerError, OSError, sqlite3.Error) as exc:
         source.sampler.backend.close()
         return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)

@@ -100,7 +100,7 @@ class Sampler:
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.backend = backend
         self.clock = clock
-        self.slow_interval = slow_interval_seconds
+        self.slow_interval = slow_interval_seconds  # may change on reload
         self.lost_errors = lost_errors
         self.timer = timer
         self._lock = threading.Lock()

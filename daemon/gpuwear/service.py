@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import sqlite3
 import sys
 import threading
@@ -24,7 +26,7 @@ from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, Nv
 from gpuwear.backends.simulated import Simulation, load_scenario
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import GpuwearCollector
-from gpuwear.config import Config
+from gpuwear.config import Config, ConfigError, load_config
 from gpuwear.ledger import FILENAME, Ledger
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
@@ -36,6 +38,22 @@ log = logging.getLogger(__name__)
 # simulated time instead. Ledger saves likewise.
 MIN_WALL_INTERVAL_SECONDS = 0.02
 MIN_PERSIST_SECONDS = 1.0
+
+
+def sd_notify(message: str) -> bool:
+    """Tell systemd (Type=notify) ``message``, e.g. "READY=1"; False when not run by systemd."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    address = "\0" + path[1:] if path.startswith("@") else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(address)
+            s.sendall(message.encode())
+    except OSError as exc:
+        log.warning("sd_notify %r failed: %s", message, exc)
+        return False
+    return True
 
 
 @dataclass
@@ -116,8 +134,6 @@ class _MetricsServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
         self.registry = registry
         if ":" in address[0]:
-            import socket
-
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
@@ -134,8 +150,10 @@ class Daemon:
     Raises ``LedgerError`` or ``OSError`` when the ledger cannot be opened.
     """
 
-    def __init__(self, config: Config, source: Source, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, config: Config, source: Source, registry: CollectorRegistry | None = None,
+                 config_path: str | None = None) -> None:
         self.config = config
+        self.config_path = config_path  # re-read on SIGHUP
         self.source = source
         self.ledger = Ledger.open(ledger_path(config, source.simulation is not None))
         gate = config.wear.cycles.hysteresis_celsius
@@ -147,6 +165,10 @@ class Daemon:
         self._stopped = threading.Event()
         self._tick_lock = threading.Lock()
         self._wake = threading.Event()
+        self._reload = threading.Event()
+        watchdog_usec = os.environ.get("WATCHDOG_USEC", "")
+        self._watchdog_interval = int(watchdog_usec) / 2e6 if watchdog_usec.isdigit() else None
+        self._watchdog_last = 0.0
         self._scheduler = BackgroundScheduler(daemon=True)
         self._server: _MetricsServer | None = None
         self._server_thread: threading.Thread | None = None
@@ -165,6 +187,16 @@ class Daemon:
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall())
             except Exception:  # a bug in one tick must not end the sampling
                 log.exception("sampling tick failed")
+            self._feed_watchdog()
+
+    def _feed_watchdog(self) -> None:
+        """Ping systemd's watchdog from the sampling loop: a hung NVML call stops the pings."""
+        if self._watchdog_interval is None:
+            return
+        now = time.monotonic()
+        if now - self._watchdog_last >= self._watchdog_interval:
+            self._watchdog_last = now
+            sd_notify("WATCHDOG=1")
 
     def persist(self) -> bool:
         """Save the accumulators and events in one transaction; on failure keep them for the next try."""
@@ -200,24 +232,59 @@ class Daemon:
         self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                                name="http", daemon=True)
         self._server_thread.start()
-        wall_interval = max(self.config.sampling.interval_seconds / self.source.speed, MIN_WALL_INTERVAL_SECONDS)
+        wall_interval, persist_interval = self._intervals(self.config)
         self._scheduler.add_job(self._tick, "interval", seconds=wall_interval, id="sample",
                                 max_instances=1, coalesce=True, misfire_grace_time=None)
-        persist_interval = max(self.config.wear.persist_interval_seconds / self.source.speed, MIN_PERSIST_SECONDS)
         self._scheduler.add_job(self._persist_job, "interval", seconds=persist_interval, id="persist",
                                 max_instances=1, coalesce=True, misfire_grace_time=None)
         self._scheduler.start()
+        sd_notify(f"READY=1\nSTATUS=sampling {len(sampler.snapshot.gpus)} GPU(s)")
         if not self.config.listen_is_loopback:
             log.warning("serving /metrics on a non-loopback address %s", self.config.listen)
         log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); ledger %s; serving "
                  "http://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
                  self.config.sampling.interval_seconds, wall_interval, self.ledger.path, host, self.port)
 
+    def _intervals(self, config: Config) -> tuple[float, float]:
+        """Wall seconds between ticks and between ledger saves (simulated time runs faster)."""
+        speed = self.source.speed
+        return (max(config.sampling.interval_seconds / speed, MIN_WALL_INTERVAL_SECONDS),
+                max(config.wear.persist_interval_seconds / speed, MIN_PERSIST_SECONDS))
+
+    def reload(self) -> bool:
+        """Re-read the config file (SIGHUP): sampling intervals, thresholds and model parameters
+        apply at once, without losing state; an invalid file is refused and the old config kept."""
+        if self.config_path is None:
+            log.warning("SIGHUP: no --config file to reload")
+            return False
+        sd_notify("RELOADING=1")
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("SIGHUP: %s refused, keeping the running config: %s", self.config_path, exc)
+            sd_notify("READY=1")
+            return False
+        for key in ("listen", "state_dir"):
+            if getattr(new, key) != getattr(self.config, key):
+                log.warning("SIGHUP: %s changed; it takes effect at the next restart", key)
+                new = replace(new, **{key: getattr(self.config, key)})
+        wall_interval, persist_interval = self._intervals(new)
+        self._scheduler.reschedule_job("sample", trigger="interval", seconds=wall_interval)
+        self._scheduler.reschedule_job("persist", trigger="interval", seconds=persist_interval)
+        self.source.sampler.slow_interval = new.sampling.slow_interval_seconds
+        self.tracker.set_params(new.wear)
+        logging.getLogger().setLevel(new.log_level.upper())
+        self.config = new
+        log.info("SIGHUP: reloaded %s (sampling every %gs)", self.config_path, new.sampling.interval_seconds)
+        sd_notify("READY=1")
+        return True
+
     def stop(self) -> None:
         """Stop sampling, serving and NVML; idempotent, returns within about a second."""
         if self._stopped.is_set():
             return
         self._stopped.set()
+        sd_notify("STOPPING=1")
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         if self._server is not None:
@@ -239,11 +306,22 @@ class Daemon:
             log.info("received %s, stopping", signal.Signals(signum).name)
             self._wake.set()
 
+        def hangup(signum: int, frame: FrameType | None) -> None:
+            self._reload.set()
+            self._wake.set()
+
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGHUP, hangup)
 
     def wait(self) -> None:
-        """Block until a handled signal arrives, then stop."""
-        while not self._wake.wait(0.5):
-            pass
+        """Block until SIGTERM/SIGINT, then stop; reload the config on each SIGHUP meanwhile."""
+        while True:
+            self._wake.wait(0.5)
+            if self._reload.is_set():
+                self._reload.clear()
+                self._wake.clear()
+                self.reload()
+            elif self._wake.is_set():
+                break
         self.stop()
