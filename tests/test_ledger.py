@@ -35,7 +35,7 @@ def run_tracker(rig_seconds: int, wears: dict[str, GpuWear], rig_start: int = 0)
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
     tracker = run_tracker(300, {})
     ledger = Ledger.open(tmp_path / "ledger.sqlite")
-    wears, events = tracker.take()
+    wears, events, _ = tracker.take()
     ledger.save(wears, [*events, Event(wears[0]["uuid"], 1.0, "test", {"a": 1})])
     loaded = ledger.load(2.0)
     assert sorted(loaded) == sorted(w["uuid"] for w in wears)
@@ -50,7 +50,8 @@ def test_restart_continues_the_history(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     first = run_tracker(600, {})
     ledger = Ledger.open(path)
-    ledger.save(*first.take())
+    wears, events, jobs = first.take()
+    ledger.save(wears, events, jobs=jobs)
     ledger.close()
     before = {u: w.to_json() for u, w in Ledger.open(path).load(2.0).items()}
     # the daemon comes back 100 s later and runs on
@@ -83,7 +84,8 @@ def test_unreadable_ledger_is_moved_aside_never_replaced(tmp_path: Path, caplog:
 def test_truncated_ledger_is_moved_aside(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     ledger = Ledger.open(path)
-    ledger.save(*run_tracker(60, {}).take())
+    wears, events, _ = run_tracker(60, {}).take()
+    ledger.save(wears, events)
     ledger.close()
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])

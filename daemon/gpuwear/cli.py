@@ -1,4 +1,4 @@
-"""The ``gpuwear`` command: run | report | import | check-config."""
+"""The ``gpuwear`` command: run | report | jobs | import | check-config."""
 
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     _ledger_arguments(report)
     report.add_argument("--gpu", metavar="UUID", help="only this GPU")
     report.add_argument("--json", action="store_true", help="a stable machine-readable document")
+
+    jobs = sub.add_parser("jobs", help="which job wore which GPU, and by how much")
+    jobs.add_argument("job", nargs="?", metavar="JOB", help="one job (its id, name or record) across its GPUs")
+    _ledger_arguments(jobs)
+    jobs.add_argument("--since", metavar="DURATION", help="only jobs ended within this long (30m, 12h, 1d, 2w)")
+    jobs.add_argument("--gpu", metavar="UUID", help="only this GPU")
+    jobs.add_argument("--json", action="store_true", help="a stable machine-readable document")
 
     imp = sub.add_parser("import", help="backfill the wear ledger from telemetry logs")
     imp_sub = imp.add_subparsers(dest="format", required=True, metavar="FORMAT")
@@ -165,6 +172,46 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(args: argparse.Namespace) -> int:
+    import time
+
+    from gpuwear import jobreport
+    from gpuwear.service import ledger_path
+
+    try:
+        config = _ledger_config(args)
+    except ConfigError as exc:
+        return _config_problems(args.config, exc)
+    since = None
+    if args.since:
+        try:
+            since = time.time() - jobreport.parse_duration(args.since)
+        except ValueError as exc:
+            return _fail(f"--since: {exc}", EXIT_USAGE)
+    path = ledger_path(config, args.simulated)
+    try:
+        ledger = Ledger.open_read_only(path)
+        try:
+            records = ledger.jobs(since)
+            gpus = ledger.load(config.wear.cycles.hysteresis_celsius)
+        finally:
+            ledger.close()
+    except (LedgerError, sqlite3.Error) as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    if args.job:
+        wanted = [r for r in records if args.job in (r["record"], r["id"], r["name"])]
+        if not wanted:
+            return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
+        records = wanted[:1]
+    doc = jobreport.document(records, gpus, config.wear, since, args.gpu)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        index_of = {uuid: i for i, uuid in enumerate(sorted(gpus))}
+        print(jobreport.text(doc, index_of), end="")
+    return 0
+
+
 def _import(args: argparse.Namespace) -> int:
     import zoneinfo
 
@@ -222,5 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command == "import":
         return _import(args)
+    if args.command == "jobs":
+        return _jobs(args)
     return _check_config(args)
 

@@ -56,6 +56,10 @@ def _choice(*options: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else f"expected true or false, got {v!r}"
+
+
 def _string(v: Any) -> str | None:
     return None if isinstance(v, str) else f"expected a string, got {v!r}"
 
@@ -154,6 +158,13 @@ class WearConfig:
 
 
 @dataclass(frozen=True)
+class JobsConfig:
+    end_grace_seconds: float = _key(60.0, _number(0, 86400))
+    record_users: bool = _key(True, _boolean)
+    user_in_metrics: bool = _key(False, _boolean)
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = _key("127.0.0.1:9941", _listen)
     state_dir: str = _key("", _string)
@@ -161,6 +172,7 @@ class Config:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     wear: WearConfig = field(default_factory=WearConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -55,6 +55,14 @@ CREATE TABLE IF NOT EXISTS imports (  -- history backfilled from logs, kept apar
     imported REAL NOT NULL,
     wear TEXT NOT NULL                 -- GpuWear.to_json() of the imported rows alone
 );
+CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one GPU
+    record TEXT PRIMARY KEY,           -- job key @ start
+    kind TEXT NOT NULL,
+    start REAL NOT NULL,
+    end REAL,                          -- NULL while running
+    data TEXT NOT NULL                 -- JobRecord.to_json()
+);
+CREATE INDEX IF NOT EXISTS jobs_by_start ON jobs (start);
 """
 
 
@@ -176,11 +184,19 @@ class Ledger:
 
     # -- writing ------------------------------------------------------------------------
 
+    def jobs(self, since: float | None = None, running_only: bool = False) -> list[dict[str, Any]]:
+        """Job records (``JobRecord.to_json()``) that ended after ``since`` or still run, newest first."""
+        rows = self._db.execute(
+            "SELECT data FROM jobs WHERE (end IS NULL OR end >= ?) AND (? = 0 OR end IS NULL) ORDER BY start DESC",
+            (since if since is not None else float("-inf"), int(running_only)))
+        return [json.loads(d) for (d,) in rows]
+
     def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
-             imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = ()) -> None:
-        """Write accumulators (``GpuWear.to_json()`` dicts), events and imports (uuid, source,
-        first, last, rows, wear) in one transaction. Raises ``sqlite3.Error`` (disk full,
-        read-only directory) with nothing written."""
+             imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = (),
+             jobs: Iterable[dict[str, Any]] = ()) -> None:
+        """Write accumulators (``GpuWear.to_json()`` dicts), events, imports (uuid, source,
+        first, last, rows, wear) and job records in one transaction. Raises ``sqlite3.Error``
+        (disk full, read-only directory) with nothing written."""
         now = time.time()
         with self._transaction() as db:
             for w in wears:
@@ -196,6 +212,9 @@ class Ledger:
                            "VALUES (?, ?, ?, ?, ?, ?, ?)",
                            [(u, src, a, b, n, now, json.dumps(w, separators=(",", ":")))
                             for u, src, a, b, n, w in imports])
+            db.executemany("INSERT OR REPLACE INTO jobs (record, kind, start, end, data) VALUES (?, ?, ?, ?, ?)",
+                           [(j["record"], j["kind"], j["start"], j["end"], json.dumps(j, separators=(",", ":")))
+                            for j in jobs])
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -367,6 +367,19 @@ WEAR_METRICS: tuple[WearMetricDef, ...] = (
     WearMetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
                   "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
                   _wear_value(lambda v: v.thermal_resistance)),
+    WearMetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
+                  "docker, container, systemd, session, process, simulated, unknown); user only when "
+                  "jobs.user_in_metrics is on; value 1. Job history is in `gpuwear jobs`, not here.",
+                  ("job_kind", "job_id", "user"),
+                  lambda v: [((j.kind, j.id, j.user or ""), 1.0) for j in v.jobs]),
+    WearMetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
+                  "kind: while a job's processes ran on the GPU (job) or not (idle).", ("kind",),
+                  lambda v: [((k,), a[0]) for k, a in v.attributed.items()]),
+    WearMetricDef("gpuwear_lifetime_attributed_energy_joules_total", "counter", "joules", "Energy split by kind "
+                  "(job / idle).", ("kind",), lambda v: [((k,), a[1]) for k, a in v.attributed.items()]),
+    WearMetricDef("gpuwear_attributed_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal "
+                  "aging (central band) split by kind (job / idle), as time at wear.arrhenius.reference_celsius.",
+                  ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()]),
     WearMetricDef("gpuwear_health_status", "gauge", "", "Health verdict: 1 for the current status (ok, unknown, "
                   "watch, act), 0 for the others.", ("status",), _status),
     WearMetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "

@@ -90,6 +90,8 @@ class GpuSample:
     # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot,
     # 3 drain P2P, 4 drain and reset (nvmlDeviceGpuRecoveryAction_t)
     recovery_action: int | None = None
+    # nvmlDeviceGetComputeRunningProcesses: (PID, used GPU memory in bytes or None) per process
+    processes: tuple[tuple[int, float | None], ...] | None = None
 
 
 # nvmlClocksEventReason* bits (nvml.h) of ``GpuSample.clock_event_reasons``, by name.

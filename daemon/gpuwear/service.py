@@ -26,10 +26,12 @@ from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, Nv
 from gpuwear.backends.simulated import Simulation, load_scenario
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import GpuwearCollector
-from gpuwear.config import Config, ConfigError, load_config
+from gpuwear.config import Config, ConfigError, WearConfig, load_config
+from gpuwear.jobs import JobWatcher, ProcessResolver, SimulatedJobs
 from gpuwear.ledger import FILENAME, Ledger
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
+from gpuwear.wear.jobs import JobRecord
 from gpuwear.wear.tracker import WearTracker
 
 log = logging.getLogger(__name__)
@@ -157,7 +159,13 @@ class Daemon:
         self.source = source
         self.ledger = Ledger.open(ledger_path(config, source.simulation is not None))
         gate = config.wear.cycles.hysteresis_celsius
-        self.tracker = WearTracker(self.ledger.load(gate), config.wear, self.ledger.load_imported(gate))
+        running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
+        self.tracker = WearTracker(self.ledger.load(gate), self._wear_params(config), self.ledger.load_imported(gate),
+                                   running, config.jobs.end_grace_seconds, config.jobs.user_in_metrics)
+        resolver = ProcessResolver(show_users=config.jobs.record_users).resolve
+        if source.simulation is not None:
+            resolver = SimulatedJobs(source.simulation.jobs, resolver).resolve
+        self.job_watcher = JobWatcher(resolver)
         self._ledger_status = LedgerStatus(None, None, 0, self.ledger.moved_aside is not None)
         self.registry = registry or CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwearCollector(
@@ -184,7 +192,10 @@ class Daemon:
                 return
             try:
                 snapshot = self.source.sampler.tick()
-                self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall())
+                jobs = self.job_watcher.jobs(
+                    (g.identity.uuid, [pid for pid, _ in g.sample.processes or ()])
+                    for g in snapshot.gpus if g.sample is not None)
+                self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
             except Exception:  # a bug in one tick must not end the sampling
                 log.exception("sampling tick failed")
             self._feed_watchdog()
@@ -199,13 +210,13 @@ class Daemon:
             sd_notify("WATCHDOG=1")
 
     def persist(self) -> bool:
-        """Save the accumulators and events in one transaction; on failure keep them for the next try."""
-        wears, events = self.tracker.take()
+        """Save the accumulators, events and jobs in one transaction; on failure keep them for the next try."""
+        wears, events, jobs = self.tracker.take()
         status = self._ledger_status
         try:
-            self.ledger.save(wears, events)
+            self.ledger.save(wears, events, jobs=jobs)
         except sqlite3.Error as exc:
-            self.tracker.give_back(events)
+            self.tracker.give_back(events, jobs)
             if status.last_success is not False:
                 log.error("cannot save the wear ledger %s (%s); sampling goes on and the save is retried",
                           self.ledger.path, exc)
@@ -245,6 +256,12 @@ class Daemon:
                  "http://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
                  self.config.sampling.interval_seconds, wall_interval, self.ledger.path, host, self.port)
 
+    def _wear_params(self, config: Config) -> WearConfig:
+        """The wear parameters, with the gap limit at least three ticks: under --speed a tick
+        covers more simulated time than max_gap_seconds may allow."""
+        tick = self._intervals(config)[0] * self.source.speed
+        return replace(config.wear, max_gap_seconds=max(config.wear.max_gap_seconds, 3 * tick))
+
     def _intervals(self, config: Config) -> tuple[float, float]:
         """Wall seconds between ticks and between ledger saves (simulated time runs faster)."""
         speed = self.source.speed
@@ -272,7 +289,7 @@ class Daemon:
         self._scheduler.reschedule_job("sample", trigger="interval", seconds=wall_interval)
         self._scheduler.reschedule_job("persist", trigger="interval", seconds=persist_interval)
         self.source.sampler.slow_interval = new.sampling.slow_interval_seconds
-        self.tracker.set_params(new.wear)
+        self.tracker.set_params(self._wear_params(new))
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
         log.info("SIGHUP: reloaded %s (sampling every %gs)", self.config_path, new.sampling.interval_seconds)

@@ -455,8 +455,18 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
-        self._gpu(handle)
-        _out(count).value = 0
+        gpu = self._gpu(handle, "processes")
+        with self._lock:
+            procs = list(gpu.state.processes)
+        c = _out(count)
+        if infos is None or c.value < len(procs):
+            c.value = len(procs)
+            return SUCCESS if not procs else ERROR_INSUFFICIENT_SIZE
+        for i, pid in enumerate(procs):
+            infos[i].pid = pid
+            infos[i].usedGpuMemory = int(gpu.product.memory_total_bytes * 0.7 / len(procs))
+            infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFF
+        c.value = len(procs)
         return SUCCESS
 
     def _field(self, gpu: SimGpu, field_id: int) -> tuple[int, int]:

@@ -165,6 +165,12 @@ def _remapped_rows(h: Any) -> Values:
             "remapped_rows_pending": bool(pending), "remapped_rows_failure": bool(failure)}
 
 
+def _processes(h: Any) -> Values:
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    return {"processes": tuple((int(p.pid), None if p.usedGpuMemory is None else float(p.usedGpuMemory))
+                               for p in procs)}
+
+
 def _fan_rpm(h: Any, fan: int) -> int:
     """nvmlDeviceGetFanSpeedRPM for one fan (pynvml's wrapper only asks fan 0)."""
     info = pynvml.c_nvmlFanSpeedInfo_t()
@@ -196,6 +202,7 @@ READERS: tuple[Reader, ...] = (
            ("violation_thermal_seconds",)),
     Reader("utilization", False, _utilization, ("utilization_gpu_ratio", "utilization_memory_ratio")),
     Reader("memory_used", False, _memory_used, ("memory_used_bytes",)),
+    Reader("processes", False, _processes, ("processes",)),
     Reader("threshold_shutdown", True,
            _threshold(pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, "threshold_shutdown_celsius"),
            ("threshold_shutdown_celsius",)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -113,6 +114,8 @@ class Phase:
     eval_every: float = 0.0  # training: an evaluation pause every N s (0: none)
     eval_seconds: float = 0.0
     eval_utilization: float = 0.3
+    job: str | None = None  # a simulated job (a synthetic PID, resolved by the simulation)
+    pids: tuple[int, ...] = ()  # real processes (started by tests) running on the GPU
 
     def utilization_at(self, t: float) -> float:
         """Utilization ``t`` seconds into the phase."""
@@ -163,6 +166,7 @@ class GpuState:
     unsupported: set[str] = field(default_factory=set)
     garbage: dict[str, float] = field(default_factory=dict)  # field -> value, returned once
     pending_xids: list[int] = field(default_factory=list)
+    processes: tuple[int, ...] = ()  # PIDs of the compute processes on the GPU now
 
 
 class SimGpu:
@@ -184,16 +188,19 @@ class SimGpu:
                               memory_celsius=ambient_celsius + product.idle_watts * product.r_th_memory)
         self.cycle_seconds = sum(p.seconds for p in schedule)
 
-    def utilization_at(self, t: float) -> float:
-        """Workload utilization demanded at simulated time ``t``."""
-        if self.cycle_seconds <= 0:
-            return 0.0
-        t = (t + self.offset) % self.cycle_seconds
+    def phase_at(self, t: float) -> tuple[Phase, float]:
+        """The schedule's phase at simulated time ``t`` and the seconds into it."""
+        t = (t + self.offset) % self.cycle_seconds if self.cycle_seconds > 0 else 0.0
         for phase in self.schedule:
             if t < phase.seconds:
-                return phase.utilization_at(t)
+                return phase, t
             t -= phase.seconds
-        return 0.0
+        return self.schedule[-1], 0.0
+
+    def utilization_at(self, t: float) -> float:
+        """Workload utilization demanded at simulated time ``t``."""
+        phase, into = self.phase_at(t)
+        return phase.utilization_at(into)
 
     def _thermal_resistance(self) -> float:
         p = self.product
@@ -208,7 +215,9 @@ class SimGpu:
         s, p = self.state, self.product
         if s.lost or dt <= 0:
             return
-        s.utilization = self.utilization_at(t)
+        phase, into = self.phase_at(t)
+        s.utilization = phase.utilization_at(into)
+        s.processes = phase.pids or ((synthetic_pid(phase.job),) if phase.job else ())
         reasons = 0
         # Thermal slowdown: software steps the clocks down above gpu_max, hardware halves them
         # at the slowdown threshold; both recover once the die has cooled a little.
@@ -288,6 +297,12 @@ class SimGpu:
         return round(value + self.rng.uniform(-0.6, 0.6))
 
 
+def synthetic_pid(job: str) -> int:
+    """The PID a simulated job's process reports: above Linux's largest pid_max, so it can
+    never be a real process."""
+    return 5_000_000 + zlib.crc32(job.encode()) % 1_000_000
+
+
 class Simulation:
     """All simulated GPUs of a scenario, advanced lazily to a requested simulated time."""
 
@@ -299,6 +314,7 @@ class Simulation:
         self.name = name
         self.time = 0.0  # simulated seconds since the scenario started
         self._next_fault = 0
+        self.jobs = {synthetic_pid(p.job): p.job for g in gpus for p in g.schedule if p.job}
 
     def advance_to(self, t: float) -> None:
         """Integrate every GPU up to simulated time ``t`` (never backwards)."""
@@ -357,7 +373,7 @@ def _phase(spec: Any, where: str) -> Phase:
     if kind not in PHASE_KINDS:
         raise ScenarioError(f"{where}.kind: expected one of {', '.join(PHASE_KINDS)}, got {kind!r}")
     default_util = {"idle": 0.0, "train": 0.95, "stress": 1.0}[kind]
-    known = {"kind", "seconds", "utilization", "eval_every", "eval_seconds", "eval_utilization"}
+    known = {"kind", "seconds", "utilization", "eval_every", "eval_seconds", "eval_utilization", "job", "pids"}
     for key in spec:
         if key not in known:
             raise ScenarioError(f"{where}.{key}: unknown key")
@@ -368,7 +384,17 @@ def _phase(spec: Any, where: str) -> Phase:
         eval_every=_number(spec.get("eval_every", 0), f"{where}.eval_every"),
         eval_seconds=_number(spec.get("eval_seconds", 0), f"{where}.eval_seconds"),
         eval_utilization=_number(spec.get("eval_utilization", 0.3), f"{where}.eval_utilization", 0, 1),
+        job=_job_name(spec.get("job"), f"{where}.job"),
+        pids=tuple(int(_number(p, f"{where}.pids", 1, 2**22)) for p in spec.get("pids", []) or []),
     )
+
+
+def _job_name(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 64:
+        raise ScenarioError(f"{where}: expected a job name (1 to 64 characters), got {value!r}")
+    return value
 
 
 def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:

@@ -46,6 +46,23 @@ def cycle_key(cycle: Cycle) -> str:
 
 
 @dataclass
+class Interval:
+    """What one sample interval adds to a GPU's accumulators (before any job weighting)."""
+
+    dt: float
+    cycles: list[tuple[str, str, float]]  # (sensor, 'range:peak', count) closed during the interval
+    utilization_bin: str | None = None
+    temperature_bins: dict[str, str] = field(default_factory=dict)
+    power: bool = False
+    power_limit: bool = False
+    energy_joules: float = 0.0
+    energy_from_counter: bool = False
+    violation: dict[str, float] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    fans: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (on, rpm, ratio)
+
+
+@dataclass
 class FanWear:
     """One fan: seconds turning, revolutions measured (from RPM), and speed-ratio seconds
     (∫ ratio dt, turned into revolutions at read time with a rated RPM where RPM is not
@@ -100,6 +117,8 @@ class GpuWear:
     health: dict[str, Any] = field(default_factory=dict)  # last measured memory/device health
     xids: dict[str, int] = field(default_factory=dict)  # XID code -> events, lifetime
     lost_events: int = 0
+    # per kind ("job" / "idle"): {"seconds", "energy_joules", "temperature_seconds": {°C: s}} (die)
+    kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
     gate_celsius: float = 2.0
     # previous readings of cumulative NVML counters (valid only while samples are contiguous)
     last_energy: float | None = None
@@ -128,81 +147,103 @@ class GpuWear:
         self.down_seconds += max(0.0, seconds)
         self.gap(0.0)
 
-    def add(self, s: GpuSample, dt: float) -> None:
-        """Integrate one sample held over the ``dt`` seconds that end at it."""
+    def add(self, s: GpuSample, dt: float) -> Interval:
+        """Integrate one sample held over the ``dt`` seconds that end at it; returns what the
+        interval added, so job slices can take their share. ``dt`` <= 0 (the first sample
+        after a start or a gap) is a baseline: only the cycles it closes count."""
         self.see(s.timestamp)
         self._thresholds(s)
         self._health(s)
-        if dt <= 0:  # the first sample after a start or a gap: a baseline only
-            self._feed_cycles(s)
+        cycles = self._feed_cycles(s)
+        if dt <= 0:
+            baseline = Interval(dt=0.0, cycles=cycles)
+            self.apply(baseline)
             self._baselines(s)
-            return
-        self.observed_seconds += dt
-        if s.utilization_gpu_ratio is not None:
-            _add(self.utilization_seconds, str(round(s.utilization_gpu_ratio * 100)), dt)
-        for sensor, temp in (("gpu", s.temperature_gpu_celsius), ("memory", s.temperature_memory_celsius)):
-            if temp is not None:
-                _add(self.temperature_seconds.setdefault(sensor, {}), celsius_bin(temp), dt)
-        self._feed_cycles(s)
-        self._energy(s, dt)
-        if s.clock_event_reasons is not None:
-            for reason, bit in CLOCK_EVENT_REASONS:
-                if s.clock_event_reasons & bit:
-                    _add(self.throttle_seconds, reason, dt)
-        self._fans(s, dt)
+            return baseline
+        interval = self._measure(s, dt, cycles)
+        self.apply(interval)
         self._cooling(s, dt)
         self._baselines(s)
+        return interval
 
-    def _feed_cycles(self, s: GpuSample) -> None:
+    def _feed_cycles(self, s: GpuSample) -> list[tuple[str, str, float]]:
+        closed: list[tuple[str, str, float]] = []
         for sensor, temp in (("gpu", s.temperature_gpu_celsius), ("memory", s.temperature_memory_celsius)):
             if temp is None:
                 continue
             counter = self.rainflow.get(sensor)
             if counter is None:
                 counter = self.rainflow[sensor] = RainflowCounter(self.gate_celsius)
-            bins = self.cycles.setdefault(sensor, {})
-            counter.push(temp, lambda c, bins=bins: _add(bins, cycle_key(c), c[2]))  # type: ignore[misc]
+            counter.push(temp, lambda c, sensor=sensor: closed.append((sensor, cycle_key(c), c[2])))  # type: ignore[misc]
+        return closed
 
-    def _energy(self, s: GpuSample, dt: float) -> None:
+    def _measure(self, s: GpuSample, dt: float, cycles: list[tuple[str, str, float]]) -> Interval:
+        iv = Interval(dt=dt, cycles=cycles)
+        if s.utilization_gpu_ratio is not None:
+            iv.utilization_bin = str(round(s.utilization_gpu_ratio * 100))
+        for sensor, temp in (("gpu", s.temperature_gpu_celsius), ("memory", s.temperature_memory_celsius)):
+            if temp is not None:
+                iv.temperature_bins[sensor] = celsius_bin(temp)
         if s.power_watts is not None:
-            self.power_seconds += dt
-            if s.power_limit_watts and s.power_watts >= 0.99 * s.power_limit_watts:
-                self.power_limit_seconds += dt
+            iv.power = True
+            iv.power_limit = bool(s.power_limit_watts and s.power_watts >= 0.99 * s.power_limit_watts)
         if s.energy_joules is not None and self.last_energy is not None:
             delta = s.energy_joules - self.last_energy
             if delta < 0:  # the counter restarted (driver reload): it holds the energy since
                 delta = s.energy_joules
-            self.energy_joules += delta
-            self.energy_counter_seconds += dt
+            iv.energy_joules, iv.energy_from_counter = delta, True
         elif s.power_watts is not None:
-            self.energy_joules += s.power_watts * dt
-            self.energy_integrated_seconds += dt
+            iv.energy_joules = s.power_watts * dt
         for policy, value in (("power", s.violation_power_seconds), ("thermal", s.violation_thermal_seconds)):
             last = self.last_violation.get(policy)
             if value is not None and last is not None and value >= last:
-                _add(self.violation_seconds, policy, value - last)
-
-    def _baselines(self, s: GpuSample) -> None:
-        self.last_energy = s.energy_joules
-        self.last_violation = {k: v for k, v in (("power", s.violation_power_seconds),
-                                                 ("thermal", s.violation_thermal_seconds)) if v is not None}
-
-    def _fans(self, s: GpuSample, dt: float) -> None:
-        ratios = s.fan_speed_ratio or ()
-        rpms = s.fan_speed_rpm or ()
+                iv.violation[policy] = value - last
+        if s.clock_event_reasons is not None:
+            iv.reasons = [reason for reason, bit in CLOCK_EVENT_REASONS if s.clock_event_reasons & bit]
+        ratios, rpms = s.fan_speed_ratio or (), s.fan_speed_rpm or ()
         for i in range(max(len(ratios), len(rpms))):
+            ratio = ratios[i] if i < len(ratios) else None
+            rpm = rpms[i] if i < len(rpms) else None
+            iv.fans.append((float((rpm or 0) > 0 or (ratio or 0) > 0), rpm, ratio))
+        return iv
+
+    def apply(self, iv: Interval, weight: float = 1.0) -> None:
+        """Add an interval's contributions, scaled by ``weight`` (a job's share of the GPU)."""
+        dt = iv.dt * weight
+        self.observed_seconds += dt
+        if iv.utilization_bin is not None:
+            _add(self.utilization_seconds, iv.utilization_bin, dt)
+        for sensor, b in iv.temperature_bins.items():
+            _add(self.temperature_seconds.setdefault(sensor, {}), b, dt)
+        for sensor, key, count in iv.cycles:
+            _add(self.cycles.setdefault(sensor, {}), key, count * weight)
+        if iv.power:
+            self.power_seconds += dt
+            self.power_limit_seconds += dt if iv.power_limit else 0.0
+        self.energy_joules += iv.energy_joules * weight
+        if iv.energy_from_counter:
+            self.energy_counter_seconds += dt
+        elif iv.power:
+            self.energy_integrated_seconds += dt
+        for policy, seconds in iv.violation.items():
+            _add(self.violation_seconds, policy, seconds * weight)
+        for reason in iv.reasons:
+            _add(self.throttle_seconds, reason, dt)
+        for i, (on, rpm, ratio) in enumerate(iv.fans):
             while len(self.fans) <= i:
                 self.fans.append(FanWear())
             fan = self.fans[i]
-            ratio = ratios[i] if i < len(ratios) else None
-            rpm = rpms[i] if i < len(rpms) else None
-            if (rpm or 0) > 0 or (ratio or 0) > 0:
-                fan.on_seconds += dt
+            fan.on_seconds += on * dt
             if rpm is not None:
                 fan.revolutions += rpm / 60.0 * dt
                 fan.rpm_seconds += dt
             elif ratio is not None:
                 fan.ratio_seconds += ratio * dt
+
+    def _baselines(self, s: GpuSample) -> None:
+        self.last_energy = s.energy_joules
+        self.last_violation = {k: v for k, v in (("power", s.violation_power_seconds),
+                                                 ("thermal", s.violation_thermal_seconds)) if v is not None}
 
     def _cooling(self, s: GpuSample, dt: float) -> None:
         """Thermal resistance at steady high load against the idle baseline, per UTC day."""
@@ -336,7 +377,8 @@ class GpuWear:
             "fans": [vars(f) for f in self.fans], "thermal_resistance": self.thermal_resistance,
             "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
             "thresholds": self.thresholds, "health": self.health,
-            "xids": self.xids, "lost_events": self.lost_events, "gate_celsius": self.gate_celsius,
+            "xids": self.xids, "lost_events": self.lost_events, "kinds": self.kinds,
+            "gate_celsius": self.gate_celsius,
         }
 
     @classmethod
@@ -353,7 +395,7 @@ class GpuWear:
             setattr(w, key, float(d.get(key, 0.0)))
         w.gaps, w.lost_events = int(d.get("gaps", 0)), int(d.get("lost_events", 0))
         for key in ("utilization_seconds", "temperature_seconds", "cycles", "throttle_seconds", "violation_seconds",
-                    "thermal_resistance", "thresholds", "health", "xids"):
+                    "thermal_resistance", "thresholds", "health", "xids", "kinds"):
             setattr(w, key, d.get(key, {}))
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]

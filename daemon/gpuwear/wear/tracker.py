@@ -13,10 +13,12 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwear.config import WearConfig
+from gpuwear.jobs import Job
 from gpuwear.ledger import Event
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import estimates, resistance_trend, verdict
+from gpuwear.wear.jobs import JobAccounts, JobRecord
+from gpuwear.wear.models import estimates, resistance_trend, thermal_aging_hours, verdict
 
 ABOVE_CELSIUS = tuple(range(40, 100, 5))  # "time at or above" series exported per sensor
 CYCLE_RANGES = ((2, 5), (5, 10), (10, 20), (20, 40), (40, 1000))  # °C, [lo, hi)
@@ -50,9 +52,11 @@ class WearView:
     estimates: Mapping[str, Any]
     verdict: Mapping[str, Any]
     thermal_resistance: float | None  # °C/W, the latest day's
+    attributed: Mapping[str, tuple[float, float, float]]  # job/idle -> (seconds, joules, central aging s)
+    jobs: tuple[Job, ...]  # running on the GPU now
 
 
-def view(w: GpuWear, p: WearConfig) -> WearView:
+def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = ()) -> WearView:
     """Build the exported view of one GPU's accumulators."""
     above = {(sensor, str(t)): w.seconds_at_or_above(sensor, t)
              for sensor in w.temperature_seconds for t in ABOVE_CELSIUS}
@@ -75,6 +79,12 @@ def view(w: GpuWear, p: WearConfig) -> WearView:
         fans=tuple((f.on_seconds, r) for f, r in zip(w.fans, revolutions, strict=True)),
         estimates=MappingProxyType(est), verdict=MappingProxyType(verdict(w, p)),
         thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
+        attributed=MappingProxyType({
+            kind: (k["seconds"], k["energy_joules"],
+                   3600 * thermal_aging_hours(k["temperature_seconds"], p.arrhenius.reference_celsius,
+                                              p.arrhenius.activation_energy_ev.central))
+            for kind, k in sorted(w.kinds.items())}),
+        jobs=jobs,
     )
 
 
@@ -90,8 +100,11 @@ class WearTracker:
     """Integrates each new sample of each GPU; thread-safe."""
 
     def __init__(self, wears: dict[str, GpuWear], params: WearConfig,
-                 imported: dict[str, GpuWear] | None = None) -> None:
+                 imported: dict[str, GpuWear] | None = None, running_jobs: list[JobRecord] | None = None,
+                 job_grace_seconds: float = 60.0, user_in_metrics: bool = False) -> None:
+        self._user_in_metrics = user_in_metrics
         self._wears = wears
+        self.jobs = JobAccounts(job_grace_seconds, running_jobs)
         self._imported = imported or {}  # history backfilled from logs: shown, never saved from here
         self._params = params
         self._lock = threading.Lock()
@@ -108,20 +121,27 @@ class WearTracker:
         with self._lock:
             self._params = params
 
-    def observe(self, snap: Snapshot, monotonic: float, wall: float) -> None:
-        """Account the GPUs of a snapshot taken at ``monotonic`` / ``wall``."""
+    def observe(self, snap: Snapshot, monotonic: float, wall: float,
+                jobs: Mapping[str, list[Job]] | None = None) -> None:
+        """Account the GPUs of a snapshot taken at ``monotonic`` / ``wall``; ``jobs``: the jobs
+        whose processes run on each GPU (by UUID) in that snapshot."""
+        jobs = jobs or {}
         with self._lock:
             for status in snap.gpus:
-                self._observe(status, monotonic, wall)
-            self._views = MappingProxyType({s.identity.uuid: view(self._shown(s.identity.uuid), self._params)
-                                            for s in snap.gpus})
+                self._observe(status, monotonic, wall, jobs.get(status.identity.uuid, []))
+            self.jobs.expire(wall)
+            self._views = MappingProxyType({
+                s.identity.uuid: view(self._shown(s.identity.uuid), self._params,
+                                      tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name)
+                                            for r in self.jobs.current(s.identity.uuid)))
+                for s in snap.gpus})
 
     def _shown(self, uuid: str) -> GpuWear:
         w = self._wears[uuid]
         imported = self._imported.get(uuid)
         return w.merged(imported) if imported is not None else w
 
-    def _observe(self, status: GpuStatus, monotonic: float, wall: float) -> None:
+    def _observe(self, status: GpuStatus, monotonic: float, wall: float, jobs: list[Job]) -> None:
         ident = status.identity
         w = self._wears.get(ident.uuid)
         if w is None:
@@ -138,6 +158,8 @@ class WearTracker:
             if seen.up:
                 w.lost_events += 1
                 self._event(w, wall, "gpu_lost", {})
+                self.jobs.event(ident.uuid, "gpu lost")
+                self.jobs.stop_gpu(ident.uuid, wall)
                 seen.up, seen.down_since, seen.monotonic = False, monotonic, None
             elif seen.down_since is not None:
                 w.down(monotonic - seen.down_since)
@@ -156,13 +178,19 @@ class WearTracker:
         if dt > self._params.max_gap_seconds:
             w.gap(dt)
             self._event(w, sample.timestamp, "gap", {"seconds": dt, "reason": "samples too far apart"})
+            self.jobs.stop_gpu(ident.uuid, sample.timestamp - dt)
             dt = 0.0
         before = {k: w.health.get(k) for k in _HEALTH_EVENTS}
-        w.add(sample, dt)
+        interval = w.add(sample, dt)
+        temps = {k: v for k, v in (("gpu", sample.temperature_gpu_celsius),
+                                   ("memory", sample.temperature_memory_celsius)) if v is not None}
+        if interval.dt > 0 or interval.cycles:
+            self.jobs.account(ident.uuid, sample.timestamp, interval, temps, jobs, w)
         seen.monotonic = sample.monotonic
         for k in _HEALTH_EVENTS:
             if w.health.get(k) != before[k] and before[k] is not None:
                 self._event(w, sample.timestamp, "health", {"field": k, "from": before[k], "to": w.health.get(k)})
+                self.jobs.event(ident.uuid, f"health {k}")
 
     def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
         new = {code: n - seen.xids.get(code, 0) for code, n in status.xids.items() if n > seen.xids.get(code, 0)}
@@ -170,21 +198,25 @@ class WearTracker:
             w.add_xids(new)
             for code, n in new.items():
                 self._event(w, wall, "xid", {"xid": code, "count": n})
+                for _ in range(n):
+                    self.jobs.event(w.uuid, f"xid {code}")
             seen.xids = dict(status.xids)
 
     def _event(self, w: GpuWear, wall: float, kind: str, detail: dict[str, Any]) -> None:
         self._events.append(Event(w.uuid, wall, kind, detail))
 
-    def take(self) -> tuple[list[dict[str, Any]], list[Event]]:
-        """Accumulators (as JSON) of every GPU and the events since the last take, for a save.
-        Hand the events back with :meth:`give_back` when the save fails."""
+    def take(self) -> tuple[list[dict[str, Any]], list[Event], list[dict[str, Any]]]:
+        """Accumulators (as JSON) of every GPU, the events since the last take and the job
+        records changed since, for a save. Hand events and jobs back with :meth:`give_back`
+        when the save fails."""
         with self._lock:
             events, self._events = self._events, []
-            return [w.to_json() for w in self._wears.values()], events
+            return [w.to_json() for w in self._wears.values()], events, self.jobs.take()
 
-    def give_back(self, events: list[Event]) -> None:
+    def give_back(self, events: list[Event], jobs: list[dict[str, Any]]) -> None:
         with self._lock:
             self._events[:0] = events
+            self.jobs.give_back(jobs)
 
     def wear(self, uuid: str) -> GpuWear | None:
         return self._wears.get(uuid)

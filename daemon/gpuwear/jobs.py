@@ -1,0 +1,154 @@
+"""Which job a GPU process belongs to: from its cgroup (/proc/PID/cgroup), else its session.
+
+A *job* is what a person started: a Slurm job, a Kubernetes pod, a Docker/containerd/
+podman container, a systemd unit or user session, else the process's session (a launcher
+such as torchrun and its ranks and data-loader workers share one). Several processes of a
+job map to one key; a process we may not inspect is "unknown (no permission)". Nothing
+here keeps state; :class:`ProcessResolver` reads /proc and psutil when asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+MAX_FIELD = 128  # job ids and names are clipped: they come from other users' processes
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's identity. ``key`` is unique and stable across the job's processes and restarts."""
+
+    kind: str  # slurm, kubernetes, docker, container, systemd, session, process, simulated, unknown
+    id: str
+    user: str | None = None
+    name: str | None = None  # a short label for people (process name, unit name); never a command line
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+
+def _clip(text: str) -> str:
+    """Printable, single-line, bounded: ids come from paths other users control."""
+    cleaned = "".join(ch if ch.isprintable() and ch not in "\n\r\t" else "?" for ch in text)
+    return cleaned[:MAX_FIELD]
+
+
+_SLURM = re.compile(r"/job_(\d+)(?:/|$)")
+_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_DOCKER = re.compile(r"(?:/docker/|docker-)([0-9a-f]{64})")
+_CONTAINER = re.compile(r"(?:cri-containerd|crio|libpod|containerd)-([0-9a-f]{64})\.scope")
+_UNIT = re.compile(r"/([^/]+\.(?:service|scope))$")
+_SESSION = re.compile(r"/user-(\d+)\.slice/session-([^/]+)\.scope")
+
+
+def job_from_cgroup(text: str) -> Job | None:
+    """The job a /proc/PID/cgroup content names (cgroup v1 or v2), or None when it names none.
+
+    Checked in order of specificity over every line: Slurm, Kubernetes pod (cgroupfs and
+    systemd drivers), Docker, other containers, user session, systemd unit."""
+    paths = [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
+    for path in paths:
+        if m := _SLURM.search(path):
+            return Job("slurm", m.group(1))
+    for path in paths:
+        if "kubepods" in path and (m := _POD.search(path)):
+            return Job("kubernetes", m.group(1).replace("_", "-"))
+    for path in paths:
+        if m := _DOCKER.search(path):
+            return Job("docker", m.group(1)[:12])
+    for path in paths:
+        if m := _CONTAINER.search(path):
+            return Job("container", m.group(1)[:12])
+    for path in paths:
+        if m := _SESSION.search(path):
+            return Job("session", _clip(f"user-{m.group(1)}/session-{m.group(2)}"))
+    for path in paths:
+        if (m := _UNIT.search(path)) and "user@" not in m.group(1) and not m.group(1).startswith("init."):
+            return Job("systemd", _clip(m.group(1)), name=_clip(m.group(1)))
+    return None
+
+
+def read_cgroup(pid: int, proc: Path = Path("/proc")) -> str:
+    return (proc / str(pid) / "cgroup").read_text(errors="replace")
+
+
+def session_of(pid: int, proc: Path = Path("/proc")) -> int:
+    """The session id (field 6 of /proc/PID/stat)."""
+    stat = (proc / str(pid) / "stat").read_text(errors="replace")
+    return int(stat.rsplit(")", 1)[1].split()[3])
+
+
+class ProcessResolver:
+    """Maps a PID to its :class:`Job`. ``cgroup`` reads a PID's cgroup file (injectable for
+    tests that fake cgroup paths); ``show_users`` off records no user names."""
+
+    def __init__(self, show_users: bool = True, proc: Path = Path("/proc"),
+                 cgroup: Callable[[int], str] | None = None) -> None:
+        self.show_users = show_users
+        self.proc = proc
+        self._cgroup = cgroup or (lambda pid: read_cgroup(pid, proc))
+
+    def resolve(self, pid: int) -> Job:
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                user = _clip(p.username()) if self.show_users else None
+                name = _clip(p.name())
+            job = job_from_cgroup(self._cgroup(pid))
+            if job is None:
+                sid = session_of(pid, self.proc)
+                leader = psutil.Process(sid) if sid > 0 and psutil.pid_exists(sid) else p
+                job = Job("process", _clip(f"{leader.name()}@{sid or pid}"), name=_clip(leader.name()))
+            return Job(job.kind, job.id, user, job.name or name)
+        except (psutil.AccessDenied, PermissionError):
+            return Job("unknown", "no-permission", name="unknown (no permission)")
+        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+            return Job("unknown", "process-gone", name="unknown (process gone)")
+        except (OSError, ValueError, IndexError) as exc:
+            log.debug("cannot resolve PID %d: %s", pid, exc)
+            return Job("unknown", "unreadable", name="unknown (unreadable)")
+
+
+class JobWatcher:
+    """The jobs on each GPU of a snapshot; a PID is resolved once while it keeps running."""
+
+    def __init__(self, resolve: Callable[[int], Job]) -> None:
+        self._resolve = resolve
+        self._cache: dict[int, Job] = {}
+
+    def jobs(self, gpus: Iterable[tuple[str, Iterable[int]]]) -> dict[str, list[Job]]:
+        """``gpus``: (UUID, PIDs on it) pairs; returns the distinct jobs per UUID."""
+        out: dict[str, list[Job]] = {}
+        seen: set[int] = set()
+        for uuid, pids in gpus:
+            found: dict[str, Job] = {}
+            for pid in pids:
+                seen.add(pid)
+                job = self._cache.get(pid)
+                if job is None:
+                    job = self._cache[pid] = self._resolve(pid)
+                found.setdefault(job.key, job)
+            out[uuid] = list(found.values())
+        self._cache = {pid: job for pid, job in self._cache.items() if pid in seen}
+        return out
+
+
+class SimulatedJobs:
+    """Resolves the synthetic PIDs of simulated jobs; real PIDs go to ``real``."""
+
+    def __init__(self, jobs: dict[int, str], real: Callable[[int], Job]) -> None:
+        self._jobs = jobs
+        self._real = real
+
+    def resolve(self, pid: int) -> Job:
+        name = self._jobs.get(pid)
+        return Job("simulated", name, "simulated", name) if name else self._real(pid)

@@ -1,0 +1,168 @@
+"""Attributing each GPU's wear to the jobs that ran on it, and to idle time between them.
+
+Every integrated interval of a GPU goes, whole, to somebody: shared equally by the jobs
+whose processes were on the GPU, or to the GPU's current "idle" line when there were none.
+So the jobs and idle lines of a GPU add up to its totals (closed thermal cycles included;
+the GPU's still-open rainflow residue belongs to nobody yet). No clock and no I/O here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwear.jobs import Job
+from gpuwear.wear.accumulate import GpuWear, Interval
+
+IDLE = "idle"
+
+
+@dataclass
+class JobGpu:
+    """One job (or idle line) on one GPU: its slice of the GPU's accumulators."""
+
+    uuid: str
+    start: float
+    end: float
+    wear: GpuWear
+    max_celsius: dict[str, float] = field(default_factory=dict)  # sensor -> highest reading
+    events: dict[str, int] = field(default_factory=dict)  # "xid 79", "health remapped_rows_pending" -> count
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "start": self.start, "end": self.end, "wear": self.wear.to_json(),
+                "max_celsius": self.max_celsius, "events": self.events}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobGpu:
+        return cls(d["uuid"], d["start"], d["end"], GpuWear.from_json(d["wear"], 0.0), dict(d["max_celsius"]),
+                   dict(d["events"]))
+
+
+@dataclass
+class JobRecord:
+    """A job's whole run (or one idle period of one GPU); ``end`` is None while it runs."""
+
+    record: str  # unique: the job key and its start
+    kind: str
+    id: str
+    user: str | None
+    name: str | None
+    start: float
+    last_seen: float
+    end: float | None = None
+    gpus: dict[str, JobGpu] = field(default_factory=dict)
+
+    @property
+    def idle(self) -> bool:
+        return self.kind == IDLE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"record": self.record, "kind": self.kind, "id": self.id, "user": self.user, "name": self.name,
+                "start": self.start, "last_seen": self.last_seen, "end": self.end,
+                "gpus": [g.to_json() for g in self.gpus.values()]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobRecord:
+        rec = cls(d["record"], d["kind"], d["id"], d.get("user"), d.get("name"), d["start"], d["last_seen"],
+                  d.get("end"))
+        rec.gpus = {g["uuid"]: JobGpu.from_json(g) for g in d["gpus"]}
+        return rec
+
+
+class JobAccounts:
+    """The running jobs and idle lines, and the records changed since the last take."""
+
+    def __init__(self, grace_seconds: float, running: list[JobRecord] | None = None) -> None:
+        self.grace = grace_seconds
+        self.active: dict[str, JobRecord] = {}  # job key -> record
+        self.idle: dict[str, JobRecord] = {}  # GPU uuid -> open idle line
+        self._dirty: dict[str, JobRecord] = {}
+        for rec in running or []:
+            if rec.idle:
+                rec.end = rec.last_seen  # an idle line never spans a restart
+                self._dirty[rec.record] = rec
+            else:
+                self.active[f"{rec.kind}:{rec.id}"] = rec
+
+    def current(self, uuid: str) -> list[JobRecord]:
+        """The jobs running on a GPU now (for the info metric)."""
+        return [rec for rec in self.active.values() if uuid in rec.gpus and rec.gpus[uuid].end >= rec.last_seen]
+
+    def account(self, uuid: str, wall: float, interval: Interval, temps: dict[str, float], jobs: list[Job],
+                gpu_wear: GpuWear) -> None:
+        """Give one interval of a GPU (ending at ``wall``) to its jobs, or to idle."""
+        start = wall - interval.dt
+        if jobs:
+            if uuid in self.idle:
+                self._close(self.idle.pop(uuid), start)
+            share = 1.0 / len(jobs)
+            for job in jobs:
+                rec = self.active.get(job.key)
+                if rec is None:
+                    rec = self.active[job.key] = JobRecord(f"{job.key}@{start:.0f}", job.kind, job.id, job.user,
+                                                           job.name, start, wall)
+                self._give(rec, uuid, start, wall, interval, temps, share, gpu_wear)
+                self._bucket(gpu_wear, "job", interval, share)
+        else:
+            rec = self.idle.get(uuid)
+            if rec is None:
+                rec = self.idle[uuid] = JobRecord(f"{IDLE}:{uuid}@{start:.0f}", IDLE, uuid, None, "idle", start, wall)
+            self._give(rec, uuid, start, wall, interval, temps, 1.0, gpu_wear)
+            self._bucket(gpu_wear, IDLE, interval, 1.0)
+
+    def _give(self, rec: JobRecord, uuid: str, start: float, wall: float, interval: Interval,
+              temps: dict[str, float], share: float, gpu_wear: GpuWear) -> None:
+        slice_ = rec.gpus.get(uuid)
+        if slice_ is None:
+            slice_ = rec.gpus[uuid] = JobGpu(uuid, start, wall, GpuWear(uuid, gpu_wear.name, gpu_wear.serial))
+        slice_.wear.apply(interval, share)
+        slice_.end = max(slice_.end, wall)
+        for sensor, t in temps.items():
+            slice_.max_celsius[sensor] = max(slice_.max_celsius.get(sensor, t), t)
+        rec.last_seen = max(rec.last_seen, wall)
+        self._dirty[rec.record] = rec
+
+    @staticmethod
+    def _bucket(w: GpuWear, kind: str, interval: Interval, share: float) -> None:
+        """Per-GPU totals split by kind (job / idle), for the bounded-cardinality metrics."""
+        k = w.kinds.setdefault(kind, {"seconds": 0.0, "energy_joules": 0.0, "temperature_seconds": {}})
+        k["seconds"] += interval.dt * share
+        k["energy_joules"] += interval.energy_joules * share
+        b = interval.temperature_bins.get("gpu")
+        if b is not None:
+            k["temperature_seconds"][b] = k["temperature_seconds"].get(b, 0.0) + interval.dt * share
+
+    def event(self, uuid: str, what: str) -> None:
+        """Count an event (XID, memory-error change) against whoever runs on the GPU now."""
+        for rec in [*self.current(uuid), *([self.idle[uuid]] if uuid in self.idle else [])]:
+            events = rec.gpus[uuid].events if uuid in rec.gpus else None
+            if events is not None:
+                events[what] = events.get(what, 0) + 1
+                self._dirty[rec.record] = rec
+
+    def expire(self, wall: float) -> None:
+        """End the jobs whose processes have been gone longer than the grace period (a
+        restart within it continues the same job)."""
+        for key, rec in list(self.active.items()):
+            if wall - rec.last_seen > self.grace:
+                del self.active[key]
+                self._close(rec, rec.last_seen)
+
+    def stop_gpu(self, uuid: str, wall: float) -> None:
+        """A gap on a GPU (lost, daemon stopping): its idle line ends."""
+        if uuid in self.idle:
+            self._close(self.idle.pop(uuid), wall)
+
+    def _close(self, rec: JobRecord, end: float) -> None:
+        rec.end = max(end, rec.start)
+        self._dirty[rec.record] = rec
+
+    def take(self) -> list[dict[str, Any]]:
+        """The records changed since the last take, as JSON, for the ledger."""
+        dirty, self._dirty = self._dirty, {}
+        return [rec.to_json() for rec in dirty.values()]
+
+    def give_back(self, records: list[dict[str, Any]]) -> None:
+        for d in records:
+            if d["record"] not in self._dirty:
+                self._dirty[d["record"]] = JobRecord.from_json(d)

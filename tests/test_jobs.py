@@ -1,0 +1,222 @@
+"""Job attribution: cgroup parsing, real processes through the fake NVML, and the shares."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import make_rig
+from gpuwear.config import WearConfig
+from gpuwear.jobs import Job, JobWatcher, ProcessResolver, SimulatedJobs, job_from_cgroup
+from gpuwear.wear.models import thermal_aging_hours
+from gpuwear.wear.tracker import WearTracker
+
+# Recorded /proc/PID/cgroup contents (the ids are made up in the shapes real systems use).
+CGROUPS = {
+    "slurm_v1": ("12:memory:/slurm/uid_1000/job_4242/step_0/task_1\n11:devices:/slurm/uid_1000/job_4242/step_0\n"
+                 "1:name=systemd:/system.slice/slurmd.service\n", Job("slurm", "4242")),
+    "slurm_v2": ("0::/system.slice/slurmstepd.scope/job_977/step_batch/user/task_0\n", Job("slurm", "977")),
+    "kubernetes_cgroupfs": ("12:memory:/kubepods/burstable/pod6f1c2b2e-3d4a-4b5c-9d8e-0f1a2b3c4d5e/"
+                            "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n",
+                            Job("kubernetes", "6f1c2b2e-3d4a-4b5c-9d8e-0f1a2b3c4d5e")),
+    "kubernetes_systemd": ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod6f1c2b2e_3d4a_4b5c_9d8e_"
+                           "0f1a2b3c4d5e.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+                           "abcdef.scope\n", Job("kubernetes", "6f1c2b2e-3d4a-4b5c-9d8e-0f1a2b3c4d5e")),
+    "docker_v1": ("4:memory:/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n",
+                  Job("docker", "0123456789ab")),
+    "docker_v2": ("0::/system.slice/docker-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n",
+                  Job("docker", "0123456789ab")),
+    "containerd": ("0::/system.slice/containerd.service/cri-containerd-fedcba9876543210fedcba9876543210fedcba9876543"
+                   "210fedcba9876543210.scope\n", Job("container", "fedcba987654")),
+    "podman": ("0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+               "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.scope/container\n", Job("container", "aaaaaaaaaaaa")),
+    "systemd_unit": ("0::/system.slice/train-resnet.service\n",
+                     Job("systemd", "train-resnet.service", name="train-resnet.service")),
+    "systemd_run_user": ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r3b1c.scope\n",
+                         Job("systemd", "run-r3b1c.scope", name="run-r3b1c.scope")),
+    "session": ("0::/user.slice/user-1000.slice/session-3.scope\n", Job("session", "user-1000/session-3")),
+    "plain_v2": ("0::/\n", None),
+    "container_without_namespace": ("4:memory:/process_api/9473f333c6363e36a8722cb850c3f801\n0::/\n", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CGROUPS))
+def test_cgroup_parsing(case: str) -> None:
+    text, expected = CGROUPS[case]
+    assert job_from_cgroup(text) == expected
+
+
+def test_hostile_cgroup_paths_are_clipped_and_printable() -> None:
+    job = job_from_cgroup("0::/system.slice/" + "x" * 500 + "\x1b[31m.service\n")
+    assert job is not None and len(job.id) <= 128 and "\x1b" not in job.id
+    assert job_from_cgroup("garbage without colons\n\n") is None
+
+
+def spawn(script: str, new_session: bool = True) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=new_session)
+
+
+LAUNCHER = """
+import subprocess, sys, time
+ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+print(" ".join(str(r.pid) for r in ranks), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def ddp() -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """A launcher (like torchrun) in a session of its own with two rank processes."""
+    launcher = spawn(LAUNCHER)
+    assert launcher.stdout is not None
+    ranks = [int(p) for p in launcher.stdout.readline().split()]
+    yield launcher, ranks
+    os.killpg(launcher.pid, 9)
+    launcher.wait()
+
+
+def test_ranks_of_one_launcher_are_one_job(ddp: tuple[subprocess.Popen[str], list[int]]) -> None:
+    launcher, ranks = ddp
+    resolver = ProcessResolver(cgroup=lambda pid: "0::/\n")  # no job in the cgroup: the session decides
+    jobs = {resolver.resolve(pid) for pid in [*ranks, launcher.pid]}
+    assert len(jobs) == 1
+    job = jobs.pop()
+    assert job.kind == "process" and job.id.endswith(f"@{launcher.pid}")  # the launcher leads the session
+    assert job.user  # the owner of the processes
+    other = spawn("import time; time.sleep(60)")
+    try:
+        assert resolver.resolve(other.pid).key != job.key  # another session, another job
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_cgroup_decides_over_the_session_and_users_can_be_hidden(
+        ddp: tuple[subprocess.Popen[str], list[int]]) -> None:
+    _, ranks = ddp
+    resolver = ProcessResolver(show_users=False, cgroup=lambda pid: CGROUPS["slurm_v2"][0])
+    job = resolver.resolve(ranks[0])
+    assert (job.kind, job.id, job.user) == ("slurm", "977", None) and job.name and job.name.startswith("python")
+
+
+def test_unreadable_processes_are_attributed_as_unknown() -> None:
+    def denied(pid: int) -> str:
+        raise PermissionError(13, "Permission denied")
+
+    assert ProcessResolver(cgroup=denied).resolve(os.getpid()).name == "unknown (no permission)"
+    gone = spawn("pass")
+    gone.wait()
+    assert ProcessResolver().resolve(gone.pid).name == "unknown (process gone)"
+
+
+def run_with_jobs(scenario: dict[str, Any], seconds: int, resolver: Any = None) -> tuple[Any, WearTracker]:
+    rig = make_rig(scenario)
+    tracker = WearTracker({}, WearConfig(), job_grace_seconds=60)
+    watcher = JobWatcher(resolver or SimulatedJobs(rig.simulation.jobs, ProcessResolver().resolve).resolve)
+    for _ in range(seconds):
+        snap = rig.run(1)
+        jobs = watcher.jobs((g.identity.uuid, [pid for pid, _ in g.sample.processes or ()])
+                            for g in snap.gpus if g.sample is not None)
+        tracker.observe(snap, rig.clock.monotonic(), rig.clock.wall(), jobs)
+    return rig, tracker
+
+
+def test_real_ddp_job_across_two_gpus_through_fake_nvml(ddp: tuple[subprocess.Popen[str], list[int]]) -> None:
+    launcher, ranks = ddp
+    other = spawn("import time; time.sleep(60)")
+    try:
+        scenario = {"gpus": [
+            {"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 300, "pids": [ranks[0]]},
+                                                 {"kind": "idle", "seconds": 30},  # a restart within the grace
+                                                 {"kind": "train", "seconds": 300, "pids": [ranks[0]]},
+                                                 {"kind": "train", "seconds": 300, "pids": [other.pid]},
+                                                 {"kind": "idle", "seconds": 9000}]},
+            {"product": "rtx4090", "schedule": [{"kind": "train", "seconds": 630, "pids": [ranks[1]]},
+                                                {"kind": "idle", "seconds": 9300}]}]}
+        rig, tracker = run_with_jobs(scenario, 1200, ProcessResolver(cgroup=lambda pid: "0::/\n").resolve)
+        records = tracker.jobs.take()
+    finally:
+        other.kill()
+        other.wait()
+    jobs = [r for r in records if r["kind"] == "process"]
+    assert len(jobs) == 2, [r["record"] for r in jobs]
+    ddp_job = next(r for r in jobs if r["id"].endswith(f"@{launcher.pid}"))
+    assert len(ddp_job["gpus"]) == 2 and ddp_job["end"] is not None
+    h100 = rig.sampler.snapshot.gpus[0].identity.uuid
+    slice_ = next(g for g in ddp_job["gpus"] if g["uuid"] == h100)
+    assert slice_["wear"]["observed_seconds"] == pytest.approx(600, abs=2)  # both runs, not the 30 s restart
+    idle = [r for r in records if r["kind"] == "idle" and r["gpus"][0]["uuid"] == h100]
+    assert sum(r["gpus"][0]["wear"]["observed_seconds"] for r in idle) == pytest.approx(1199 - 900, abs=2)
+
+
+def test_jobs_and_idle_add_up_to_the_gpu_totals() -> None:
+    """A simulated multi-hour schedule: every GPU's job and idle lines reconcile with its totals."""
+    rig, tracker = run_with_jobs("demo", 4500)  # type: ignore[arg-type]  # the demo schedule and a bit
+    records = tracker.jobs.take()
+    p = WearConfig()
+    for status in rig.sampler.snapshot.gpus:
+        uuid = status.identity.uuid
+        w = tracker.wear(uuid)
+        assert w is not None
+        slices = [g["wear"] for r in records for g in r["gpus"] if g["uuid"] == uuid]
+        assert sum(s["observed_seconds"] for s in slices) == pytest.approx(w.observed_seconds)
+        assert sum(s["energy_joules"] for s in slices) == pytest.approx(w.energy_joules)
+        aging = sum(thermal_aging_hours(s["temperature_seconds"]["gpu"], 60, 0.7) for s in slices)
+        assert aging == pytest.approx(thermal_aging_hours(w.temperature_seconds["gpu"], 60, 0.7))
+        closed = sum(n for s in slices for n in s["cycles"].get("gpu", {}).values())
+        assert closed == pytest.approx(sum(w.cycles["gpu"].values()))
+        kinds = {k: v["seconds"] for k, v in w.kinds.items()}
+        assert sum(kinds.values()) == pytest.approx(w.observed_seconds) and kinds["job"] > kinds["idle"] > 0
+        assert p.busy_utilization_ratio  # (parameters only matter at read time)
+    names = {r["id"] for r in records if r["kind"] == "simulated"}
+    assert names == {"resnet50-ddp", "llama-lora"}
+    ddp = [r for r in records if r["id"] == "resnet50-ddp"]
+    assert all(len(r["gpus"]) == 2 for r in ddp)  # one job spanning both GPUs
+
+
+def test_gpuwear_jobs_command(tmp_path: Path) -> None:
+    """A simulated day: which job ran the card hottest, shares, and totals that match the report."""
+    from gpuwear.config import Config
+    from gpuwear.service import Daemon, open_source
+    from helpers import free_port
+
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+    daemon = Daemon(config, open_source(config, "demo", 3000.0, False))
+    daemon.start()
+    time.sleep(20)  # most of a simulated day at x3000 (ticks of 60 s of simulated time)
+    daemon.stop()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path), "--simulated"],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    doc = json.loads(run("jobs", "--json").stdout)
+    report = json.loads(run("report", "--json").stdout)
+    assert all(g["observed_seconds"] > 12 * 3600 and g["gaps"] == 0 for g in report["gpus"])
+    assert len([j for j in doc["jobs"] if j["id"] == "llama-lora"]) >= 8
+    assert doc["hottest"]["max_celsius"] >= 75
+    starts = [j["start"] for j in doc["jobs"]]
+    assert starts == sorted(starts, reverse=True)  # newest first
+    for gpu in report["gpus"]:
+        total = doc["totals"][gpu["uuid"]]
+        assert total["observed_seconds"] == pytest.approx(gpu["observed_seconds"], rel=1e-6)
+        assert total["energy_joules"] == pytest.approx(gpu["energy_joules"], rel=1e-6)
+        assert total["thermal_aging_equivalent_hours"] == pytest.approx(
+            gpu["thermal_aging_equivalent_hours"]["central"], rel=1e-6)
+        shares = [s["share"]["thermal_aging"] for j in doc["jobs"] for s in j["gpus"] if s["uuid"] == gpu["uuid"]]
+        assert sum(shares) == pytest.approx(1.0, abs=1e-4)
+    text = run("jobs").stdout
+    assert "Hottest:" in text and "Share of all GPUs' thermal aging" in text and "resnet50-ddp" in text
+    one = json.loads(run("jobs", "llama-lora", "--json").stdout)
+    assert len(one["jobs"]) == 1 and one["jobs"][0]["id"] == "llama-lora"
+    bad = run("jobs", "--since", "yesterday")
+    assert bad.returncode == 2 and "--since: expected a duration" in bad.stderr
