@@ -15,6 +15,7 @@ from gpuwear.backends.nvml import NvmlUnavailableError
 from gpuwear.backends.simulated import ScenarioError, builtin_scenarios
 from gpuwear.config import Config, ConfigError, load_config, parse_listen
 from gpuwear.ledger import Ledger, LedgerError
+from gpuwear.webconfig import WebConfigError
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -115,6 +116,9 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_USAGE)
     try:
         daemon = Daemon(config, source, config_path=args.config)
+    except WebConfigError as exc:
+        source.sampler.backend.close()
+        return _fail(f"web_config_file: {exc}", EXIT_USAGE)
     except (LedgerError, OSError, sqlite3.Error) as exc:
         source.sampler.backend.close()
         return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)

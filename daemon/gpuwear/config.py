@@ -167,6 +167,7 @@ class JobsConfig:
 @dataclass(frozen=True)
 class Config:
     listen: str = _key("127.0.0.1:9941", _listen)
+    web_config_file: str = _key("", _string)
     state_dir: str = _key("", _string)
     log_level: str = _key("info", _choice("debug", "info", "warning", "error"))
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sqlite3
+import ssl
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
 from gpuwear.wear.jobs import JobRecord
 from gpuwear.wear.tracker import WearTracker
+from gpuwear.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +106,18 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
 
 class _Handler(BaseHTTPRequestHandler):
     server: _MetricsServer
+    timeout = 10.0  # a client that sends nothing for this long is dropped (slow-loris)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
+            if not self.server.web.authorized(self.headers.get("Authorization")):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="gpuwear"')
+                self.send_header("Content-Length", "13")
+                self.end_headers()
+                self.wfile.write(b"unauthorized\n")
+                return
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             self._reply(200, content_type, encoder(self.server.registry))
         elif path == "/healthz":
@@ -131,13 +141,33 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _MetricsServer(ThreadingHTTPServer):
+    """/metrics, /healthz and / over HTTP or HTTPS, one thread per connection."""
+
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, web: WebConfig) -> None:
         self.registry = registry
+        self.web = web
+        self._tls = web.ssl_context()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        conn, address = super().get_request()
+        if self._tls is not None:  # the handshake happens in the connection's own thread
+            conn = self._tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, address
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self._tls is not None:
+            try:
+                request.settimeout(_Handler.timeout)
+                request.do_handshake()
+            except (OSError, ssl.SSLError) as exc:
+                log.debug("TLS handshake with %s failed: %s", client_address, exc)
+                return
+        super().finish_request(request, client_address)
 
 
 def ledger_path(config: Config, simulated: bool) -> Path:
@@ -157,6 +187,7 @@ class Daemon:
         self.config = config
         self.config_path = config_path  # re-read on SIGHUP
         self.source = source
+        self.web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
         self.ledger = Ledger.open(ledger_path(config, source.simulation is not None))
         gate = config.wear.cycles.hysteresis_celsius
         running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
@@ -239,7 +270,7 @@ class Daemon:
         self._tick()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
-        self._server = _MetricsServer((host, port), self.registry)
+        self._server = _MetricsServer((host, port), self.registry, self.web)
         self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                                name="http", daemon=True)
         self._server_thread.start()
@@ -250,11 +281,13 @@ class Daemon:
                                 max_instances=1, coalesce=True, misfire_grace_time=None)
         self._scheduler.start()
         sd_notify(f"READY=1\nSTATUS=sampling {len(sampler.snapshot.gpus)} GPU(s)")
-        if not self.config.listen_is_loopback:
-            log.warning("serving /metrics on a non-loopback address %s", self.config.listen)
+        if not self.config.listen_is_loopback and not (self.web.users and self.web.cert_file):
+            log.warning("serving /metrics on a non-loopback address %s without TLS and basic auth "
+                        "(web_config_file)", self.config.listen)
         log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); ledger %s; serving "
-                 "http://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
-                 self.config.sampling.interval_seconds, wall_interval, self.ledger.path, host, self.port)
+                 "%s://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
+                 self.config.sampling.interval_seconds, wall_interval, self.ledger.path,
+                 "https" if self.web.cert_file else "http", host, self.port)
 
     def _wear_params(self, config: Config) -> WearConfig:
         """The wear parameters, with the gap limit at least three ticks: under --speed a tick
