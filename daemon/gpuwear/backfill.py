@@ -14,9 +14,10 @@ import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.importer import ImportedRow, RowProblem, read_telemetry_csv
+from gpuwear.importer import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv
 from gpuwear.ledger import Ledger
 from gpuwear.sample import GpuSample, validated
 from gpuwear.wear.accumulate import GpuWear
@@ -109,3 +110,28 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
         result.skipped[g.uuid] = g.skipped
         result.dropped += g.dropped
     return result
+
+
+def import_ledger_export(doc: Any, source: str, ledger: Ledger) -> dict[str, int]:
+    """Import a `gpuwear export` document: each part of the card's history becomes an import
+    (skipped when that span is already imported). Returns parts imported and skipped."""
+    if not isinstance(doc, dict) or doc.get("format") != "gpuwear-ledger-export" or not isinstance(
+            doc.get("parts"), list):
+        raise ImportFormatError("not a gpuwear ledger export (gpuwear export UUID)")
+    uuid = str(doc["uuid"])
+    spans = ledger.imported_spans(uuid)
+    imports = []
+    skipped = 0
+    for part in doc["parts"]:
+        try:
+            w = GpuWear.from_json(part, 2.0)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ImportFormatError(f"a part of the export is unreadable: {exc}") from None
+        if w.first_seen is None or w.last_seen is None:
+            continue
+        if any(a <= w.first_seen and w.last_seen <= b for a, b in spans):
+            skipped += 1
+            continue
+        imports.append((uuid, source, w.first_seen, w.last_seen, 0, part))
+    ledger.save([], [], imports)
+    return {"imported": len(imports), "skipped": skipped}

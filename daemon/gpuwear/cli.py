@@ -1,4 +1,4 @@
-"""The ``gpuwear`` command: run | report | jobs | import | check-config."""
+"""The ``gpuwear`` command: run | report | jobs | import | export | doctor | check-config."""
 
 from __future__ import annotations
 
@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     jobs.add_argument("--gpu", metavar="UUID", help="only this GPU")
     jobs.add_argument("--json", action="store_true", help="a stable machine-readable document")
 
+    doctor = sub.add_parser("doctor", help="check the driver, devices, GPUs, ledger and port; say what to fix")
+    _ledger_arguments(doctor)
+    doctor.add_argument("--simulate", nargs="?", const="demo", metavar="SCENARIO",
+                        help="examine simulated GPUs instead of the real ones")
+
     imp = sub.add_parser("import", help="backfill the wear ledger from telemetry logs")
     imp_sub = imp.add_subparsers(dest="format", required=True, metavar="FORMAT")
     smi = imp_sub.add_parser("nvidia-smi", help="CSV from nvidia-smi --query-gpu=... --format=csv (or the "
@@ -63,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     smi.add_argument("--columns", metavar="NAMES", help="comma-separated query fields of a noheader CSV")
     smi.add_argument("--timezone", metavar="ZONE", help="zone of the logs' timestamps, e.g. UTC or Europe/Paris "
                      "(default: this machine's; nvidia-smi writes local time without a zone)")
+    led = imp_sub.add_parser("ledger", help="a card's history exported from another box (gpuwear export)")
+    led.add_argument("files", nargs="+", metavar="FILE")
+    _ledger_arguments(led)
+
+    export = sub.add_parser("export", help="one GPU's history as a file another box can import")
+    export.add_argument("uuid", metavar="UUID")
+    _ledger_arguments(export)
+    export.add_argument("--output", metavar="FILE", help="write here instead of standard output")
     return parser
 
 
@@ -216,6 +229,72 @@ def _jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from gpuwear.backends.fakenvml import FakeNvmlLibrary
+    from gpuwear.backends.nvml import NvmlBackend
+    from gpuwear.backends.simulated import load_scenario
+    from gpuwear.clock import SystemClock
+    from gpuwear.doctor import Doctor, render
+    from gpuwear.service import ledger_path
+
+    try:
+        config = _ledger_config(args)
+    except ConfigError as exc:
+        return _config_problems(args.config, exc)
+    if args.simulate:
+        try:
+            backend = NvmlBackend(FakeNvmlLibrary(load_scenario(args.simulate), SystemClock()))
+        except ScenarioError as exc:
+            return _fail(str(exc), EXIT_USAGE)
+        print("SIMULATED GPUs: not real hardware")
+    else:
+        backend = NvmlBackend()
+    simulated = bool(args.simulate) or args.simulated
+    findings = Doctor(config, backend, ledger_path(config, simulated)).run()
+    return 0 if render(findings) else EXIT_FAILURE
+
+
+def _export(args: argparse.Namespace) -> int:
+    from gpuwear.service import ledger_path
+
+    try:
+        config = _ledger_config(args)
+    except ConfigError as exc:
+        return _config_problems(args.config, exc)
+    try:
+        ledger = Ledger.open_read_only(ledger_path(config, args.simulated))
+        try:
+            doc = ledger.export(args.uuid)
+        finally:
+            ledger.close()
+    except (LedgerError, sqlite3.Error) as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    text = json.dumps(doc, indent=1)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
+    from gpuwear.backfill import import_ledger_export
+    from gpuwear.importer import ImportFormatError
+
+    failed = 0
+    for name in args.files:
+        try:
+            doc = json.loads(Path(name).read_text(encoding="utf-8"))
+            result = import_ledger_export(doc, f"ledger:{name}", ledger)
+        except (OSError, UnicodeDecodeError, ValueError, ImportFormatError, sqlite3.Error) as exc:
+            print(f"gpuwear: {name}: not imported: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{name}: GPU {doc['uuid']}: {result['imported']} part(s) imported"
+              + (f", {result['skipped']} skipped (already imported)" if result["skipped"] else ""))
+    return EXIT_FAILURE if failed else 0
+
+
 def _import(args: argparse.Namespace) -> int:
     import zoneinfo
 
@@ -227,6 +306,15 @@ def _import(args: argparse.Namespace) -> int:
         config = _ledger_config(args)
     except ConfigError as exc:
         return _config_problems(args.config, exc)
+    if args.format == "ledger":
+        try:
+            ledger = Ledger.open(ledger_path(config, args.simulated))
+        except (LedgerError, OSError, sqlite3.Error) as exc:
+            return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
+        try:
+            return _import_ledger(args, ledger)
+        finally:
+            ledger.close()
     tz = None
     if args.timezone:
         try:
@@ -275,5 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         return _import(args)
     if args.command == "jobs":
         return _jobs(args)
+    if args.command == "doctor":
+        return _doctor(args)
+    if args.command == "export":
+        return _export(args)
     return _check_config(args)
 

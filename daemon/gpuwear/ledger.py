@@ -175,6 +175,17 @@ class Ledger:
             out[uuid] = out[uuid].merged(w) if uuid in out else GpuWear(uuid, gate_celsius=gate_celsius).merged(w)
         return out
 
+    def export(self, uuid: str) -> dict[str, Any]:
+        """One GPU's history (live and imported, and its events) as a document another box's
+        ledger can import: the ledger follows the card."""
+        row = self._db.execute("SELECT wear FROM gpus WHERE uuid = ?", (uuid,)).fetchone()
+        imports = [json.loads(w) for (w,) in self._db.execute("SELECT wear FROM imports WHERE uuid = ?", (uuid,))]
+        if row is None and not imports:
+            raise LedgerError(f"{self.path}: no GPU {uuid}")
+        parts = ([json.loads(row[0])] if row else []) + imports
+        return {"format": "gpuwear-ledger-export", "version": SCHEMA_VERSION, "uuid": uuid, "parts": parts,
+                "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail} for e in self.events(uuid)]}
+
     def load_all(self, gate_celsius: float) -> dict[str, GpuWear]:
         """Live and imported history merged, by UUID (what a report shows)."""
         live = self.load(gate_celsius)

@@ -288,6 +288,11 @@ class SimulatedDriver:
         _out(current).value = _out(pending).value = 0
         return SUCCESS
 
+    def nvmlDeviceGetPersistenceMode(self, handle: Any, mode: Any) -> int:
+        gpu = self._gpu(handle, "persistence_mode")
+        _out(mode).value = 0 if gpu.product.fans else 1  # datacenter boxes usually run nvidia-persistenced
+        return SUCCESS
+
     def nvmlDeviceGetMemoryInfo(self, handle: Any, memory: Any) -> int:
         gpu = self._gpu(handle, "memory_info")
         mem = _out(memory)

@@ -437,6 +437,17 @@ class NvmlBackend:
                         break
             out.values[key] = None if key in dev.unsupported else tuple(speeds)
 
+    def persistence_mode(self, index: int) -> bool | None:
+        """nvmlDeviceGetPersistenceMode; None when the GPU does not say (Windows, lost)."""
+        try:
+            return bool(pynvml.nvmlDeviceGetPersistenceMode(self._devices[index].handle) == pynvml.NVML_FEATURE_ENABLED)
+        except pynvml.NVMLError:
+            return None
+
+    def unsupported(self, index: int) -> set[str]:
+        """What this GPU answered NOT_SUPPORTED (or lacks) so far: reader keys and field names."""
+        return set(self._devices[index].unsupported)
+
     # -- events -------------------------------------------------------------------------
 
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None:

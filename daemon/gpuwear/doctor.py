@@ -1,0 +1,118 @@
+"""`gpuwear doctor`: checks what the daemon needs on this machine and says what to fix."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
+from gpuwear.config import Config
+from gpuwear.ledger import Ledger, LedgerError
+
+
+@dataclass
+class Finding:
+    ok: bool
+    what: str
+    fix: str = ""
+
+
+@dataclass
+class Doctor:
+    """Runs the checks; ``backend`` is the NVML backend to examine (real, or over the fake library)."""
+
+    config: Config
+    backend: NvmlBackend
+    ledger_file: Path
+    dev: Path = Path("/dev")
+    findings: list[Finding] = field(default_factory=list)
+
+    def check(self, ok: bool, what: str, fix: str = "") -> None:
+        self.findings.append(Finding(ok, what, "" if ok else fix))
+
+    def run(self) -> list[Finding]:
+        self._nvml()
+        self._ledger()
+        self._port()
+        return self.findings
+
+    def _nvml(self) -> None:
+        try:
+            gpus = self.backend.open()
+        except NvmlUnavailableError as exc:
+            self.check(False, f"NVML: {exc}", "install or load the NVIDIA driver; `nvidia-smi` must list the GPUs")
+            return
+        info = self.backend.system_info()
+        self.check(True, f"NVIDIA driver {info.driver_version}, NVML {info.nvml_version}, "
+                         f"CUDA {info.cuda_driver_version}")
+        self.check(bool(gpus), f"{len(gpus)} GPU(s) found", "NVML lists no GPU: check `nvidia-smi` and the driver")
+        self._devices()
+        for i, gpu in enumerate(gpus):
+            persistent = self.backend.persistence_mode(i)
+            self.check(persistent is not False, f"GPU {gpu.index} {gpu.name}: persistence mode "
+                       f"{'on' if persistent else 'off' if persistent is False else 'unknown'}",
+                       "enable it (`systemctl enable --now nvidia-persistenced`): without it each NVML call "
+                       "may re-initialise the GPU, calls are slow and polling keeps the GPU awake")
+            try:
+                reading = self.backend.read(i, slow=True)
+            except GpuLostError as exc:
+                self.check(False, f"GPU {gpu.index} {gpu.name}: lost ({exc})", "reset the GPU or reboot; check "
+                           "`dmesg` for XID 79")
+                continue
+            unsupported = sorted(self.backend.unsupported(i))
+            supported = sorted(k for k, v in reading.values.items() if v is not None)
+            self.check(not reading.errors, f"GPU {gpu.index} {gpu.name} ({gpu.uuid}): {len(supported)} fields read"
+                       + (f"; not supported on this card: {', '.join(unsupported)}" if unsupported else ""),
+                       f"NVML errors while reading: {', '.join(sorted(set(reading.errors)))}")
+        self.backend.close()
+
+    def _devices(self) -> None:
+        nodes = [self.dev / "nvidiactl", *sorted(self.dev.glob("nvidia[0-9]*"))]
+        for node in nodes:
+            if node.exists():
+                self.check(os.access(node, os.R_OK | os.W_OK), f"{node} readable and writable",
+                           f"give the daemon's user access to {node} (systemd: DeviceAllow=; or the video group)")
+
+    def _ledger(self) -> None:
+        folder = self.ledger_file.parent
+        if not self.ledger_file.exists():
+            existing = next(p for p in (folder, *folder.parents) if p.exists())
+            writable = os.access(existing, os.W_OK)
+            self.check(writable, f"ledger {self.ledger_file} not created yet; its folder is "
+                       f"{'writable' if writable else 'not writable'}",
+                       f"make {folder} writable by the daemon's user (systemd: StateDirectory=gpuwear)")
+            return
+        try:
+            ledger = Ledger.open_read_only(self.ledger_file)
+            gpus = ledger.load(2.0)
+            ledger.close()
+            self.check(True, f"ledger {self.ledger_file}: {len(gpus)} GPU(s) recorded")
+        except LedgerError as exc:
+            self.check(False, f"ledger: {exc}", "the daemon moves an unreadable ledger aside at start; "
+                       "restore it from a backup if you have one")
+        self.check(os.access(folder, os.W_OK), f"{folder} writable", f"make {folder} writable by the daemon")
+
+    def _port(self) -> None:
+        host, port = self.config.listen_address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+                self.check(True, f"{self.config.listen} is free for /metrics")
+            except OSError as exc:
+                self.check(False, f"{self.config.listen}: {exc.strerror}",
+                           "another process (a running gpuwear?) holds the port: `ss -ltnp` shows which")
+
+
+def render(findings: list[Finding], say: Callable[[str], None] = print) -> bool:
+    """Print each finding with what to fix; True when nothing needs fixing."""
+    for f in findings:
+        say(f"[{'ok' if f.ok else 'FIX'}] {f.what}")
+        if not f.ok:
+            say(f"      -> {f.fix}")
+    bad = sum(not f.ok for f in findings)
+    say("nothing to fix" if not bad else f"{bad} thing(s) to fix")
+    return bad == 0

@@ -1,0 +1,73 @@
+"""`gpuwear doctor`, and a card's ledger following it to another box (export / import ledger)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpuwear.backends.fakenvml import FakeNvmlLibrary
+from gpuwear.backends.nvml import NvmlBackend
+from gpuwear.backends.simulated import load_scenario
+from gpuwear.clock import SystemClock
+from gpuwear.config import Config
+from gpuwear.doctor import Doctor
+from gpuwear.service import Daemon, open_source
+from helpers import free_port
+
+
+def gpuwear(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwear", *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_doctor_on_simulated_gpus(tmp_path: Path) -> None:
+    result = gpuwear("doctor", "--simulate", "--state-dir", str(tmp_path))
+    out = result.stdout
+    assert result.returncode == 1  # the RTX 4090 runs without persistence mode
+    assert "[FIX] GPU 0 NVIDIA GeForce RTX 4090: persistence mode off" in out and "nvidia-persistenced" in out
+    assert "[ok] GPU 1 NVIDIA H100 80GB HBM3: persistence mode on" in out
+    assert "not supported on this card: ecc_corrected_aggregate" in out
+    assert "1 thing(s) to fix" in out
+
+
+def test_doctor_finds_the_port_taken_and_a_bad_ledger(tmp_path: Path) -> None:
+    port = free_port()
+    ledger = tmp_path / "simulated" / "ledger.sqlite"
+    ledger.parent.mkdir()
+    ledger.write_bytes(b"not a database at all" * 10)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        config = Config(listen=f"127.0.0.1:{port}", state_dir=str(tmp_path))
+        findings = Doctor(config, NvmlBackend(FakeNvmlLibrary(load_scenario("idle"), SystemClock())), ledger).run()
+    bad = {f.what.split(":")[0]: f.fix for f in findings if not f.ok}
+    assert "ledger" in bad and "backup" in bad["ledger"]
+    assert "127.0.0.1" in bad and "ss -ltnp" in bad["127.0.0.1"]
+
+
+def test_a_cards_history_follows_it_to_another_box(tmp_path: Path) -> None:
+    box_a, box_b = tmp_path / "a", tmp_path / "b"
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(box_a))
+    daemon = Daemon(config, open_source(config, "demo", 600.0, False))
+    daemon.start()
+    time.sleep(4)
+    daemon.stop()
+    a = json.loads(gpuwear("report", "--json", "--simulated", "--state-dir", str(box_a)).stdout)["gpus"][1]
+    export = tmp_path / "card.json"
+    result = gpuwear("export", a["uuid"], "--simulated", "--state-dir", str(box_a), "--output", str(export))
+    assert result.returncode == 0, result.stderr
+    first = gpuwear("import", "ledger", str(export), "--state-dir", str(box_b))
+    assert "1 part(s) imported" in first.stdout, first.stderr
+    again = gpuwear("import", "ledger", str(export), "--state-dir", str(box_b))
+    assert "0 part(s) imported, 1 skipped (already imported)" in again.stdout
+    b = json.loads(gpuwear("report", "--json", "--state-dir", str(box_b)).stdout)["gpus"]
+    assert len(b) == 1 and b[0]["uuid"] == a["uuid"]
+    for key in ("observed_seconds", "energy_joules"):
+        assert b[0][key] == a[key]
+    assert b[0]["thermal_aging_equivalent_hours"]["central"] == a["thermal_aging_equivalent_hours"]["central"]
+    missing = gpuwear("export", "GPU-nope", "--simulated", "--state-dir", str(box_a))
+    assert missing.returncode == 1 and "no GPU GPU-nope" in missing.stderr
