@@ -189,3 +189,25 @@ def test_all_fields_are_sample_fields() -> None:
     names = set(GpuSample.__dataclass_fields__)
     assert set(ALL_FIELDS) <= names
     assert names - set(ALL_FIELDS) == {"timestamp", "monotonic"}
+
+
+def test_a_hung_gpu_is_stalled_past_the_deadline_and_the_others_keep_reporting(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rig = make_rig(scenario({"at": 2.5, "gpu": 0, "kind": "hang", "seconds": 1.5}))
+    rig.sampler.deadline = 0.3
+    rig.sampler.timer = time.perf_counter
+    rig.run(2)
+    start = time.perf_counter()
+    snap = rig.run(1)
+    assert time.perf_counter() - start < 0.6  # the tick did not wait for the hung call
+    rtx, h100 = snap.gpus
+    assert rtx.sample is None and not rtx.last_success and rtx.errors["stalled"] == 1 and rtx.up
+    assert h100.sample is not None and h100.last_success
+    snap = rig.run(1)  # still hung: skipped, not asked again
+    assert snap.gpus[0].errors["stalled"] == 2 and snap.gpus[1].sample is not None
+    time.sleep(1.3)  # the hung call returns
+    snap = rig.run(1)
+    assert snap.gpus[0].sample is not None and snap.gpus[0].last_success
+    assert sum("stalled past" in r.getMessage() for r in caplog.records) == 1
+    assert sum("answers again" in r.getMessage() for r in caplog.records) == 1
+    rig.sampler.close()

@@ -12,6 +12,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -67,6 +69,7 @@ EMPTY = Snapshot(gpus=(), system=None, ticks=0)
 class _Gpu:
     identity: GpuIdentity
     up: bool = True
+    stalled: bool = False  # a read is past the deadline
     sample: GpuSample | None = None
     slow_values: dict[str, Any] = field(default_factory=dict)
     last_slow: float | None = None
@@ -93,11 +96,12 @@ class Sampler:
 
     ``lost_errors``: the exception types that mean "GPU fallen off the bus".
     ``timer``: a high-resolution timer for durations (real seconds even under ``--speed``).
+    ``deadline_seconds``: the longest a GPU's read may take before it counts as stalled.
     """
 
     def __init__(self, backend: Backend, clock: Clock, slow_interval_seconds: float,
                  lost_errors: tuple[type[BaseException], ...],
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter, deadline_seconds: float = 0.0) -> None:
         self.backend = backend
         self.clock = clock
         self.slow_interval = slow_interval_seconds  # may change on reload
@@ -109,6 +113,9 @@ class Sampler:
         self._ticks = 0
         self._snapshot = EMPTY
         self._logged_drops: set[tuple[int, str]] = set()
+        self.deadline = deadline_seconds  # 0: read the GPUs one after the other, no deadline
+        self._pool: ThreadPoolExecutor | None = None
+        self._stuck: dict[int, Future[tuple[Any, BaseException | None, float]]] = {}
 
     def open(self) -> None:
         """Open the backend and learn the GPUs (raises what the backend raises)."""
@@ -136,30 +143,85 @@ class Sampler:
                 self._publish()
 
     def tick(self) -> Snapshot:
-        """Read every GPU once; returns the new snapshot."""
-        for i, gpu in enumerate(self._gpus):
-            self._read(i, gpu)
+        """Read every GPU once; returns the new snapshot.
+
+        With a deadline, the GPUs are read in parallel, each on a worker thread: a GPU whose
+        read takes longer is marked stalled (and not asked again until that read returns),
+        while the others are published on time."""
+        now = self.clock.monotonic()
+        if self.deadline <= 0:
+            for i, gpu in enumerate(self._gpus):
+                slow = self._slow_due(gpu, now)
+                self._apply(gpu, now, slow, *self._fetch(i, slow))
+        else:
+            self._tick_parallel(now)
         with self._lock:
             self._ticks += 1
             self._publish()
             return self._snapshot
 
-    def _read(self, i: int, gpu: _Gpu) -> None:
-        now = self.clock.monotonic()
-        slow = gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
+    def _tick_parallel(self, now: float) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._gpus)), thread_name_prefix="nvml-read")
+        started: dict[int, tuple[bool, Future[tuple[Any, BaseException | None, float]]]] = {}
+        for i, gpu in enumerate(self._gpus):
+            stuck = self._stuck.get(i)
+            if stuck is not None and not stuck.done():
+                self._stall(gpu)
+                continue
+            self._stuck.pop(i, None)
+            slow = self._slow_due(gpu, now)
+            started[i] = (slow, self._pool.submit(self._fetch, i, slow))
+        deadline = time.monotonic() + self.deadline
+        for i, (slow, future) in started.items():
+            try:
+                result = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                self._stuck[i] = future
+                self._stall(self._gpus[i])
+                continue
+            self._apply(self._gpus[i], now, slow, *result)
+
+    def _slow_due(self, gpu: _Gpu, now: float) -> bool:
+        return gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
+
+    def _fetch(self, i: int, slow: bool) -> tuple[Any, BaseException | None, float]:
+        """One backend read and its wall duration; a lost GPU is returned, not raised."""
         start = self.timer()
         try:
-            reading = self.backend.read(i, slow)
+            reading, error = self.backend.read(i, slow), None
         except self.lost_errors as exc:
+            reading, error = None, exc
+        return reading, error, self.timer() - start
+
+    def _stall(self, gpu: _Gpu) -> None:
+        with self._lock:
+            if not gpu.stalled:
+                log.error("GPU %d (%s): NVML read stalled past %gs; the GPU is skipped until it answers",
+                          gpu.identity.index, gpu.identity.uuid, self.deadline)
+            gpu.stalled = True
+            gpu.last_success = False
+            gpu.sample = None
+            gpu.last_duration = self.deadline
+            gpu.errors["stalled"] += 1
+
+    def close(self) -> None:
+        """Stop the read workers (a stalled read is abandoned) and the backend."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self.backend.close()
+
+    def _apply(self, gpu: _Gpu, now: float, slow: bool, reading: Any, error: BaseException | None,
+               duration: float) -> None:
+        if error is not None:
             with self._lock:
-                gpu.last_duration = self.timer() - start
+                gpu.last_duration = duration
                 gpu.last_success = False
                 gpu.errors["gpu_lost"] += 1
                 if gpu.up:
-                    log.error("GPU %d (%s) is lost: %s", gpu.identity.index, gpu.identity.uuid, exc)
+                    log.error("GPU %d (%s) is lost: %s", gpu.identity.index, gpu.identity.uuid, error)
                 gpu.up, gpu.sample = False, None
             return
-        duration = self.timer() - start
         values = self._validated(gpu, reading.values)
         if slow:  # a slow read holds every field; fast reads reuse its slow ones
             gpu.last_slow = now
@@ -167,7 +229,7 @@ class Sampler:
         merged = {**gpu.slow_values, **values}
         sample = GpuSample(timestamp=self.clock.wall(), monotonic=now, **merged)
         with self._lock:
-            if not gpu.up:
+            if not gpu.up or (gpu.errors.get("stalled") and not gpu.last_success and gpu.sample is None):
                 log.warning("GPU %d (%s) answers again", gpu.identity.index, gpu.identity.uuid)
             gpu.up = True
             gpu.sample = sample

@@ -85,7 +85,8 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     """
     if simulate is None:
         clock: Clock = SystemClock()
-        sampler = Sampler(NvmlBackend(library), clock, config.sampling.slow_interval_seconds, (GpuLostError,))
+        sampler = Sampler(NvmlBackend(library), clock, config.sampling.slow_interval_seconds, (GpuLostError,),
+                          deadline_seconds=config.sampling.nvml_deadline_seconds)
         try:
             sampler.open()
             return Source(sampler, clock, _info("nvml", ""), 1.0)
@@ -97,7 +98,8 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     simulation = load_scenario(simulate)
     clock = ScaledClock(speed) if speed != 1.0 else SystemClock()
     backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
-    sampler = Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,))
+    sampler = Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
+                      deadline_seconds=config.sampling.nvml_deadline_seconds)
     sampler.open()
     log.warning("SIMULATED GPUs (scenario %r, %d GPUs, speed x%g): these are not real hardware",
                 simulation.name, len(simulation.gpus), speed)
@@ -290,10 +292,12 @@ class Daemon:
                  "https" if self.web.cert_file else "http", host, self.port)
 
     def _wear_params(self, config: Config) -> WearConfig:
-        """The wear parameters, with the gap limit at least three ticks: under --speed a tick
-        covers more simulated time than max_gap_seconds may allow."""
+        """The wear parameters, with the gap limit at least as many ticks as it is at 1 s
+        sampling (30 by default): under --speed a tick covers more simulated time, and a
+        little scheduling jitter is many simulated seconds."""
         tick = self._intervals(config)[0] * self.source.speed
-        return replace(config.wear, max_gap_seconds=max(config.wear.max_gap_seconds, 3 * tick))
+        ticks = config.wear.max_gap_seconds / config.sampling.interval_seconds
+        return replace(config.wear, max_gap_seconds=max(config.wear.max_gap_seconds, ticks * tick))
 
     def _intervals(self, config: Config) -> tuple[float, float]:
         """Wall seconds between ticks and between ledger saves (simulated time runs faster)."""
@@ -322,6 +326,7 @@ class Daemon:
         self._scheduler.reschedule_job("sample", trigger="interval", seconds=wall_interval)
         self._scheduler.reschedule_job("persist", trigger="interval", seconds=persist_interval)
         self.source.sampler.slow_interval = new.sampling.slow_interval_seconds
+        self.source.sampler.deadline = new.sampling.nvml_deadline_seconds
         self.tracker.set_params(self._wear_params(new))
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
@@ -343,7 +348,7 @@ class Daemon:
         # let a tick in flight finish (not a hung one), so the last save holds what was served
         if self._tick_lock.acquire(timeout=1.0):
             self._tick_lock.release()
-        self.source.sampler.backend.close()
+        self.source.sampler.close()
         self.persist()
         self.ledger.close()
         log.info("gpuwear stopped")
