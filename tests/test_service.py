@@ -186,3 +186,11 @@ def test_systemd_notify_readiness_watchdog_reload_and_stop(tmp_path: Path) -> No
     log = proc.stderr.read()
     assert "SIGHUP: reloaded" in log and "(sampling every 0.5s)" in log
     assert "refused, keeping the running config: sampling.interval_seconds" in log
+
+
+def test_healthz_reports_a_stuck_sampling_loop(daemon: Daemon) -> None:
+    base = f"http://127.0.0.1:{daemon.port}"
+    assert fetch(base + "/healthz") == (200, "ok\n")
+    daemon._tick_done -= 3600  # as if no tick had finished for an hour
+    status, body = fetch(base + "/healthz")
+    assert status == 503 and body.startswith("no sampling tick finished for")

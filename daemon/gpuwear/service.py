@@ -11,6 +11,7 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -123,7 +124,8 @@ class _Handler(BaseHTTPRequestHandler):
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             self._reply(200, content_type, encoder(self.server.registry))
         elif path == "/healthz":
-            self._reply(200, "text/plain; charset=utf-8", b"ok\n")
+            problem = self.server.health()
+            self._reply(503 if problem else 200, "text/plain; charset=utf-8", (problem or "ok").encode() + b"\n")
         elif path == "/":
             self._reply(200, "text/html; charset=utf-8",
                         b"<html><head><title>gpuwear</title></head><body><h1>gpuwear</h1>"
@@ -147,9 +149,11 @@ class _MetricsServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, web: WebConfig) -> None:
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, web: WebConfig,
+                 health: Callable[[], str | None]) -> None:
         self.registry = registry
         self.web = web
+        self.health = health  # None when healthy, else what is wrong
         self._tls = web.ssl_context()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
@@ -209,7 +213,8 @@ class Daemon:
         self._reload = threading.Event()
         watchdog_usec = os.environ.get("WATCHDOG_USEC", "")
         self._watchdog_interval = int(watchdog_usec) / 2e6 if watchdog_usec.isdigit() else None
-        self._watchdog_last = 0.0
+        self._tick_started: float | None = None  # monotonic, while a tick runs
+        self._tick_done = time.monotonic()
         self._scheduler = BackgroundScheduler(daemon=True)
         self._server: _MetricsServer | None = None
         self._server_thread: threading.Thread | None = None
@@ -223,6 +228,7 @@ class Daemon:
         with self._tick_lock:
             if self._stopped.is_set():
                 return
+            self._tick_started = time.monotonic()
             try:
                 snapshot = self.source.sampler.tick()
                 jobs = self.job_watcher.jobs(
@@ -231,16 +237,30 @@ class Daemon:
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
             except Exception:  # a bug in one tick must not end the sampling
                 log.exception("sampling tick failed")
-            self._feed_watchdog()
+            self._tick_done, self._tick_started = time.monotonic(), None
 
-    def _feed_watchdog(self) -> None:
-        """Ping systemd's watchdog from the sampling loop: a hung NVML call stops the pings."""
-        if self._watchdog_interval is None:
-            return
+    def sampling_problem(self) -> str | None:
+        """Why the sampling loop looks stuck (for the watchdog and /healthz), or None.
+
+        Stuck: a tick running for much longer than the NVML deadline allows, or no tick
+        finished within a few sampling intervals. A GPU past the deadline alone is not a
+        stuck loop: the other GPUs are still sampled."""
         now = time.monotonic()
-        if now - self._watchdog_last >= self._watchdog_interval:
-            self._watchdog_last = now
+        wall_interval = self._intervals(self.config)[0]
+        started = self._tick_started
+        if started is not None and now - started > 2 * self.config.sampling.nvml_deadline_seconds + 10:
+            return f"a sampling tick has been running for {now - started:.0f}s"
+        if now - self._tick_done > 3 * wall_interval + 10:
+            return f"no sampling tick finished for {now - self._tick_done:.0f}s"
+        return None
+
+    def _watchdog(self) -> None:
+        """Ping systemd's watchdog while the sampling loop is alive; a stuck loop stops the pings."""
+        problem = self.sampling_problem()
+        if problem is None:
             sd_notify("WATCHDOG=1")
+        else:
+            log.error("not pinging the systemd watchdog: %s", problem)
 
     def persist(self) -> bool:
         """Save the accumulators, events and jobs in one transaction; on failure keep them for the next try."""
@@ -272,7 +292,7 @@ class Daemon:
         self._tick()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
-        self._server = _MetricsServer((host, port), self.registry, self.web)
+        self._server = _MetricsServer((host, port), self.registry, self.web, self.sampling_problem)
         self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                                name="http", daemon=True)
         self._server_thread.start()
@@ -281,6 +301,9 @@ class Daemon:
                                 max_instances=1, coalesce=True, misfire_grace_time=None)
         self._scheduler.add_job(self._persist_job, "interval", seconds=persist_interval, id="persist",
                                 max_instances=1, coalesce=True, misfire_grace_time=None)
+        if self._watchdog_interval is not None:
+            self._scheduler.add_job(self._watchdog, "interval", seconds=self._watchdog_interval, id="watchdog",
+                                    max_instances=1, coalesce=True, misfire_grace_time=None)
         self._scheduler.start()
         sd_notify(f"READY=1\nSTATUS=sampling {len(sampler.snapshot.gpus)} GPU(s)")
         if not self.config.listen_is_loopback and not (self.web.users and self.web.cert_file):
