@@ -177,3 +177,59 @@ def test_daemon_killed_at_random_instants_loses_at_most_one_persist_interval(tmp
         assert saved >= scraped - (1.0 + 0.1) * speed
         last_saved = saved
     assert last_saved > 2 * 3600
+
+
+def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_path: Path) -> None:
+    from gpuwear.config import Config
+    from gpuwear.service import Daemon, open_source
+
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state directory should be")  # mkdir fails, even for root
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(blocker))
+    daemon = Daemon(config, open_source(config, "demo", 60.0, False))
+    daemon.start()
+    try:
+        time.sleep(1.5)
+        assert daemon.persist() is False
+        _, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
+        assert "gpuwear_ledger_persist_success 0.0" in body and "gpuwear_temperature_celsius" in body
+        observed = lifetime_observed(body, "0")
+        assert observed > 30
+        blocker.unlink()  # the operator fixes the directory
+        assert daemon.persist() is True
+        _, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
+        assert "gpuwear_ledger_persist_success 1.0" in body
+    finally:
+        daemon.stop()
+    doc = json.loads(subprocess.run([sys.executable, "-m", "gpuwear", "report", "--json", "--simulated",
+                                     "--state-dir", str(blocker)], capture_output=True, text=True, check=True).stdout)
+    assert doc["gpus"][0]["observed_seconds"] >= observed  # nothing sampled while it could not save was lost
+
+
+def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path) -> None:
+    from gpuwear.config import Config
+    from gpuwear.service import Daemon, open_source
+
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+    daemon = Daemon(config, open_source(config, "demo", 60.0, False))
+    daemon.start()
+    try:
+        time.sleep(1.0)
+        assert daemon.persist() is True
+        assert daemon.ledger is not None
+        db = daemon.ledger._db  # SQLite's own page limit stands in for a full disk
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages}")
+        for _ in range(20):
+            time.sleep(0.2)
+            if daemon.persist() is False:
+                break
+        else:
+            pytest.fail("the ledger never filled up")
+        db.execute("PRAGMA max_page_count = 1073741823")
+        assert daemon.persist() is True
+    finally:
+        daemon.stop()
+    ledger = Ledger.open_read_only(tmp_path / "simulated" / "ledger.sqlite")
+    assert ledger.load(2.0)  # never a broken ledger
+    ledger.close()

@@ -132,9 +132,6 @@ def _run(args: argparse.Namespace) -> int:
     except WebConfigError as exc:
         source.sampler.backend.close()
         return _fail(f"web_config_file: {exc}", EXIT_USAGE)
-    except (LedgerError, OSError, sqlite3.Error) as exc:
-        source.sampler.backend.close()
-        return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
     daemon.handle_signals()
     try:
         daemon.start()

@@ -30,7 +30,7 @@ from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs import JobWatcher, ProcessResolver, SimulatedJobs
-from gpuwear.ledger import FILENAME, Ledger
+from gpuwear.ledger import FILENAME, Ledger, LedgerError
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
 from gpuwear.wear.jobs import JobRecord
@@ -194,21 +194,34 @@ class Daemon:
         self.config_path = config_path  # re-read on SIGHUP
         self.source = source
         self.web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
-        self.ledger = Ledger.open(ledger_path(config, source.simulation is not None))
+        self.ledger_file = ledger_path(config, source.simulation is not None)
+        self.ledger: Ledger | None = None
         gate = config.wear.cycles.hysteresis_celsius
-        running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
-        self.tracker = WearTracker(self.ledger.load(gate), self._wear_params(config), self.ledger.load_imported(gate),
-                                   running, config.jobs.end_grace_seconds, config.jobs.user_in_metrics)
+        wears, imported, running = {}, {}, []
+        try:
+            self.ledger = Ledger.open(self.ledger_file)
+            wears, imported = self.ledger.load(gate), self.ledger.load_imported(gate)
+            running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
+        except (OSError, sqlite3.Error, LedgerError) as exc:  # unwritable state directory, I/O error: sample anyway
+            log.error("cannot open the wear ledger %s (%s); sampling and serving go on, wear is kept in memory "
+                      "and saved as soon as the ledger can be opened", self.ledger_file, exc)
+            if self.ledger is not None:
+                self.ledger.close()
+                self.ledger = None
+        self.tracker = WearTracker(wears, self._wear_params(config), imported, running,
+                                   config.jobs.end_grace_seconds, config.jobs.user_in_metrics)
         resolver = ProcessResolver(show_users=config.jobs.record_users).resolve
         if source.simulation is not None:
             resolver = SimulatedJobs(source.simulation.jobs, resolver).resolve
         self.job_watcher = JobWatcher(resolver)
-        self._ledger_status = LedgerStatus(None, None, 0, self.ledger.moved_aside is not None)
+        self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
+                                           self.ledger is not None and self.ledger.moved_aside is not None)
         self.registry = registry or CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwearCollector(
             lambda: Published(source.sampler.snapshot, self.tracker.views, self._ledger_status, source.info)))
         self._stopped = threading.Event()
         self._tick_lock = threading.Lock()
+        self._persist_lock = threading.Lock()
         self._wake = threading.Event()
         self._reload = threading.Event()
         watchdog_usec = os.environ.get("WATCHDOG_USEC", "")
@@ -262,21 +275,44 @@ class Daemon:
         else:
             log.error("not pinging the systemd watchdog: %s", problem)
 
+    def _reopen_ledger(self) -> Ledger:
+        """Open the ledger that could not be opened at start, and fold what it holds into the
+        history kept in memory since (raises what opening raises)."""
+        ledger = Ledger.open(self.ledger_file)
+        try:
+            gate = self.config.wear.cycles.hysteresis_celsius
+            self.tracker.adopt(ledger.load(gate), ledger.load_imported(gate))
+        except BaseException:
+            ledger.close()
+            raise
+        log.warning("the wear ledger %s could be opened; its history and the one kept in memory are merged",
+                    self.ledger_file)
+        return ledger
+
     def persist(self) -> bool:
         """Save the accumulators, events and jobs in one transaction; on failure keep them for the next try."""
-        wears, events, jobs = self.tracker.take()
+        with self._persist_lock:  # the schedule, a stop and a caller may ask at once; one connection
+            return self._persist()
+
+    def _persist(self) -> bool:
         status = self._ledger_status
         try:
-            self.ledger.save(wears, events, jobs=jobs)
-        except sqlite3.Error as exc:
-            self.tracker.give_back(events, jobs)
-            if status.last_success is not False:
+            if self.ledger is None:
+                self.ledger = self._reopen_ledger()
+            wears, events, jobs = self.tracker.take()
+            try:
+                self.ledger.save(wears, events, jobs=jobs)
+            except BaseException:
+                self.tracker.give_back(events, jobs)
+                raise
+        except (OSError, sqlite3.Error, LedgerError) as exc:
+            if status.failures == 0 or status.last_success is not False:
                 log.error("cannot save the wear ledger %s (%s); sampling goes on and the save is retried",
-                          self.ledger.path, exc)
+                          self.ledger_file, exc)
             self._ledger_status = replace(status, last_success=False, failures=status.failures + 1)
             return False
         if status.last_success is False:
-            log.warning("the wear ledger %s is saved again", self.ledger.path)
+            log.warning("the wear ledger %s is saved again", self.ledger_file)
         self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
         return True
 
@@ -311,7 +347,7 @@ class Daemon:
                         "(web_config_file)", self.config.listen)
         log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); ledger %s; serving "
                  "%s://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
-                 self.config.sampling.interval_seconds, wall_interval, self.ledger.path,
+                 self.config.sampling.interval_seconds, wall_interval, self.ledger_file,
                  "https" if self.web.cert_file else "http", host, self.port)
 
     def _wear_params(self, config: Config) -> WearConfig:
@@ -373,7 +409,8 @@ class Daemon:
             self._tick_lock.release()
         self.source.sampler.close()
         self.persist()
-        self.ledger.close()
+        if self.ledger is not None:
+            self.ledger.close()
         log.info("gpuwear stopped")
 
     def handle_signals(self) -> None:

@@ -355,6 +355,12 @@ class GpuWear:
         out.health = {**other.health, **self.health}
         for code, n in other.xids.items():
             out.xids[code] = out.xids.get(code, 0) + n
+        for kind, k in other.kinds.items():
+            into = out.kinds.setdefault(kind, {"seconds": 0.0, "energy_joules": 0.0, "temperature_seconds": {}})
+            into["seconds"] += k["seconds"]
+            into["energy_joules"] += k["energy_joules"]
+            for t, sec in k["temperature_seconds"].items():
+                _add(into["temperature_seconds"], t, sec)
         out.name = self.name or other.name
         out.serial = self.serial or other.serial
         return out

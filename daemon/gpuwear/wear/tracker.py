@@ -117,6 +117,15 @@ class WearTracker:
         """Views by UUID of the GPUs present now (an atomic reference read)."""
         return self._views
 
+    def adopt(self, stored: dict[str, GpuWear], imported: dict[str, GpuWear]) -> None:
+        """Merge a ledger opened late into the history kept in memory since the start: the
+        stored history is added to each GPU's (whose live rainflow state is kept)."""
+        with self._lock:
+            for uuid, old in stored.items():
+                mine = self._wears.get(uuid)
+                self._wears[uuid] = old if mine is None else mine.merged(old)
+            self._imported = imported
+
     def set_params(self, params: WearConfig) -> None:
         with self._lock:
             self._params = params
