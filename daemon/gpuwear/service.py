@@ -148,9 +148,12 @@ class _MetricsServer(ThreadingHTTPServer):
     """/metrics, /healthz and / over HTTP or HTTPS, one thread per connection."""
 
     daemon_threads = True
+    max_connections = 64  # more at once are answered 503 and closed, so threads stay bounded
+    request_queue_size = 128  # the listen backlog: a burst of connections waits, not drops
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry, web: WebConfig,
                  health: Callable[[], str | None]) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
         self.registry = registry
         self.web = web
         self.health = health  # None when healthy, else what is wrong
@@ -158,6 +161,22 @@ class _MetricsServer(ThreadingHTTPServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def get_request(self) -> tuple[Any, Any]:
         conn, address = super().get_request()
