@@ -176,7 +176,7 @@ def test_daemon_killed_at_random_instants_loses_at_most_one_persist_interval(tmp
         # one persist interval is 1 s of wall time at this speed (600 simulated s), plus a tick
         assert saved >= scraped - (1.0 + 0.1) * speed
         last_saved = saved
-    assert last_saved > 2 * 3600
+    assert last_saved > 3600  # six runs of 1.2-3 s at x600, each losing at most one save interval
 
 
 def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_path: Path) -> None:

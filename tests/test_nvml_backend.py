@@ -211,3 +211,57 @@ def test_a_hung_gpu_is_stalled_past_the_deadline_and_the_others_keep_reporting(
     assert sum("stalled past" in r.getMessage() for r in caplog.records) == 1
     assert sum("answers again" in r.getMessage() for r in caplog.records) == 1
     rig.sampler.close()
+
+
+def test_driver_reload_reacquires_the_gpus_and_the_energy_reset_is_handled(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gpuwear.config import WearConfig
+    from gpuwear.wear.tracker import WearTracker
+
+    rig = make_rig(scenario({"at": 20.5, "kind": "driver_unload"}, {"at": 29.5, "kind": "driver_load"}))
+    rig.sampler.reopen_interval = 0.0
+    tracker = WearTracker({}, WearConfig())
+    energy_before = None
+    for t in range(1, 41):
+        snap = rig.run(1)
+        tracker.observe(snap, rig.clock.monotonic(), rig.clock.wall())
+        if t == 20:
+            energy_before = [g.energy_joules_total for g in snap.gpus]
+        if 21 <= t <= 29:
+            assert all(g.sample is None and g.errors["driver_gone"] for g in snap.gpus), t
+    assert all(g.sample is not None and g.last_success for g in snap.gpus)
+    assert energy_before is not None
+    for before, g in zip(energy_before, snap.gpus, strict=True):
+        assert g.sample is not None and g.sample.energy_joules is not None
+        assert g.sample.energy_joules < 15 * 700  # the driver's counter restarted
+        assert before is not None and g.energy_joules_total is not None and g.energy_joules_total > before
+        w = tracker.wear(g.identity.uuid)
+        assert w is not None and w.observed_seconds == pytest.approx(39 - 9, abs=1)
+    assert sum("lost the driver" in r.getMessage() for r in caplog.records) == 1
+    assert sum("NVML is back" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_nvml_absent_at_start_and_indices_reshuffled_between_restarts() -> None:
+    """History follows the UUID: a GPU at another index after a restart keeps its ledger entry."""
+    from gpuwear.config import WearConfig
+    from gpuwear.wear.tracker import WearTracker
+
+    first = make_rig(scenario(products=("rtx4090", "h100-sxm")))
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(30):
+        tracker.observe(first.run(1), first.clock.monotonic(), first.clock.wall())
+    wears, _, _ = tracker.take()
+    by_uuid = {w["uuid"]: w for w in wears}
+    swapped = make_rig(scenario(products=("h100-sxm", "rtx4090")))
+    for sim_gpu, old in zip(swapped.simulation.gpus, reversed(first.simulation.gpus), strict=True):
+        sim_gpu.uuid = old.uuid  # the same cards, in the other slots
+    swapped.sampler.open()
+    from gpuwear.wear.accumulate import GpuWear
+    again = WearTracker({u: GpuWear.from_json(w, 2.0) for u, w in by_uuid.items()}, WearConfig())
+    for _ in range(30):
+        again.observe(swapped.run(1), swapped.clock.monotonic(), swapped.clock.wall())
+    for status in swapped.sampler.snapshot.gpus:
+        w = again.wear(status.identity.uuid)
+        assert w is not None and w.observed_seconds >= by_uuid[status.identity.uuid]["observed_seconds"] + 29
+        assert w.name == status.identity.name
+    assert swapped.sampler.snapshot.gpus[0].identity.name == "NVIDIA H100 80GB HBM3"

@@ -35,6 +35,8 @@ class Backend(Protocol):
 
     def read(self, index: int, slow: bool) -> Any: ...
 
+    def reopen(self) -> list[GpuIdentity]: ...
+
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None: ...
 
 
@@ -101,7 +103,9 @@ class Sampler:
 
     def __init__(self, backend: Backend, clock: Clock, slow_interval_seconds: float,
                  lost_errors: tuple[type[BaseException], ...],
-                 timer: Callable[[], float] = time.perf_counter, deadline_seconds: float = 0.0) -> None:
+                 timer: Callable[[], float] = time.perf_counter, deadline_seconds: float = 0.0,
+                 driver_errors: tuple[type[BaseException], ...] = (),
+                 unavailable_errors: tuple[type[BaseException], ...] = ()) -> None:
         self.backend = backend
         self.clock = clock
         self.slow_interval = slow_interval_seconds  # may change on reload
@@ -114,6 +118,12 @@ class Sampler:
         self._snapshot = EMPTY
         self._logged_drops: set[tuple[int, str]] = set()
         self.deadline = deadline_seconds  # 0: read the GPUs one after the other, no deadline
+        self.driver_errors = driver_errors  # the driver went away: reopen the backend
+        self.unavailable_errors = unavailable_errors  # reopening failed: still gone
+        self._driver_gone = False
+        self._next_reopen = 0.0
+        self.reopen_interval = 5.0  # seconds between tries to get the driver back
+        self._active = 0  # the first this many GPUs are the backend's; the rest are gone
         self._pool: ThreadPoolExecutor | None = None
         self._stuck: dict[int, Future[tuple[Any, BaseException | None, float]]] = {}
 
@@ -122,6 +132,7 @@ class Sampler:
         identities = self.backend.open()
         with self._lock:
             self._gpus = [_Gpu(identity) for identity in identities]
+            self._active = len(self._gpus)
             self._system = self.backend.system_info()
             self._publish()
 
@@ -149,8 +160,12 @@ class Sampler:
         read takes longer is marked stalled (and not asked again until that read returns),
         while the others are published on time."""
         now = self.clock.monotonic()
-        if self.deadline <= 0:
-            for i, gpu in enumerate(self._gpus):
+        if self._driver_gone:
+            self._reopen()
+        if self._driver_gone:
+            pass  # every GPU stays marked by the error that revealed it
+        elif self.deadline <= 0:
+            for i, gpu in enumerate(self._gpus[:self._active]):
                 slow = self._slow_due(gpu, now)
                 self._apply(gpu, now, slow, *self._fetch(i, slow))
         else:
@@ -164,7 +179,7 @@ class Sampler:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._gpus)), thread_name_prefix="nvml-read")
         started: dict[int, tuple[bool, Future[tuple[Any, BaseException | None, float]]]] = {}
-        for i, gpu in enumerate(self._gpus):
+        for i, gpu in enumerate(self._gpus[:self._active]):
             stuck = self._stuck.get(i)
             if stuck is not None and not stuck.done():
                 self._stall(gpu)
@@ -190,9 +205,35 @@ class Sampler:
         start = self.timer()
         try:
             reading, error = self.backend.read(i, slow), None
-        except self.lost_errors as exc:
+        except self.lost_errors + self.driver_errors as exc:
             reading, error = None, exc
         return reading, error, self.timer() - start
+
+    def _reopen(self) -> None:
+        """Try to get the GPUs back after the driver went away (every ``reopen_interval``); history
+        follows the UUID whatever index a GPU comes back at."""
+        if time.monotonic() < self._next_reopen:
+            return
+        self._next_reopen = time.monotonic() + self.reopen_interval
+        try:
+            identities = self.backend.reopen()
+        except self.unavailable_errors + self.driver_errors as exc:
+            log.debug("NVML still unavailable: %s", exc)
+            return
+        with self._lock:
+            by_uuid = {g.identity.uuid: g for g in self._gpus}
+            back = []
+            for identity in identities:
+                gpu = by_uuid.pop(identity.uuid, None) or _Gpu(identity)
+                gpu.identity, gpu.last_slow = identity, None  # energy_last stays: the counter restarted
+                back.append(gpu)
+            for gpu in by_uuid.values():  # not there any more: reported down
+                gpu.up, gpu.sample, gpu.last_success = False, None, False
+            self._gpus = back + list(by_uuid.values())
+            self._active = len(back)
+            self._stuck.clear()
+            self._driver_gone = False
+        log.warning("NVML is back: %d GPU(s) (%s)", len(back), ", ".join(g.identity.uuid for g in back))
 
     def _stall(self, gpu: _Gpu) -> None:
         with self._lock:
@@ -214,13 +255,20 @@ class Sampler:
     def _apply(self, gpu: _Gpu, now: float, slow: bool, reading: Any, error: BaseException | None,
                duration: float) -> None:
         if error is not None:
+            driver = isinstance(error, self.driver_errors)
             with self._lock:
                 gpu.last_duration = duration
                 gpu.last_success = False
-                gpu.errors["gpu_lost"] += 1
-                if gpu.up:
-                    log.error("GPU %d (%s) is lost: %s", gpu.identity.index, gpu.identity.uuid, error)
-                gpu.up, gpu.sample = False, None
+                gpu.errors["driver_gone" if driver else "gpu_lost"] += 1
+                gpu.sample = None
+                if driver:
+                    if not self._driver_gone:
+                        log.error("NVML lost the driver (%s): re-initialising as soon as it is back", error)
+                    self._driver_gone = True
+                else:
+                    if gpu.up:
+                        log.error("GPU %d (%s) is lost: %s", gpu.identity.index, gpu.identity.uuid, error)
+                    gpu.up = False
             return
         values = self._validated(gpu, reading.values)
         if slow:  # a slow read holds every field; fast reads reuse its slow ones

@@ -24,7 +24,7 @@ from prometheus_client.exposition import choose_encoder
 
 from gpuwear import __version__
 from gpuwear.backends.fakenvml import FakeNvmlLibrary
-from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, NvmlUnavailableError
+from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, NvmlDriverError, NvmlUnavailableError
 from gpuwear.backends.simulated import Simulation, load_scenario
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import GpuwearCollector
@@ -77,6 +77,12 @@ def _info(backend: str, scenario: str) -> DaemonInfo:
                       scenario=scenario)
 
 
+def _sampler(backend: NvmlBackend, clock: Clock, config: Config) -> Sampler:
+    return Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
+                   deadline_seconds=config.sampling.nvml_deadline_seconds, driver_errors=(NvmlDriverError,),
+                   unavailable_errors=(NvmlUnavailableError,))
+
+
 def open_source(config: Config, simulate: str | None, speed: float, simulate_if_no_gpu: bool,
                 library: object | str = DEFAULT_LIBRARY) -> Source:
     """Open real GPUs, or simulated ones (``simulate``: scenario name or file).
@@ -86,8 +92,7 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     """
     if simulate is None:
         clock: Clock = SystemClock()
-        sampler = Sampler(NvmlBackend(library), clock, config.sampling.slow_interval_seconds, (GpuLostError,),
-                          deadline_seconds=config.sampling.nvml_deadline_seconds)
+        sampler = _sampler(NvmlBackend(library), clock, config)
         try:
             sampler.open()
             return Source(sampler, clock, _info("nvml", ""), 1.0)
@@ -99,8 +104,7 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     simulation = load_scenario(simulate)
     clock = ScaledClock(speed) if speed != 1.0 else SystemClock()
     backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
-    sampler = Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
-                      deadline_seconds=config.sampling.nvml_deadline_seconds)
+    sampler = _sampler(backend, clock, config)
     sampler.open()
     log.warning("SIMULATED GPUs (scenario %r, %d GPUs, speed x%g): these are not real hardware",
                 simulation.name, len(simulation.gpus), speed)

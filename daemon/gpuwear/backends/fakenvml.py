@@ -33,6 +33,7 @@ ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
+ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
 ERROR_UNKNOWN = 999
@@ -135,6 +136,8 @@ class FakeNvmlLibrary:
 
         def call(*args: Any) -> Any:
             self.calls[name] += 1
+            if name != "nvmlErrorString" and not driver.loaded():
+                return ERROR_DRIVER_NOT_LOADED
             if needs_init and driver.init_count == 0:
                 return ERROR_UNINITIALIZED
             try:
@@ -167,12 +170,22 @@ class SimulatedDriver:
         self._start = clock.monotonic()
         self._lock = threading.RLock()
         self.init_count = 0
+        self._generation = simulation.driver_generation
         self._event_sets: dict[int, dict[int, int]] = {}  # set id -> {gpu index: event mask}
         self._next_event_set = _EVENT_SET_BASE
 
     def _now(self) -> None:
         with self._lock:
             self.simulation.advance_to(self.clock.monotonic() - self._start)
+
+    def loaded(self) -> bool:
+        """Whether the simulated kernel driver is loaded; an unload ends every NVML session."""
+        self._now()
+        with self._lock:
+            if self.simulation.driver_generation != self._generation:
+                self._generation = self.simulation.driver_generation
+                self.init_count = 0
+            return self.simulation.driver_loaded
 
     def _gpu(self, handle: Any, feature: str | None = None) -> SimGpu:
         """Resolve a device handle, advance time, apply lost / hang / unsupported faults."""

@@ -55,6 +55,14 @@ class GpuLostError(Exception):
     """The GPU answered NVML_ERROR_GPU_IS_LOST (fallen off the bus)."""
 
 
+class NvmlDriverError(Exception):
+    """NVML lost its driver (unloaded or reloaded): every handle must be acquired again."""
+
+
+_DRIVER_GONE = (pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+                pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+
+
 @dataclass
 class Reading:
     """What one read of one GPU produced: field values and the kinds of errors met."""
@@ -273,6 +281,8 @@ class NvmlBackend:
         self._devices: list[_Device] = []
         self._events_stop = threading.Event()
         self._events_thread: threading.Thread | None = None
+        self._on_xid: Callable[[int, int], None] | None = None
+        self._wait_ms = 500
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -303,11 +313,28 @@ class NvmlBackend:
                 log.error("GPU %d cannot be opened (%s); it is left out until the next start", index, exc)
         return [d.identity for d in self._devices]
 
-    def close(self) -> None:
-        """Stop the event listener and shut NVML down."""
+    def reopen(self) -> list[GpuIdentity]:
+        """After the driver came back (reload): initialise NVML again, acquire new handles and
+        restart the event listener. Raises :class:`NvmlUnavailableError` while it is still gone."""
+        self._stop_events()
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+        identities = self.open()
+        if self._on_xid is not None:
+            self.start_events(self._on_xid, self._wait_ms)
+        return identities
+
+    def _stop_events(self) -> None:
         self._events_stop.set()
         if self._events_thread is not None:
             self._events_thread.join(timeout=2.0)
+            self._events_thread = None
+
+    def close(self) -> None:
+        """Stop the event listener and shut NVML down."""
+        self._stop_events()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
@@ -386,6 +413,8 @@ class NvmlBackend:
     def _failed(self, dev: _Device, key: str, exc: pynvml.NVMLError, out: Reading) -> None:
         if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise GpuLostError(str(exc)) from None
+        if exc.value in _DRIVER_GONE:
+            raise NvmlDriverError(str(exc)) from None
         if exc.value in _UNSUPPORTED:
             self._unsupported(dev, key, exc)
         else:
@@ -452,6 +481,7 @@ class NvmlBackend:
 
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None:
         """Listen for XID (critical error) events on a thread of its own; ``on_xid(gpu, xid)``."""
+        self._on_xid, self._wait_ms = on_xid, wait_ms
         try:
             event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as exc:
@@ -470,14 +500,18 @@ class NvmlBackend:
                 log.warning("GPU %d: cannot register for XID events (%s)", dev.identity.index, exc)
 
         def listen() -> None:
+            failing = False
             while not self._events_stop.is_set():
                 try:
                     data = pynvml.nvmlEventSetWait(event_set, wait_ms)
                 except pynvml.NVMLError as exc:
                     if exc.value != pynvml.NVML_ERROR_TIMEOUT:
-                        log.warning("NVML event wait failed: %s", exc)
+                        if not failing:
+                            log.warning("NVML event wait failed: %s (retrying quietly)", exc)
+                        failing = True
                         self._events_stop.wait(1.0)
                     continue
+                failing = False
                 if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                     i = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
                     if i is not None:

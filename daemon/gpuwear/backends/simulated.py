@@ -101,7 +101,8 @@ PRODUCTS: dict[str, Product] = {
 
 PHASE_KINDS = ("idle", "train", "stress")
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
-               "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action")
+               "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
+               "driver_unload", "driver_load")
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,8 @@ class Simulation:
         self.time = 0.0  # simulated seconds since the scenario started
         self._next_fault = 0
         self.jobs = {synthetic_pid(p.job): p.job for g in gpus for p in g.schedule if p.job}
+        self.driver_loaded = True  # False between driver_unload and driver_load faults
+        self.driver_generation = 0  # bumped at each unload: NVML must be initialised again
 
     def advance_to(self, t: float) -> None:
         """Integrate every GPU up to simulated time ``t`` (never backwards)."""
@@ -323,7 +326,16 @@ class Simulation:
             while self._next_fault < len(self.faults) and self.faults[self._next_fault].at <= step_end:
                 fault = self.faults[self._next_fault]
                 self._next_fault += 1
-                if 0 <= fault.gpu < len(self.gpus):
+                if fault.kind == "driver_unload":  # every GPU's driver-kept counters restart
+                    self.driver_loaded = False
+                    self.driver_generation += 1
+                    for gpu in self.gpus:
+                        gpu.apply(Fault(fault.at, gpu.index, "driver_reload", {}))
+                elif fault.kind == "driver_load":  # counters kept by the driver start again from 0
+                    self.driver_loaded = True
+                    for gpu in self.gpus:
+                        gpu.apply(Fault(fault.at, gpu.index, "driver_reload", {}))
+                elif 0 <= fault.gpu < len(self.gpus):
                     self.gpus[fault.gpu].apply(fault)
             for gpu in self.gpus:
                 gpu.step(step_end, step_end - self.time)

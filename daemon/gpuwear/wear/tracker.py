@@ -94,6 +94,7 @@ class _Seen:
     up: bool = True
     down_since: float | None = None
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
+    interrupted: bool = False  # a tick without a reading since the last integrated sample
 
 
 class WearTracker:
@@ -181,14 +182,19 @@ class WearTracker:
             self._event(w, wall, "gpu_back", {})
             seen.up, seen.down_since = True, None
         sample = status.sample
-        if sample is None or sample.monotonic == seen.monotonic:
+        if sample is None:  # up, but no reading (driver gone, read stalled): the time is not observed
+            seen.interrupted = True
+            return
+        if sample.monotonic == seen.monotonic:
             return
         dt = 0.0 if seen.monotonic is None else sample.monotonic - seen.monotonic
-        if dt > self._params.max_gap_seconds:
+        if dt > self._params.max_gap_seconds or (seen.interrupted and dt > 0):
+            reason = "no reading (driver gone or read stalled)" if seen.interrupted else "samples too far apart"
             w.gap(dt)
-            self._event(w, sample.timestamp, "gap", {"seconds": dt, "reason": "samples too far apart"})
+            self._event(w, sample.timestamp, "gap", {"seconds": dt, "reason": reason})
             self.jobs.stop_gpu(ident.uuid, sample.timestamp - dt)
             dt = 0.0
+        seen.interrupted = False
         before = {k: w.health.get(k) for k in _HEALTH_EVENTS}
         interval = w.add(sample, dt)
         temps = {k: v for k, v in (("gpu", sample.temperature_gpu_celsius),

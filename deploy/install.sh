@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Install gpuwear on this machine as a systemd service (see docs/deployment.md):
+#
+#   $PREFIX/venv                          a virtual environment holding gpuwear (pip install of this repo)
+#   $PREFIX/share/gpuwear/config.yaml     the default configuration as installed (to tell an edited one)
+#   $PREFIX/share/doc/gpuwear/            docs/deployment.md
+#   /etc/systemd/system/gpuwear.service   the unit, its ExecStart pointing into $PREFIX
+#   /etc/gpuwear/config.yaml              the configuration, never overwritten once edited
+#
+# Environment:
+#   PREFIX=/opt/gpuwear   where the venv goes
+#   DESTDIR=              staging root prepended to every path (packaging, tests); with it no user is
+#                         created and systemctl is not called. A venv records its own path: one built
+#                         under DESTDIR runs from there, so build the real one without DESTDIR.
+#   PYTHON=python3        the interpreter the venv is made from (3.10 or newer)
+#   PIP_ARGS=             extra arguments for pip install, split on spaces (e.g. "--no-index
+#                         --find-links /srv/wheels" for a machine without an index)
+#
+# Safe to run again: it upgrades gpuwear in place and keeps an edited configuration.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+DESTDIR=${DESTDIR:-}
+PREFIX=${PREFIX:-/opt/gpuwear}
+PYTHON=${PYTHON:-python3}
+PIP_ARGS=${PIP_ARGS:-}
+UNIT_NAME=gpuwear.service
+SERVICE_USER=gpuwear
+
+say() { printf 'install.sh: %s\n' "$*"; }
+die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
+
+case "$PREFIX" in
+    /?*) PREFIX=${PREFIX%/} ;;
+    *) die "PREFIX must be an absolute path other than /, got '$PREFIX'" ;;
+esac
+[ "$PREFIX" != / ] || die "PREFIX must not be /"
+DESTDIR=${DESTDIR%/}
+if [ -z "$DESTDIR" ] && [ "$(id -u)" -ne 0 ]; then
+    die "run as root (or set DESTDIR to stage the files somewhere else)"
+fi
+
+venv=$DESTDIR$PREFIX/venv
+share=$DESTDIR$PREFIX/share/gpuwear
+unit_dir=$DESTDIR/etc/systemd/system
+config_dir=$DESTDIR/etc/gpuwear
+config=$config_dir/config.yaml
+pristine=$share/config.yaml
+
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+    || die "$PYTHON is older than 3.10; set PYTHON to a newer interpreter"
+# The venv links to its interpreter: one under a home directory (pyenv, conda, ~/.local) is
+# hidden from the service by ProtectHome=yes, which then fails with status 203/EXEC.
+interpreter=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable))')
+case "$interpreter" in
+    /root/*|/home/*|/run/user/*)
+        message="$PYTHON is $interpreter, inside a home directory that the service cannot see (ProtectHome=yes): set PYTHON to a system interpreter, e.g. PYTHON=/usr/bin/python3"
+        if [ -n "$DESTDIR" ]; then say "WARNING: $message"; else die "$message"; fi ;;
+esac
+
+# 1. the virtual environment and the package
+if [ -x "$venv/bin/python" ]; then
+    say "reusing the virtual environment $venv"
+else
+    say "creating the virtual environment $venv"
+    mkdir -p "$(dirname "$venv")"
+    "$PYTHON" -m venv "$venv"
+fi
+say "installing gpuwear from $REPO"
+# pip builds inside the source tree, where a build/ left by an earlier build would smuggle
+# deleted modules into the wheel: build from a clean copy instead (which also leaves the
+# checkout untouched).
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude='*.egg-info' \
+    --exclude=__pycache__ --exclude='./.*_cache' --exclude=./.hypothesis -cf - . | tar -C "$work" -xf -
+# shellcheck disable=SC2086  # PIP_ARGS is a list of words on purpose
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check $PIP_ARGS "$work"
+version=$("$venv/bin/gpuwear" --version)
+say "installed $version"
+
+install -d -m 0755 "$share" "$DESTDIR$PREFIX/share/doc/gpuwear"
+install -m 0644 "$REPO/docs/deployment.md" "$DESTDIR$PREFIX/share/doc/gpuwear/deployment.md"
+
+# 2. the unit, pointing at PREFIX (the path on the target, without DESTDIR)
+install -d -m 0755 "$unit_dir"
+unit_tmp=$work/gpuwear.service
+sed -e "s|/opt/gpuwear/|$PREFIX/|g" "$REPO/deploy/systemd/$UNIT_NAME" >"$unit_tmp"
+if cmp -s "$unit_tmp" "$unit_dir/$UNIT_NAME"; then
+    say "$unit_dir/$UNIT_NAME is up to date"
+else
+    install -m 0644 "$unit_tmp" "$unit_dir/$UNIT_NAME"
+    say "installed $unit_dir/$UNIT_NAME"
+fi
+
+# 3. the configuration: a new one, an unedited one refreshed, an edited one kept
+install -d -m 0755 "$config_dir"
+if [ ! -e "$config" ]; then
+    install -m 0644 "$REPO/config.yaml" "$config"
+    say "installed the default configuration $config"
+elif cmp -s "$config" "$REPO/config.yaml"; then
+    say "$config is the default configuration"
+elif [ -e "$pristine" ] && cmp -s "$config" "$pristine"; then
+    install -m 0644 "$REPO/config.yaml" "$config"
+    say "updated the unedited configuration $config to this version's default"
+else
+    install -m 0644 "$REPO/config.yaml" "$config.new"
+    say "kept your edited $config; this version's default is beside it as $config.new (compare them)"
+fi
+if [ -e "$config.new" ] && cmp -s "$config" "$REPO/config.yaml"; then
+    rm -f "$config.new"
+fi
+install -m 0644 "$REPO/config.yaml" "$pristine"
+"$venv/bin/gpuwear" check-config "$config" >/dev/null \
+    || say "WARNING: $config has problems (listed above); the service will refuse to start until they are fixed"
+
+# 4. the service user: none to create while the unit allocates one (DynamicUser=yes)
+if grep -q '^DynamicUser=yes' "$unit_dir/$UNIT_NAME"; then
+    say "no user to create: the unit runs as a transient user (DynamicUser=yes)"
+elif [ -n "$DESTDIR" ]; then
+    say "DESTDIR is set: not creating the system user '$SERVICE_USER' (create it on the target)"
+elif id -u "$SERVICE_USER" >/dev/null 2>&1; then
+    say "system user '$SERVICE_USER' exists"
+else
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$SERVICE_USER"
+    say "created the system user '$SERVICE_USER'"
+fi
+
+# 5. systemd
+if [ -n "$DESTDIR" ]; then
+    say "DESTDIR is set: not calling systemctl"
+elif [ -d /run/systemd/system ]; then
+    systemctl daemon-reload
+    if systemctl is-active --quiet "$UNIT_NAME"; then
+        say "gpuwear is running the previous version: systemctl restart gpuwear"
+    elif ! systemctl is-enabled --quiet "$UNIT_NAME" 2>/dev/null; then
+        say "start it now and at every boot: systemctl enable --now gpuwear"
+    fi
+    say "then: curl -s http://127.0.0.1:9941/metrics | head; journalctl -u gpuwear"
+else
+    say "systemd is not running here: start the daemon by hand with $PREFIX/venv/bin/gpuwear run --config /etc/gpuwear/config.yaml"
+fi
