@@ -19,7 +19,7 @@ from test_rules import daemon_and_prometheus, golden_metric_names, promql_metric
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = REPO / "grafana" / "dashboards"
 PROVISIONING = REPO / "grafana" / "provisioning"
-NAMES = ("does-dl-damage-my-card.json", "gpu-live.json", "fleet.json")
+NAMES = ("does-dl-damage-my-card.json", "gpu-live.json", "fleet.json", "jobs.json")
 DATASOURCE_UID = "${datasource}"
 NO_QUERY_TYPES = {"text", "row"}  # the only panels without targets
 
@@ -90,10 +90,18 @@ def dashboard(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 # --- structure --------------------------------------------------------------------------------
 
-def test_the_three_dashboards_exist_with_distinct_uids() -> None:
+def test_the_dashboards_exist_with_distinct_uids() -> None:
     assert sorted(p.name for p in DASHBOARDS.glob("*.json")) == sorted(NAMES)
     uids = [load(name)["uid"] for name in NAMES]
     assert len(set(uids)) == len(uids), uids
+
+
+def test_every_dashboard_links_to_the_others(dashboard: dict[str, Any]) -> None:
+    """The links list every dashboard tagged gpuwear (each one is), keeping time and variables."""
+    links = [link for link in dashboard["links"] if link["type"] == "dashboards" and "gpuwear" in link["tags"]]
+    assert links, f"{dashboard['uid']}: no link to the gpuwear dashboards"
+    assert all(link["keepTime"] and link["includeVars"] for link in links), links
+    assert all("gpuwear" in load(name)["tags"] for name in NAMES)
 
 
 def test_dashboard_header(dashboard: dict[str, Any]) -> None:
@@ -205,6 +213,31 @@ def test_live_and_fleet_dashboards_show_what_they_promise() -> None:
         assert needle in fleet, needle
 
 
+def panel_exprs(dashboard: dict[str, Any], title: str) -> list[str]:
+    (panel,) = [p for p in all_panels(dashboard["panels"]) if p["title"] == title and p.get("targets")]
+    return [target["expr"] for target in panel["targets"]]
+
+
+def test_jobs_dashboard_shows_what_it_promises() -> None:
+    dash = load("jobs.json")
+    assert dash["title"] == "Jobs"
+    exprs = " ".join(expr for _, expr in queries(dash))
+    for needle in ("gpuwear_job_info", "increase(gpuwear_lifetime_attributed_seconds_total",
+                   "increase(gpuwear_lifetime_attributed_energy_joules_total",
+                   "gpuwear_attributed_thermal_aging_equivalent_seconds",
+                   "rate(gpuwear_lifetime_attributed_seconds_total", 'gpuwear_temperature_celsius{'):
+        assert needle in exprs, needle
+    (now,) = panel_exprs(dash, "Job running now on each GPU")
+    assert all(label in now for label in ("gpu", "job_kind", "job_id", "user")), now
+    hottest = " ".join(panel_exprs(dash, "Hottest recent jobs"))
+    assert "max_over_time(" in hottest and "gpuwear_job_info" in hottest and "[$__range:]" in hottest, hottest
+    assert "gpuwear_temperature_celsius" in hottest and 'sensor="gpu"' in hottest, hottest
+    types = {p["type"] for p in all_panels(dash["panels"])}
+    assert {"piechart", "table", "timeseries", "text"} <= types, types
+    texts = " ".join(p["options"]["content"] for p in all_panels(dash["panels"]) if p["type"] == "text")
+    assert "gpuwear jobs --since 1d" in texts and "not in Prometheus" in texts, texts
+
+
 def test_substitution_leaves_valid_looking_promql() -> None:
     expr = 'deriv(x{instance=~"$instance",gpu=~"$gpu"}[$__range]) + rate(y[$__rate_interval])'
     assert substituted(expr) == 'deriv(x{instance=~".*",gpu=~".*"}[5m]) + rate(y[5m])'
@@ -252,3 +285,11 @@ def test_every_panel_query_returns_data_from_the_demo(tmp_path: Path) -> None:
                 empty.append(f"{where}: {expr}")
         assert not rejected, "queries Prometheus rejects:\n" + "\n".join(rejected)
         assert not empty, "queries without data from the demo:\n" + "\n".join(empty)
+
+        # the demo's simulated jobs, as the Jobs dashboard shows them
+        jobs = load("jobs.json")
+        (now,) = panel_exprs(jobs, "Job running now on each GPU")
+        assert {row["metric"]["gpu"] for row in rig.query(substituted(now))} == {"0", "1"}, "a row per GPU"
+        hottest = panel_exprs(jobs, "Hottest recent jobs")[0]
+        ran = {(row["metric"]["job_kind"], row["metric"]["job_id"]) for row in rig.query(substituted(hottest))}
+        assert ("simulated", "resnet50-ddp") in ran, ran

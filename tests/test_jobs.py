@@ -181,6 +181,12 @@ def test_jobs_and_idle_add_up_to_the_gpu_totals() -> None:
     assert names == {"resnet50-ddp", "llama-lora"}
     ddp = [r for r in records if r["id"] == "resnet50-ddp"]
     assert all(len(r["gpus"]) == 2 for r in ddp)  # one job spanning both GPUs
+    shown = {uuid: {j.id for j in v.jobs} for uuid, v in tracker.views.items()}
+    running = [r for r in records if r["end"] is None and r["kind"] == "simulated"]
+    for r in running:  # the info metric names a running job on every GPU it runs on
+        for g in r["gpus"]:
+            if g["end"] == max(s["end"] for rec in records for s in rec["gpus"] if s["uuid"] == g["uuid"]):
+                assert r["id"] in shown[g["uuid"]], (r["id"], shown)
 
 
 def test_gpuwear_jobs_command(tmp_path: Path) -> None:

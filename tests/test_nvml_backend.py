@@ -265,3 +265,24 @@ def test_nvml_absent_at_start_and_indices_reshuffled_between_restarts() -> None:
         assert w is not None and w.observed_seconds >= by_uuid[status.identity.uuid]["observed_seconds"] + 29
         assert w.name == status.identity.name
     assert swapped.sampler.snapshot.gpus[0].identity.name == "NVIDIA H100 80GB HBM3"
+
+
+def test_start_waits_for_the_driver_when_configured(caplog: pytest.LogCaptureFixture) -> None:
+    from gpuwear.backends.fakenvml import FakeNvmlLibrary
+    from gpuwear.backends.simulated import parse_scenario
+    from gpuwear.clock import SystemClock
+    from gpuwear.config import Config, SamplingConfig
+    from gpuwear.service import open_source
+
+    doc = scenario({"at": 0, "kind": "driver_unload"}, {"at": 1.5, "kind": "driver_load"})
+    late = FakeNvmlLibrary(parse_scenario(doc, "late"), SystemClock())
+    with pytest.raises(NvmlUnavailableError, match="Driver Not Loaded"):
+        open_source(Config(), None, 1.0, False, library=late)  # no wait configured: a clear error at once
+    late = FakeNvmlLibrary(parse_scenario(doc, "late"), SystemClock())
+    config = Config(sampling=SamplingConfig(driver_wait_seconds=10))
+    start = time.monotonic()
+    source = open_source(config, None, 1.0, False, library=late)
+    assert 1.5 <= time.monotonic() - start < 6
+    assert len(source.sampler.snapshot.gpus) == 2 and source.info.backend == "nvml"
+    assert "NVML not available yet" in caplog.text
+    source.sampler.close()

@@ -56,6 +56,10 @@ class ManualClock:
         self._mono += seconds
         self._wall += seconds
 
+    def set_wall(self, seconds: float) -> None:
+        """The wall clock is set (NTP step, an operator): monotonic time does not move."""
+        self._wall = seconds
+
     def monotonic(self) -> float:
         return self._mono
 

@@ -95,6 +95,7 @@ class SamplingConfig:
     slow_interval_seconds: float = _key(30.0, _number(0.01, 86400))
     event_wait_milliseconds: int = _key(500, _integer(10, 10000))
     nvml_deadline_seconds: float = _key(5.0, _number(0, 600))
+    driver_wait_seconds: float = _key(0.0, _number(0, 86400))
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,26 @@ def _sampler(backend: NvmlBackend, clock: Clock, config: Config) -> Sampler:
                    unavailable_errors=(NvmlUnavailableError,))
 
 
+DRIVER_RETRY_SECONDS = 2.0
+
+
+def _open_waiting(sampler: Sampler, wait_seconds: float, override: float | None = None) -> None:
+    """Open NVML, retrying for up to ``wait_seconds`` while the driver is not there yet
+    (a box that boots the daemon before the driver); ``override`` replaces the wait."""
+    wait = wait_seconds if override is None else override
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            sampler.open()
+            return
+        except NvmlUnavailableError as exc:
+            if time.monotonic() + DRIVER_RETRY_SECONDS > deadline:
+                raise
+            log.warning("NVML not available yet (%s); retrying for up to %.0f s more", exc,
+                        deadline - time.monotonic())
+            time.sleep(DRIVER_RETRY_SECONDS)
+
+
 def open_source(config: Config, simulate: str | None, speed: float, simulate_if_no_gpu: bool,
                 library: object | str = DEFAULT_LIBRARY) -> Source:
     """Open real GPUs, or simulated ones (``simulate``: scenario name or file).
@@ -94,7 +114,7 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
         clock: Clock = SystemClock()
         sampler = _sampler(NvmlBackend(library), clock, config)
         try:
-            sampler.open()
+            _open_waiting(sampler, config.sampling.driver_wait_seconds, 0.0 if simulate_if_no_gpu else None)
             return Source(sampler, clock, _info("nvml", ""), 1.0)
         except NvmlUnavailableError as exc:
             if not simulate_if_no_gpu:

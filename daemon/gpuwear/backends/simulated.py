@@ -314,6 +314,7 @@ class Simulation:
         self.faults = sorted(faults, key=lambda f: f.at)
         self.name = name
         self.time = 0.0  # simulated seconds since the scenario started
+        self.max_step_seconds = self.MAX_STEP_SECONDS  # coarser steps make long simulations cheaper
         self._next_fault = 0
         self.jobs = {synthetic_pid(p.job): p.job for g in gpus for p in g.schedule if p.job}
         self.driver_loaded = True  # False between driver_unload and driver_load faults
@@ -322,7 +323,7 @@ class Simulation:
     def advance_to(self, t: float) -> None:
         """Integrate every GPU up to simulated time ``t`` (never backwards)."""
         while self.time < t:
-            step_end = min(t, self.time + self.MAX_STEP_SECONDS)
+            step_end = min(t, self.time + self.max_step_seconds)
             while self._next_fault < len(self.faults) and self.faults[self._next_fault].at <= step_end:
                 fault = self.faults[self._next_fault]
                 self._next_fault += 1

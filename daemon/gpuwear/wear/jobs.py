@@ -77,6 +77,7 @@ class JobAccounts:
         self.active: dict[str, JobRecord] = {}  # job key -> record
         self.idle: dict[str, JobRecord] = {}  # GPU uuid -> open idle line
         self._dirty: dict[str, JobRecord] = {}
+        self._last_wall: dict[str, float] = {}  # GPU uuid -> end of its last accounted interval
         for rec in running or []:
             if rec.idle:
                 rec.end = rec.last_seen  # an idle line never spans a restart
@@ -85,13 +86,15 @@ class JobAccounts:
                 self.active[f"{rec.kind}:{rec.id}"] = rec
 
     def current(self, uuid: str) -> list[JobRecord]:
-        """The jobs running on a GPU now (for the info metric)."""
-        return [rec for rec in self.active.values() if uuid in rec.gpus and rec.gpus[uuid].end >= rec.last_seen]
+        """The jobs running on a GPU now (for the info metric): those given its last interval."""
+        last = self._last_wall.get(uuid)
+        return [rec for rec in self.active.values() if uuid in rec.gpus and rec.gpus[uuid].end == last]
 
     def account(self, uuid: str, wall: float, interval: Interval, temps: dict[str, float], jobs: list[Job],
                 gpu_wear: GpuWear) -> None:
         """Give one interval of a GPU (ending at ``wall``) to its jobs, or to idle."""
         start = wall - interval.dt
+        self._last_wall[uuid] = wall
         if jobs:
             if uuid in self.idle:
                 self._close(self.idle.pop(uuid), start)
@@ -116,7 +119,7 @@ class JobAccounts:
         if slice_ is None:
             slice_ = rec.gpus[uuid] = JobGpu(uuid, start, wall, GpuWear(uuid, gpu_wear.name, gpu_wear.serial))
         slice_.wear.apply(interval, share)
-        slice_.end = max(slice_.end, wall)
+        slice_.end = wall
         for sensor, t in temps.items():
             slice_.max_celsius[sensor] = max(slice_.max_celsius.get(sensor, t), t)
         rec.last_seen = max(rec.last_seen, wall)

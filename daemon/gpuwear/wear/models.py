@@ -8,6 +8,7 @@ stated reference, compared with reference usage profiles. See docs/wear-model.md
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,15 @@ PROFILES = (
 )
 
 
+@functools.lru_cache(maxsize=8)
+def profile_rates(p: WearConfig) -> tuple[tuple[float, float], ...]:
+    """Per day of each reference profile: thermal-aging hours and reference cycles (central)."""
+    a, c = p.arrhenius, p.cycles
+    return tuple((thermal_aging_hours(prof.histogram(), a.reference_celsius, a.activation_energy_ev.central),
+                  equivalent_cycles(prof.cycle_bins(), c.reference_range_celsius, c.reference_peak_celsius,
+                                    c.exponent.central, c.peak_term_kelvin.central)) for prof in PROFILES)
+
+
 def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     """All estimates of one GPU, each a band with its model and parameters."""
     a, c = p.arrhenius, p.cycles
@@ -114,10 +124,7 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
         fatigue_out["memory"] = fatigue(w.all_cycles("memory"))
     days = w.observed_seconds / 86400.0
     profiles = []
-    for prof in PROFILES:
-        per_day_aging = thermal_aging_hours(prof.histogram(), a.reference_celsius, a.activation_energy_ev.central)
-        per_day_cycles = equivalent_cycles(prof.cycle_bins(), c.reference_range_celsius, c.reference_peak_celsius,
-                                           c.exponent.central, c.peak_term_kelvin.central)
+    for prof, (per_day_aging, per_day_cycles) in zip(PROFILES, profile_rates(p), strict=True):
         profiles.append({
             "profile": prof.key, "description": prof.text,
             "thermal_aging_hours_per_day": round(per_day_aging, 6),

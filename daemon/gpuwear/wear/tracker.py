@@ -58,8 +58,15 @@ class WearView:
 
 def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = ()) -> WearView:
     """Build the exported view of one GPU's accumulators."""
-    above = {(sensor, str(t)): w.seconds_at_or_above(sensor, t)
-             for sensor in w.temperature_seconds for t in ABOVE_CELSIUS}
+    above: dict[tuple[str, str], float] = {}
+    for sensor, hist in w.temperature_seconds.items():  # one pass per sensor, hottest bin first
+        hottest_first = sorted(((int(t), s) for t, s in hist.items()), reverse=True)
+        total, k = 0.0, 0
+        for limit in sorted(ABOVE_CELSIUS, reverse=True):
+            while k < len(hottest_first) and hottest_first[k][0] >= limit:
+                total += hottest_first[k][1]
+                k += 1
+            above[(sensor, str(limit))] = total
     thresholds = {(sensor, name): w.seconds_at_or_above(sensor, w.thresholds[name])
                   for sensor, name in THRESHOLDS if name in w.thresholds and sensor in w.temperature_seconds}
     cycles: dict[tuple[str, str], float] = {}
@@ -111,12 +118,26 @@ class WearTracker:
         self._lock = threading.Lock()
         self._seen: dict[str, _Seen] = {}
         self._events: list[Event] = []
-        self._views: Mapping[str, WearView] = MappingProxyType({})
+        self._last_event_wall = 0.0
+        self._views: Mapping[str, WearView] | None = MappingProxyType({})
+        self._present: tuple[str, ...] = ()  # the GPUs of the last snapshot
 
     @property
     def views(self) -> Mapping[str, WearView]:
-        """Views by UUID of the GPUs present now (an atomic reference read)."""
-        return self._views
+        """Views by UUID of the GPUs present now. Derived at most once per observed snapshot,
+        when first asked (a scrape), not at every tick: estimates cost more than sampling."""
+        views = self._views
+        if views is None:
+            with self._lock:
+                views = self._views
+                if views is None:
+                    views = self._views = MappingProxyType({
+                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid)) for uuid in self._present})
+        return views
+
+    def _jobs_shown(self, uuid: str) -> tuple[Job, ...]:
+        return tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name)
+                     for r in self.jobs.current(uuid))
 
     def adopt(self, stored: dict[str, GpuWear], imported: dict[str, GpuWear]) -> None:
         """Merge a ledger opened late into the history kept in memory since the start: the
@@ -126,10 +147,12 @@ class WearTracker:
                 mine = self._wears.get(uuid)
                 self._wears[uuid] = old if mine is None else mine.merged(old)
             self._imported = imported
+            self._views = None
 
     def set_params(self, params: WearConfig) -> None:
         with self._lock:
             self._params = params
+            self._views = None
 
     def observe(self, snap: Snapshot, monotonic: float, wall: float,
                 jobs: Mapping[str, list[Job]] | None = None) -> None:
@@ -140,11 +163,8 @@ class WearTracker:
             for status in snap.gpus:
                 self._observe(status, monotonic, wall, jobs.get(status.identity.uuid, []))
             self.jobs.expire(wall)
-            self._views = MappingProxyType({
-                s.identity.uuid: view(self._shown(s.identity.uuid), self._params,
-                                      tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name)
-                                            for r in self.jobs.current(s.identity.uuid)))
-                for s in snap.gpus})
+            self._present = tuple(s.identity.uuid for s in snap.gpus)
+            self._views = None  # derived when next asked
 
     def _shown(self, uuid: str) -> GpuWear:
         w = self._wears[uuid]
@@ -218,7 +238,9 @@ class WearTracker:
             seen.xids = dict(status.xids)
 
     def _event(self, w: GpuWear, wall: float, kind: str, detail: dict[str, Any]) -> None:
-        self._events.append(Event(w.uuid, wall, kind, detail))
+        # the wall clock can be set back: events stay in order (the ledger's reader relies on it)
+        self._last_event_wall = max(self._last_event_wall, wall)
+        self._events.append(Event(w.uuid, self._last_event_wall, kind, detail))
 
     def take(self) -> tuple[list[dict[str, Any]], list[Event], list[dict[str, Any]]]:
         """Accumulators (as JSON) of every GPU, the events since the last take and the job
