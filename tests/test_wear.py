@@ -265,3 +265,17 @@ def test_stress_in_a_hot_room_makes_the_verdict_watch() -> None:
     assert w is not None
     v = verdict(w, WearConfig())
     assert v["status"] == "watch" and "thermal_throttling" in {r["code"] for r in v["reasons"]}
+
+
+def test_an_old_critical_event_asks_for_watching_not_action() -> None:
+    w = GpuWear("GPU-x")
+    w.health["ecc_enabled"] = True
+    w.add_xids({79: 1}, wall=1.8e9)
+    w.add_lost(1.8e9)
+    w.see(1.8e9 + 3600)
+    assert verdict(w, WearConfig())["status"] == "act"
+    w.see(1.8e9 + 8 * 86400)  # a week later the card is still running fine
+    v = verdict(w, WearConfig())
+    assert v["status"] == "watch"
+    assert {r["code"]: r["severity"] for r in v["reasons"]} == {"xid_79": "watch", "gpu_lost": "watch"}
+    assert "last 2027-01-15" in v["reasons"][0]["text"]

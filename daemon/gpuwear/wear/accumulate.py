@@ -117,6 +117,7 @@ class GpuWear:
     health: dict[str, Any] = field(default_factory=dict)  # last measured memory/device health
     xids: dict[str, int] = field(default_factory=dict)  # XID code -> events, lifetime
     lost_events: int = 0
+    last_event: dict[str, float] = field(default_factory=dict)  # "xid 79", "gpu lost" -> wall time, last seen
     # per kind ("job" / "idle"): {"seconds", "energy_joules", "temperature_seconds": {°C: s}} (die)
     kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
     gate_celsius: float = 2.0
@@ -289,11 +290,17 @@ class GpuWear:
         if s.temperature_memory_celsius is not None:
             self.health["memory_temperature_reported"] = True
 
-    def add_xids(self, counts: dict[int, int]) -> None:
-        """Add XID events (code -> new events)."""
+    def add_xids(self, counts: dict[int, int], wall: float) -> None:
+        """Add XID events (code -> new events) seen at ``wall``."""
         for code, n in counts.items():
             if n > 0:
                 self.xids[str(code)] = self.xids.get(str(code), 0) + n
+                self.last_event[f"xid {code}"] = wall
+
+    def add_lost(self, wall: float) -> None:
+        """The GPU fell off the bus at ``wall``."""
+        self.lost_events += 1
+        self.last_event["gpu lost"] = wall
 
     # -- reading -----------------------------------------------------------------------
 
@@ -355,6 +362,8 @@ class GpuWear:
         out.health = {**other.health, **self.health}
         for code, n in other.xids.items():
             out.xids[code] = out.xids.get(code, 0) + n
+        for what, wall in other.last_event.items():
+            out.last_event[what] = max(wall, out.last_event.get(what, wall))
         for kind, k in other.kinds.items():
             into = out.kinds.setdefault(kind, {"seconds": 0.0, "energy_joules": 0.0, "temperature_seconds": {}})
             into["seconds"] += k["seconds"]
@@ -383,7 +392,7 @@ class GpuWear:
             "fans": [vars(f) for f in self.fans], "thermal_resistance": self.thermal_resistance,
             "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
             "thresholds": self.thresholds, "health": self.health,
-            "xids": self.xids, "lost_events": self.lost_events, "kinds": self.kinds,
+            "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event, "kinds": self.kinds,
             "gate_celsius": self.gate_celsius,
         }
 
@@ -401,7 +410,7 @@ class GpuWear:
             setattr(w, key, float(d.get(key, 0.0)))
         w.gaps, w.lost_events = int(d.get("gaps", 0)), int(d.get("lost_events", 0))
         for key in ("utilization_seconds", "temperature_seconds", "cycles", "throttle_seconds", "violation_seconds",
-                    "thermal_resistance", "thresholds", "health", "xids", "kinds"):
+                    "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event"):
             setattr(w, key, d.get(key, {}))
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ XID_WATCH = {13: "graphics engine exception", 31: "GPU memory page fault",
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
                     4: "drain and reset the GPU"}
 STATUS_ORDER = ("ok", "unknown", "watch", "act")
+RECENT_SECONDS = 7 * 86400  # a critical event older than this (in the GPU's record) asks for watching, not action
 
 
 def arrhenius_factor(celsius: float, reference_celsius: float, ea_ev: float) -> float:
@@ -196,12 +198,24 @@ def verdict(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     if h.get("remapped_rows_uncorrected", 0) > 0 or h.get("remapped_rows_corrected", 0) > 0:
         n = h.get("remapped_rows_uncorrected", 0) + h.get("remapped_rows_corrected", 0)
         reason("watch", "remapped_rows", f"{n} memory row(s) remapped: the spare rows did their job; keep watching")
+    def recent(what: str) -> bool:
+        """Seen within the last week of the GPU's record: older events are history (watch)."""
+        when = w.last_event.get(what)
+        return when is None or w.last_seen is None or w.last_seen - when <= RECENT_SECONDS
+
+    def ago(what: str) -> str:
+        when = w.last_event.get(what)
+        return "" if when is None else f", last {time.strftime('%Y-%m-%d', time.gmtime(when))}"
+
     for xid, n in sorted((int(x), n) for x, n in w.xids.items()):
         for severity, table in (("act", XID_ACT), ("watch", XID_WATCH)):
             if xid in table:
-                reason(severity, f"xid_{xid}", f"XID {xid} ({table[xid]}) seen {n} time(s)")
+                if severity == "act" and not recent(f"xid {xid}"):
+                    severity = "watch"
+                reason(severity, f"xid_{xid}", f"XID {xid} ({table[xid]}) seen {n} time(s){ago(f'xid {xid}')}")
     if w.lost_events:
-        reason("act", "gpu_lost", f"the GPU fell off the bus {w.lost_events} time(s)")
+        reason("act" if recent("gpu lost") else "watch", "gpu_lost",
+               f"the GPU fell off the bus {w.lost_events} time(s){ago('gpu lost')}")
     if h.get("ecc_uncorrected_aggregate", 0) > 0 and "uncorrectable_ecc" not in {r["code"] for r in reasons}:
         reason("watch", "uncorrectable_ecc_history", f"{h['ecc_uncorrected_aggregate']} uncorrectable ECC "
                "error(s) in the card's lifetime record")

@@ -186,7 +186,7 @@ class WearTracker:
         self._xids(w, seen, status, wall)
         if not status.up:
             if seen.up:
-                w.lost_events += 1
+                w.add_lost(wall)
                 self._event(w, wall, "gpu_lost", {})
                 self.jobs.event(ident.uuid, "gpu lost")
                 self.jobs.stop_gpu(ident.uuid, wall)
@@ -230,7 +230,7 @@ class WearTracker:
     def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
         new = {code: n - seen.xids.get(code, 0) for code, n in status.xids.items() if n > seen.xids.get(code, 0)}
         if new:
-            w.add_xids(new)
+            w.add_xids(new, wall)
             for code, n in new.items():
                 self._event(w, wall, "xid", {"xid": code, "count": n})
                 for _ in range(n):
