@@ -636,3 +636,13 @@ def test_unit_runs_under_a_real_systemd(tmp_path: Path) -> None:
             init.kill()  # the namespace's PID 1: every process in it ends, its mounts go with them
         outer.kill()
         outer.communicate(timeout=30)
+
+
+def test_dockerfile_builds_the_image_the_manifests_run() -> None:
+    """No Docker engine here: check the Dockerfile's instructions against the manifests instead."""
+    text = (REPO / "Dockerfile").read_text()
+    assert "pip install /src" in text and "USER 9941:9941" in text and 'ENTRYPOINT ["gpuwear"]' in text
+    manifest = (REPO / "deploy" / "kubernetes" / "daemonset.yaml").read_text()
+    assert "image: gpuwear:0.1.0" in manifest and "docker build -t gpuwear:0.1.0" in text
+    for copied in ("pyproject.toml", "README.md", "config.yaml", "daemon"):
+        assert (REPO / copied).exists(), copied
