@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuwear.metrics import DAEMON_METRICS, GPU_LABELS, GPU_METRICS, WEAR_METRICS, Published
+from gpuwear.metrics import DAEMON_METRICS, GPU_LABELS, GPU_METRICS, WEAR_METRICS, MetricDef, Published, T
 
 
 def _family(name: str, kind: str, unit: str, help: str,
@@ -29,26 +29,22 @@ class GpuwearCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         pub = self._published()
-        snap = pub.snapshot
         for d in DAEMON_METRICS:
             family = _family(d.name, d.kind, d.unit, d.help, list(d.labels))
             for labels, value in d.values(pub):
                 family.add_metric(list(labels), value)
             yield family
-        for m in GPU_METRICS:
-            family = _family(m.name, m.kind, m.unit, m.help, [*GPU_LABELS, *m.labels])
-            for status in snap.gpus:
-                base = [str(status.identity.index), status.identity.uuid]
-                for labels, value in m.values(status):
-                    family.add_metric([*base, *labels], value)
-            yield family
-        for w in WEAR_METRICS:
-            family = _family(w.name, w.kind, w.unit, w.help, [*GPU_LABELS, *w.labels])
-            for status in snap.gpus:
-                view = pub.wear.get(status.identity.uuid)
-                if view is None:
-                    continue
-                base = [str(status.identity.index), status.identity.uuid]
-                for labels, value in w.values(view):
-                    family.add_metric([*base, *labels], value)
-            yield family
+        statuses = [(s, [str(s.identity.index), s.identity.uuid]) for s in pub.snapshot.gpus]
+        yield from _per_gpu(GPU_METRICS, statuses)
+        yield from _per_gpu(WEAR_METRICS, [(pub.wear[s.identity.uuid], base) for s, base in statuses
+                                           if s.identity.uuid in pub.wear])
+
+
+def _per_gpu(defs: tuple[MetricDef[T], ...], sources: list[tuple[T, list[str]]]) -> Iterator[Metric]:
+    """Families of per-GPU metrics: each source (a GPU's status or wear view) with its base labels."""
+    for m in defs:
+        family = _family(m.name, m.kind, m.unit, m.help, [*GPU_LABELS, *m.labels])
+        for source, base in sources:
+            for labels, value in m.values(source):
+                family.add_metric([*base, *labels], value)
+        yield family

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from gpuwear.sample import CLOCK_EVENT_REASONS
 from gpuwear.sampler import GpuStatus, Snapshot
@@ -14,19 +15,22 @@ from gpuwear.wear.models import STATUS_ORDER
 from gpuwear.wear.tracker import WearView
 
 Series = Iterable[tuple[tuple[str, ...], float]]
+T = TypeVar("T")
 GPU_LABELS = ("gpu", "uuid")
 
 
 @dataclass(frozen=True)
-class MetricDef:
-    """One metric family. ``kind``: gauge, counter or info (a gauge of value 1)."""
+class MetricDef(Generic[T]):
+    """One metric family. ``kind``: gauge, counter or info (a gauge of value 1). ``values``
+    reads the series from a source: the daemon's published state, a GPU's status, or a
+    GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first."""
 
     name: str
     kind: str
     unit: str
     help: str
     labels: tuple[str, ...]
-    values: Callable[[GpuStatus], Series]
+    values: Callable[[T], Series]
 
 
 @dataclass(frozen=True)
@@ -59,26 +63,6 @@ class Published:
     info: DaemonInfo
 
 
-@dataclass(frozen=True)
-class DaemonMetricDef:
-    name: str
-    kind: str
-    unit: str
-    help: str
-    labels: tuple[str, ...]
-    values: Callable[[Published], Series]
-
-
-@dataclass(frozen=True)
-class WearMetricDef:
-    """A per-GPU metric read from the GPU's wear view (lifetime, restart-safe)."""
-
-    name: str
-    kind: str
-    unit: str
-    help: str
-    labels: tuple[str, ...]
-    values: Callable[[WearView], Series]
 
 
 def _sample_field(attr: str) -> Callable[[GpuStatus], Series]:
@@ -142,65 +126,60 @@ def _counts(attr: str) -> Callable[[GpuStatus], Series]:
     return values
 
 
-def _m(name: str, kind: str, unit: str, help: str, labels: tuple[str, ...],
-       values: Callable[[GpuStatus], Series]) -> MetricDef:
-    return MetricDef(name, kind, unit, help, labels, values)
-
-
-GPU_METRICS: tuple[MetricDef, ...] = (
-    _m("gpuwear_gpu_info", "info", "", "GPU identity (nvmlDeviceGetName, GetSerial, GetPciInfo, "
+GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
+    MetricDef("gpuwear_gpu_info", "info", "", "GPU identity (nvmlDeviceGetName, GetSerial, GetPciInfo, "
        "GetArchitecture, GetCudaComputeCapability); value 1.",
        ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info),
-    _m("gpuwear_gpu_up", "gauge", "", "1 when the GPU answered the last read, 0 once it is lost "
+    MetricDef("gpuwear_gpu_up", "gauge", "", "1 when the GPU answered the last read, 0 once it is lost "
        "(NVML_ERROR_GPU_IS_LOST).", (), _identity_value(lambda s: 1.0 if s.up else 0.0)),
-    _m("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
+    MetricDef("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
        "(nvmlDeviceGetMemoryInfo total).", (), _identity_value(lambda s: s.identity.memory_total_bytes)),
-    _m("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
+    MetricDef("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
        _identity_value(lambda s: s.identity.fan_count)),
-    _m("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
+    MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
        _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
-    _m("gpuwear_temperature_threshold_celsius", "gauge", "celsius", "The device's own temperature "
+    MetricDef("gpuwear_temperature_threshold_celsius", "gauge", "celsius", "The device's own temperature "
        "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
                   ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius")))),
-    _m("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
+    MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
        _sample_field("power_watts")),
-    _m("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
+    MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
        "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts")),
-    _m("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
+    MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
        "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts")),
-    _m("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
+    MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets.", (),
        _identity_value(lambda s: s.energy_joules_total if s.sample else None)),
-    _m("gpuwear_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum "
+    MetricDef("gpuwear_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum "
        "(nvmlDeviceGetFanSpeed_v2 / 100); may exceed 1 on some boards.", ("fan",),
        _per_fan("fan_speed_ratio")),
-    _m("gpuwear_fan_speed_rpm", "gauge", "rpm", "Fan speed in revolutions per minute "
+    MetricDef("gpuwear_fan_speed_rpm", "gauge", "rpm", "Fan speed in revolutions per minute "
        "(nvmlDeviceGetFanSpeedRPM).", ("fan",), _per_fan("fan_speed_rpm")),
-    _m("gpuwear_clock_hertz", "gauge", "hertz", "Current clock (nvmlDeviceGetClockInfo).", ("clock",),
+    MetricDef("gpuwear_clock_hertz", "gauge", "hertz", "Current clock (nvmlDeviceGetClockInfo).", ("clock",),
        _labelled((("graphics", "clock_graphics_hz"), ("sm", "clock_sm_hz"), ("memory", "clock_memory_hz")))),
-    _m("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
+    MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
                              ("memory", "clock_memory_max_hz")))),
-    _m("gpuwear_performance_state", "gauge", "", "Performance state, 0 (P0, maximum) to 15 "
+    MetricDef("gpuwear_performance_state", "gauge", "", "Performance state, 0 (P0, maximum) to 15 "
        "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state")),
-    _m("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
+    MetricDef("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
        "(nvmlDeviceGetCurrentClocksEventReasons); thermal and power reasons are the card "
        "protecting itself.", ("reason",), _reasons),
-    _m("gpuwear_violation_seconds_total", "counter", "seconds", "Time the clocks were held below "
+    MetricDef("gpuwear_violation_seconds_total", "counter", "seconds", "Time the clocks were held below "
        "the requested ones by a policy (nvmlDeviceGetViolationStatus).", ("policy",),
        _labelled((("power", "violation_power_seconds"), ("thermal", "violation_thermal_seconds")))),
-    _m("gpuwear_utilization_ratio", "gauge", "ratio", "Share of the last sample period the GPU "
+    MetricDef("gpuwear_utilization_ratio", "gauge", "ratio", "Share of the last sample period the GPU "
        "(kernels) or memory (reads/writes) was busy (nvmlDeviceGetUtilizationRates).", ("resource",),
        _labelled((("gpu", "utilization_gpu_ratio"), ("memory", "utilization_memory_ratio")))),
-    _m("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
+    MetricDef("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
        "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes")),
-    _m("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
+    MetricDef("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
        _sample_field("mig_enabled")),
-    _m("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
+    MetricDef("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
        _sample_field("ecc_enabled")),
-    _m("gpuwear_ecc_errors_total", "counter", "", "ECC errors (fields NVML_FI_DEV_ECC_{SBE,DBE}_"
+    MetricDef("gpuwear_ecc_errors_total", "counter", "", "ECC errors (fields NVML_FI_DEV_ECC_{SBE,DBE}_"
        "{VOL,AGG}_TOTAL); volatile counts reset on driver reload, aggregate ones persist.",
        ("error", "counter"),
        lambda s: (((e, c), float(v)) for e, c, v in (
@@ -209,35 +188,35 @@ GPU_METRICS: tuple[MetricDef, ...] = (
            ("corrected", "aggregate", s.sample.ecc_corrected_aggregate if s.sample else None),
            ("uncorrected", "aggregate", s.sample.ecc_uncorrected_aggregate if s.sample else None))
            if v is not None)),
-    _m("gpuwear_retired_pages", "gauge", "", "Retired framebuffer pages by cause "
+    MetricDef("gpuwear_retired_pages", "gauge", "", "Retired framebuffer pages by cause "
        "(nvmlDeviceGetRetiredPages; pre-Ampere).", ("cause",),
        _labelled((("single_bit_ecc", "retired_pages_single_bit"),
                   ("double_bit_ecc", "retired_pages_double_bit")))),
-    _m("gpuwear_retired_pages_pending", "gauge", "", "1 when a page retirement waits for the next "
+    MetricDef("gpuwear_retired_pages_pending", "gauge", "", "1 when a page retirement waits for the next "
        "driver reload (nvmlDeviceGetRetiredPagesPendingStatus).", (), _sample_field("retired_pages_pending")),
-    _m("gpuwear_remapped_rows", "gauge", "", "Remapped memory rows by error type "
+    MetricDef("gpuwear_remapped_rows", "gauge", "", "Remapped memory rows by error type "
        "(nvmlDeviceGetRemappedRows; Ampere+).", ("error",),
        _labelled((("corrected", "remapped_rows_corrected"), ("uncorrected", "remapped_rows_uncorrected")))),
-    _m("gpuwear_remapped_rows_pending", "gauge", "", "1 when a row remap waits for a GPU reset "
+    MetricDef("gpuwear_remapped_rows_pending", "gauge", "", "1 when a row remap waits for a GPU reset "
        "(nvmlDeviceGetRemappedRows isPending).", (), _sample_field("remapped_rows_pending")),
-    _m("gpuwear_remapped_rows_failure", "gauge", "", "1 when a row remap failed: the GPU needs "
+    MetricDef("gpuwear_remapped_rows_failure", "gauge", "", "1 when a row remap failed: the GPU needs "
        "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure")),
-    _m("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
+    MetricDef("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
        "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays")),
-    _m("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
+    MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action")),
-    _m("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
+    MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
-    _m("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error.", (),
+    MetricDef("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error.", (),
        _identity_value(lambda s: 1.0 if s.last_success else 0.0)),
-    _m("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
+    MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
        "took.", (), _identity_value(lambda s: s.last_duration_seconds)),
-    _m("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
+    MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
        "sample of the GPU.", (), _identity_value(lambda s: s.sample.timestamp if s.sample else None)),
-    _m("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
+    MetricDef("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
        _counts("errors")),
-    _m("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
+    MetricDef("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
        "range, by sample field.", ("field",), _counts("dropped")),
 )
 
@@ -251,30 +230,30 @@ def _ledger(value: Callable[[LedgerStatus], float | None]) -> Callable[[Publishe
     return values
 
 
-DAEMON_METRICS: tuple[DaemonMetricDef, ...] = (
-    DaemonMetricDef("gpuwear_build_info", "info", "", "gpuwear build; value 1.",
+DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
+    MetricDef("gpuwear_build_info", "info", "", "gpuwear build; value 1.",
                     ("version", "python_version"),
                     lambda pub: [((pub.info.version, pub.info.python_version), 1.0)]),
-    DaemonMetricDef("gpuwear_backend_info", "info", "", "Where the samples come from: backend "
+    MetricDef("gpuwear_backend_info", "info", "", "Where the samples come from: backend "
                     "\"nvml\" (real GPUs) or \"simulated\" (simulated GPUs, not real hardware); value 1.",
                     ("backend", "scenario"), lambda pub: [((pub.info.backend, pub.info.scenario), 1.0)]),
-    DaemonMetricDef("gpuwear_driver_info", "info", "", "NVIDIA driver, NVML and CUDA driver versions "
+    MetricDef("gpuwear_driver_info", "info", "", "NVIDIA driver, NVML and CUDA driver versions "
                     "(nvmlSystemGetDriverVersion, GetNVMLVersion, GetCudaDriverVersion); value 1.",
                     ("driver_version", "nvml_version", "cuda_driver_version"),
                     lambda pub: [((pub.snapshot.system.driver_version, pub.snapshot.system.nvml_version,
                                    pub.snapshot.system.cuda_driver_version), 1.0)] if pub.snapshot.system else []),
-    DaemonMetricDef("gpuwear_gpus", "gauge", "", "GPUs the daemon knows.", (),
+    MetricDef("gpuwear_gpus", "gauge", "", "GPUs the daemon knows.", (),
                     lambda pub: [((), float(len(pub.snapshot.gpus)))]),
-    DaemonMetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
+    MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
                     lambda pub: [((), float(pub.snapshot.ticks))]),
-    DaemonMetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "
+    MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "
                     "succeeded, 0 when it failed (disk full, read-only state directory); absent before the first.",
                     (), _ledger(lambda st: None if st.last_success is None else float(st.last_success))),
-    DaemonMetricDef("gpuwear_ledger_last_persist_timestamp_seconds", "gauge", "seconds", "Unix time of the last "
+    MetricDef("gpuwear_ledger_last_persist_timestamp_seconds", "gauge", "seconds", "Unix time of the last "
                     "successful save of the wear ledger.", (), _ledger(lambda st: st.last_success_wall)),
-    DaemonMetricDef("gpuwear_ledger_persist_failures_total", "counter", "", "Failed saves of the wear ledger "
+    MetricDef("gpuwear_ledger_persist_failures_total", "counter", "", "Failed saves of the wear ledger "
                     "since start.", (), _ledger(lambda st: st.failures)),
-    DaemonMetricDef("gpuwear_ledger_moved_aside", "gauge", "", "1 when the ledger found at start could not be "
+    MetricDef("gpuwear_ledger_moved_aside", "gauge", "", "1 when the ledger found at start could not be "
                     "read and was moved aside (its history is not counted until repaired).", (),
                     _ledger(lambda st: float(st.moved_aside))),
 )
@@ -326,62 +305,62 @@ def _reasons_active(v: WearView) -> Series:
         yield (r["code"], r["severity"]), 1.0
 
 
-WEAR_METRICS: tuple[WearMetricDef, ...] = (
-    WearMetricDef("gpuwear_lifetime_observed_seconds_total", "counter", "seconds", "Time the GPU was observed "
+WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
+    MetricDef("gpuwear_lifetime_observed_seconds_total", "counter", "seconds", "Time the GPU was observed "
                   "(integrated samples), over its whole life in the ledger.", (),
                   _wear_value(lambda v: v.observed_seconds)),
-    WearMetricDef("gpuwear_lifetime_busy_seconds_total", "counter", "seconds", "Observed time with GPU utilization "
+    MetricDef("gpuwear_lifetime_busy_seconds_total", "counter", "seconds", "Observed time with GPU utilization "
                   "at or above wear.busy_utilization_ratio.", (), _wear_value(lambda v: v.busy_seconds)),
-    WearMetricDef("gpuwear_lifetime_down_seconds_total", "counter", "seconds", "Time the GPU was lost (off the bus) "
+    MetricDef("gpuwear_lifetime_down_seconds_total", "counter", "seconds", "Time the GPU was lost (off the bus) "
                   "while the daemon ran.", (), _wear_value(lambda v: v.down_seconds)),
-    WearMetricDef("gpuwear_lifetime_unobserved_seconds_total", "counter", "seconds", "Time since first seen that "
+    MetricDef("gpuwear_lifetime_unobserved_seconds_total", "counter", "seconds", "Time since first seen that "
                   "was not observed (daemon stopped, sample gaps); never extrapolated.", (),
                   _wear_value(lambda v: v.gap_seconds)),
-    WearMetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
+    MetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
                   "was first seen.", (), _wear_value(lambda v: v.coverage)),
-    WearMetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
+    MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
                   "(NVML energy counter deltas, else integrated power).", (), _wear_value(lambda v: v.energy_joules)),
-    WearMetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
+    MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
                   "99 % of the enforced power limit.", (), _wear_value(lambda v: v.power_limit_seconds)),
-    WearMetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
+    MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
                   "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds")),
-    WearMetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
+    MetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above a temperature, by sensor (from the 1 °C time-at-temperature histogram).",
                   ("sensor", "celsius"), _wear_map("above_celsius")),
-    WearMetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
+    MetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
                   ("sensor", "threshold"), _wear_map("above_threshold")),
-    WearMetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
+    MetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
                   "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles")),
-    WearMetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
+    MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
                   _fans(0)),
-    WearMetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "
+    MetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "
                   "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1)),
-    WearMetricDef("gpuwear_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal aging as time "
+    MetricDef("gpuwear_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal aging as time "
                   "at wear.arrhenius.reference_celsius (Arrhenius, JEDEC JEP122), per parameter band; an estimate, "
                   "not a measured remaining life.", ("sensor", "band"),
                   _bands("thermal_aging_equivalent_hours", 3600.0)),
-    WearMetricDef("gpuwear_cycle_fatigue_equivalent_cycles", "gauge", "", "Estimated thermal-cycle fatigue as "
+    MetricDef("gpuwear_cycle_fatigue_equivalent_cycles", "gauge", "", "Estimated thermal-cycle fatigue as "
                   "reference cycles (Coffin-Manson / Norris-Landzberg, Miner's rule), per parameter band; an "
                   "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles")),
-    WearMetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
+    MetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
                   "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
                   _wear_value(lambda v: v.thermal_resistance)),
-    WearMetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
+    MetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
                   "docker, container, systemd, session, process, simulated, unknown); user only when "
                   "jobs.user_in_metrics is on; value 1. Job history is in `gpuwear jobs`, not here.",
                   ("job_kind", "job_id", "user"),
                   lambda v: [((j.kind, j.id, j.user or ""), 1.0) for j in v.jobs]),
-    WearMetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
+    MetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
                   "kind: while a job's processes ran on the GPU (job) or not (idle).", ("kind",),
                   lambda v: [((k,), a[0]) for k, a in v.attributed.items()]),
-    WearMetricDef("gpuwear_lifetime_attributed_energy_joules_total", "counter", "joules", "Energy split by kind "
+    MetricDef("gpuwear_lifetime_attributed_energy_joules_total", "counter", "joules", "Energy split by kind "
                   "(job / idle).", ("kind",), lambda v: [((k,), a[1]) for k, a in v.attributed.items()]),
-    WearMetricDef("gpuwear_attributed_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal "
+    MetricDef("gpuwear_attributed_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal "
                   "aging (central band) split by kind (job / idle), as time at wear.arrhenius.reference_celsius.",
                   ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()]),
-    WearMetricDef("gpuwear_health_status", "gauge", "", "Health verdict: 1 for the current status (ok, unknown, "
+    MetricDef("gpuwear_health_status", "gauge", "", "Health verdict: 1 for the current status (ok, unknown, "
                   "watch, act), 0 for the others.", ("status",), _status),
-    WearMetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
+    MetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
                   "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active),
 )
