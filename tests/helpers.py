@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -49,3 +53,40 @@ def real_nvml_present() -> bool:
     except OSError:
         return False
     return True
+
+
+def tail(log: Path, lines: int = 40) -> str:
+    text = log.read_text(errors="replace") if log.exists() else "(no log)"
+    return f"--- last lines of {log.name} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def logs_on_failure(*logs: Path) -> Iterator[None]:
+    """Append the tails of ``logs`` to the message of an assertion failing inside the block."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError("\n".join([str(exc), *(tail(log) for log in logs)])) from None
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate, then kill after 5 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def started(args: list[str], log: Path, cwd: Path, *, stdout_to_log: bool = True) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args`` (stderr, and stdout unless told not to, to ``log``); stop it on leaving, whatever happened."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out if stdout_to_log else subprocess.DEVNULL,
+                                stderr=out, cwd=cwd)
+    try:
+        yield proc
+    finally:
+        stop(proc)

@@ -15,13 +15,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import yaml
+
+from helpers import logs_on_failure, started
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
@@ -67,40 +69,12 @@ def write_prometheus_config(path: Path, target: str) -> Path:
     return path
 
 
-def _tail(log: Path, lines: int = 30) -> str:
-    text = log.read_text(errors="replace") if log.exists() else "(no log)"
-    return f"--- last lines of {log.name} ---\n" + "\n".join(text.splitlines()[-lines:])
 
 
-@contextmanager
-def _logs_on_failure(*logs: Path) -> Iterator[None]:
-    """Append the tails of ``logs`` to the message of an assertion failing inside the block."""
-    try:
-        yield
-    except AssertionError as exc:
-        raise AssertionError("\n".join([str(exc), *(_tail(log) for log in logs)])) from None
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
-@contextmanager
-def _started(args: list[str], log: Path, cwd: Path, *, stdout_to_log: bool) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``args`` (stderr, and stdout when asked, to ``log``); stop it on leaving, whatever happened."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out if stdout_to_log else subprocess.DEVNULL,
-                                stderr=out, cwd=cwd)
-    try:
-        yield proc
-    finally:
-        _stop(proc)
 
 
 def _poll(what: str, seconds: float, procs: dict[str, subprocess.Popen[bytes]], attempt: Callable[[], T | None]) -> T:
@@ -148,8 +122,8 @@ def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
     config = write_prometheus_config(tmp_path / "prometheus.yml", daemon_addr)
 
     with ExitStack() as stack:
-        stack.enter_context(_logs_on_failure(daemon_log, prometheus_log))
-        daemon = stack.enter_context(_started(
+        stack.enter_context(logs_on_failure(daemon_log, prometheus_log))
+        daemon = stack.enter_context(started(
             [sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen", daemon_addr,
              "--state-dir", str(tmp_path / "state")],
             daemon_log, tmp_path, stdout_to_log=False))
@@ -160,7 +134,7 @@ def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
 
         _poll("the daemon's /metrics", DAEMON_READY_SECONDS, {"gpuwear": daemon}, daemon_ready)
 
-        prometheus = stack.enter_context(_started(
+        prometheus = stack.enter_context(started(
             [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address={prometheus_addr}"],
             prometheus_log, tmp_path, stdout_to_log=True))

@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from helpers import logs_on_failure, started
+
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "gpuwear-rules.yml"
 RULE_TESTS = sorted((REPO / "deploy" / "prometheus" / "tests").glob("*.yml"))
@@ -137,38 +139,12 @@ def http_get(url: str) -> tuple[int, str] | None:
         return None
 
 
-def _tail(log: Path, lines: int = 40) -> str:
-    text = log.read_text(errors="replace") if log.exists() else "(no log)"
-    return f"--- last lines of {log.name} ---\n" + "\n".join(text.splitlines()[-lines:])
 
 
-@contextmanager
-def _logs_on_failure(*logs: Path) -> Iterator[None]:
-    try:
-        yield
-    except AssertionError as exc:
-        raise AssertionError("\n".join([str(exc), *(_tail(log) for log in logs)])) from None
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
-@contextmanager
-def _started(args: list[str], log: Path, cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``args`` with stdout and stderr to ``log``; stop it on leaving, whatever happened."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=cwd)
-    try:
-        yield proc
-    finally:
-        _stop(proc)
 
 
 @dataclass
@@ -230,8 +206,8 @@ def daemon_and_prometheus(tmp_path: Path, scenario: str, gpus: int, rules: Path 
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
     with ExitStack() as stack:
-        stack.enter_context(_logs_on_failure(daemon_log, prometheus_log))
-        daemon = stack.enter_context(_started(
+        stack.enter_context(logs_on_failure(daemon_log, prometheus_log))
+        daemon = stack.enter_context(started(
             [sys.executable, "-m", "gpuwear", "run", "--simulate", scenario, "--speed", str(SPEED),
              "--listen", daemon_addr, "--state-dir", str(tmp_path / "state")], daemon_log, tmp_path))
         deadline = time.monotonic() + DAEMON_READY_SECONDS
@@ -242,7 +218,7 @@ def daemon_and_prometheus(tmp_path: Path, scenario: str, gpus: int, rules: Path 
                 break
             assert time.monotonic() < deadline, "the daemon's /metrics did not come up"
             time.sleep(0.1)
-        prometheus = stack.enter_context(_started(
+        prometheus = stack.enter_context(started(
             [prometheus_bin, f"--config.file={config_path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address={prometheus_addr}"], prometheus_log, tmp_path))
         rig = Stack(daemon, prometheus, prometheus_addr)

@@ -109,9 +109,10 @@ def _info(status: GpuStatus) -> Series:
     yield (i.name, i.serial or "", i.pci_bus_id or "", i.architecture or "", i.cuda_capability or ""), 1.0
 
 
-def _identity_value(value: Callable[[GpuStatus], float | None]) -> Callable[[GpuStatus], Series]:
-    def values(status: GpuStatus) -> Series:
-        v = value(status)
+def _value(value: Callable[[T], float | None]) -> Callable[[T], Series]:
+    """One unlabelled series from a source, none when the value is None."""
+    def values(source: T) -> Series:
+        v = value(source)
         if v is not None:
             yield (), float(v)
 
@@ -131,11 +132,11 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "GetArchitecture, GetCudaComputeCapability); value 1.",
        ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info),
     MetricDef("gpuwear_gpu_up", "gauge", "", "1 when the GPU answered the last read, 0 once it is lost "
-       "(NVML_ERROR_GPU_IS_LOST).", (), _identity_value(lambda s: 1.0 if s.up else 0.0)),
+       "(NVML_ERROR_GPU_IS_LOST).", (), _value(lambda s: 1.0 if s.up else 0.0)),
     MetricDef("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
-       "(nvmlDeviceGetMemoryInfo total).", (), _identity_value(lambda s: s.identity.memory_total_bytes)),
+       "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes)),
     MetricDef("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
-       _identity_value(lambda s: s.identity.fan_count)),
+       _value(lambda s: s.identity.fan_count)),
     MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
        _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
@@ -151,7 +152,7 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts")),
     MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets.", (),
-       _identity_value(lambda s: s.energy_joules_total if s.sample else None)),
+       _value(lambda s: s.energy_joules_total if s.sample else None)),
     MetricDef("gpuwear_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum "
        "(nvmlDeviceGetFanSpeed_v2 / 100); may exceed 1 on some boards.", ("fan",),
        _per_fan("fan_speed_ratio")),
@@ -209,11 +210,11 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
     MetricDef("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error.", (),
-       _identity_value(lambda s: 1.0 if s.last_success else 0.0)),
+       _value(lambda s: 1.0 if s.last_success else 0.0)),
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
-       "took.", (), _identity_value(lambda s: s.last_duration_seconds)),
+       "took.", (), _value(lambda s: s.last_duration_seconds)),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
-       "sample of the GPU.", (), _identity_value(lambda s: s.sample.timestamp if s.sample else None)),
+       "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None)),
     MetricDef("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
        _counts("errors")),
     MetricDef("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
@@ -259,15 +260,6 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
 )
 
 
-def _wear_value(value: Callable[[WearView], float | None]) -> Callable[[WearView], Series]:
-    def values(v: WearView) -> Series:
-        x = value(v)
-        if x is not None:
-            yield (), float(x)
-
-    return values
-
-
 def _wear_map(attr: str) -> Callable[[WearView], Series]:
     def values(v: WearView) -> Series:
         for key, x in sorted(getattr(v, attr).items()):
@@ -308,20 +300,20 @@ def _reasons_active(v: WearView) -> Series:
 WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_lifetime_observed_seconds_total", "counter", "seconds", "Time the GPU was observed "
                   "(integrated samples), over its whole life in the ledger.", (),
-                  _wear_value(lambda v: v.observed_seconds)),
+                  _value(lambda v: v.observed_seconds)),
     MetricDef("gpuwear_lifetime_busy_seconds_total", "counter", "seconds", "Observed time with GPU utilization "
-                  "at or above wear.busy_utilization_ratio.", (), _wear_value(lambda v: v.busy_seconds)),
+                  "at or above wear.busy_utilization_ratio.", (), _value(lambda v: v.busy_seconds)),
     MetricDef("gpuwear_lifetime_down_seconds_total", "counter", "seconds", "Time the GPU was lost (off the bus) "
-                  "while the daemon ran.", (), _wear_value(lambda v: v.down_seconds)),
+                  "while the daemon ran.", (), _value(lambda v: v.down_seconds)),
     MetricDef("gpuwear_lifetime_unobserved_seconds_total", "counter", "seconds", "Time since first seen that "
                   "was not observed (daemon stopped, sample gaps); never extrapolated.", (),
-                  _wear_value(lambda v: v.gap_seconds)),
+                  _value(lambda v: v.gap_seconds)),
     MetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
-                  "was first seen.", (), _wear_value(lambda v: v.coverage)),
+                  "was first seen.", (), _value(lambda v: v.coverage)),
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
-                  "(NVML energy counter deltas, else integrated power).", (), _wear_value(lambda v: v.energy_joules)),
+                  "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules)),
     MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
-                  "99 % of the enforced power limit.", (), _wear_value(lambda v: v.power_limit_seconds)),
+                  "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds)),
     MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
                   "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds")),
     MetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
@@ -345,7 +337,7 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles")),
     MetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
                   "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
-                  _wear_value(lambda v: v.thermal_resistance)),
+                  _value(lambda v: v.thermal_resistance)),
     MetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
                   "docker, container, systemd, session, process, simulated, unknown); user only when "
                   "jobs.user_in_metrics is on; value 1. Job history is in `gpuwear jobs`, not here.",
