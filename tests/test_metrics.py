@@ -103,3 +103,27 @@ def test_metric_table_follows_conventions() -> None:
     for m in (*GPU_METRICS, *WEAR_METRICS):
         assert not {"gpu", "uuid"} & set(m.labels), m.name
         assert "name" not in m.labels or m.name == "gpuwear_gpu_info", m.name
+
+
+def test_exposition_is_rendered_once_per_published_state(demo: Rig) -> None:
+    from gpuwear.collector import Exposition
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
+    tracker = WearTracker({}, WearConfig())
+    published = lambda: Published(demo.sampler.snapshot, tracker.views, None, info)  # noqa: E731
+    exposition = Exposition(GpuwearCollector(published), published)
+    renders: list[int] = []
+
+    def encoder(registry: object) -> bytes:
+        renders.append(1)
+        return generate_latest(registry)  # type: ignore[arg-type]
+
+    demo.run(1)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    first = exposition.render(encoder, "text/plain")
+    assert exposition.render(encoder, "text/plain") == first and len(renders) == 1  # same state: cached
+    demo.run(1)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    second = exposition.render(encoder, "text/plain")
+    assert second != first and len(renders) == 2  # a new tick: rendered again
+    assert b"gpuwear_lifetime_observed_seconds_total" in second

@@ -6,7 +6,9 @@ immutable objects, each read with one reference load.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -28,7 +30,10 @@ class GpuwearCollector(Collector):
         self._published = published
 
     def collect(self) -> Iterator[Metric]:
-        pub = self._published()
+        return self.collect_from(self._published())
+
+    def collect_from(self, pub: Published) -> Iterator[Metric]:
+        """The families of one published state."""
         for d in DAEMON_METRICS:
             family = _family(d.name, d.kind, d.unit, d.help, list(d.labels))
             for labels, value in d.values(pub):
@@ -48,3 +53,35 @@ def _per_gpu(defs: tuple[MetricDef[T], ...], sources: list[tuple[T, list[str]]])
             for labels, value in m.values(source):
                 family.add_metric([*base, *labels], value)
         yield family
+
+
+class Exposition:
+    """Renders /metrics, once per published state: scrapes between two ticks (several
+    Prometheus servers, retries, a dashboard) get the same bytes without re-rendering."""
+
+    def __init__(self, collector: GpuwearCollector, published: Callable[[], Published]) -> None:
+        self._collector = collector
+        self._published = published
+        self._lock = threading.Lock()
+        self._cache: tuple[tuple[object, ...], bytes] | None = None
+
+    def render(self, encoder: Callable[[Any], bytes], content_type: str) -> bytes:
+        pub = self._published()
+        key = (id(pub.snapshot), id(pub.wear), pub.ledger, content_type)
+        with self._lock:
+            cached = self._cache
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            body = encoder(_Pinned(self._collector, pub))
+            self._cache = (key, body)
+            return body
+
+
+class _Pinned:
+    """A registry-like object (what the encoders call ``collect()`` on) for one state."""
+
+    def __init__(self, collector: GpuwearCollector, pub: Published) -> None:
+        self._collector, self._pub = collector, pub
+
+    def collect(self) -> Iterator[Metric]:
+        return self._collector.collect_from(self._pub)

@@ -27,7 +27,7 @@ from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, NvmlDriverError, NvmlUnavailableError
 from gpuwear.backends.simulated import Simulation, load_scenario
 from gpuwear.clock import Clock, ScaledClock, SystemClock
-from gpuwear.collector import GpuwearCollector
+from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs import JobWatcher, ProcessResolver, SimulatedJobs
 from gpuwear.ledger import FILENAME, Ledger, LedgerError
@@ -146,7 +146,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"unauthorized\n")
                 return
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._reply(200, content_type, encoder(self.server.registry))
+            self._reply(200, content_type, self.server.exposition.render(encoder, content_type))
         elif path == "/healthz":
             problem = self.server.health()
             self._reply(503 if problem else 200, "text/plain; charset=utf-8", (problem or "ok").encode() + b"\n")
@@ -175,10 +175,10 @@ class _MetricsServer(ThreadingHTTPServer):
     max_connections = 64  # more at once are answered 503 and closed, so threads stay bounded
     request_queue_size = 128  # the listen backlog: a burst of connections waits, not drops
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, web: WebConfig,
+    def __init__(self, address: tuple[str, int], exposition: Exposition, web: WebConfig,
                  health: Callable[[], str | None]) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
-        self.registry = registry
+        self.exposition = exposition
         self.web = web
         self.health = health  # None when healthy, else what is wrong
         self._tls = web.ssl_context()
@@ -259,9 +259,10 @@ class Daemon:
         self.job_watcher = JobWatcher(resolver)
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.moved_aside is not None)
+        collector = GpuwearCollector(self.published)
         self.registry = registry or CollectorRegistry(auto_describe=False)
-        self.registry.register(GpuwearCollector(
-            lambda: Published(source.sampler.snapshot, self.tracker.views, self._ledger_status, source.info)))
+        self.registry.register(collector)
+        self.exposition = Exposition(collector, self.published)
         self._stopped = threading.Event()
         self._tick_lock = threading.Lock()
         self._persist_lock = threading.Lock()
@@ -371,7 +372,7 @@ class Daemon:
         self._tick()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
-        self._server = _MetricsServer((host, port), self.registry, self.web, self.sampling_problem)
+        self._server = _MetricsServer((host, port), self.exposition, self.web, self.sampling_problem)
         self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                                name="http", daemon=True)
         self._server_thread.start()
@@ -392,6 +393,10 @@ class Daemon:
                  "%s://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
                  self.config.sampling.interval_seconds, wall_interval, self.ledger_file,
                  "https" if self.web.cert_file else "http", host, self.port)
+
+    def published(self) -> Published:
+        """What a scrape reads now: each part an immutable object, read by reference."""
+        return Published(self.source.sampler.snapshot, self.tracker.views, self._ledger_status, self.source.info)
 
     def _wear_params(self, config: Config) -> WearConfig:
         """The wear parameters, with the gap limit at least as many ticks as it is at 1 s

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bcrypt
 import yaml
 
 
@@ -68,6 +67,8 @@ class WebConfig:
         with self._lock:
             if digest in self._verified:
                 return True
+        import bcrypt  # only where basic auth is configured
+
         if not bcrypt.checkpw(password.encode(), hashed):
             return False
         with self._lock:
