@@ -169,6 +169,7 @@ class SimulatedDriver:
         self.clock = clock
         self._start = clock.monotonic()
         self._lock = threading.RLock()
+        self._events = threading.Condition(self._lock)
         self.init_count = 0
         self._generation = simulation.driver_generation
         self._event_sets: dict[int, dict[int, int]] = {}  # set id -> {gpu index: event mask}
@@ -176,7 +177,8 @@ class SimulatedDriver:
 
     def _now(self) -> None:
         with self._lock:
-            self.simulation.advance_to(self.clock.monotonic() - self._start)
+            if self.simulation.advance_to(self.clock.monotonic() - self._start):
+                self._events.notify_all()  # a fault fired: maybe an XID for an event set to deliver
 
     def loaded(self) -> bool:
         """Whether the simulated kernel driver is loaded; an unload ends every NVML session."""
@@ -564,9 +566,9 @@ class SimulatedDriver:
         if registered is None:
             return ERROR_INVALID_ARGUMENT
         deadline = time.monotonic() + _in(timeout_ms) / 1000.0
-        while True:
-            self._now()
-            with self._lock:
+        with self._lock:  # sleeps on a condition woken when faults fire: no polling
+            while True:
+                self._now()
                 for index, mask in registered.items():
                     pending = self.simulation.gpus[index].state.pending_xids
                     if mask & EVENT_XID and pending:
@@ -576,10 +578,10 @@ class SimulatedDriver:
                         out.eventData = pending.pop(0)
                         out.gpuInstanceId = out.computeInstanceId = 0xFFFFFFFF
                         return SUCCESS
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return ERROR_TIMEOUT
-            time.sleep(min(remaining, 0.02))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return ERROR_TIMEOUT
+                self._events.wait(remaining)
 
     def nvmlEventSetFree(self, event_set: Any) -> int:
         with self._lock:

@@ -320,13 +320,16 @@ class Simulation:
         self.driver_loaded = True  # False between driver_unload and driver_load faults
         self.driver_generation = 0  # bumped at each unload: NVML must be initialised again
 
-    def advance_to(self, t: float) -> None:
-        """Integrate every GPU up to simulated time ``t`` (never backwards)."""
+    def advance_to(self, t: float) -> bool:
+        """Integrate every GPU up to simulated time ``t`` (never backwards); True when a
+        scripted fault fired on the way."""
+        fired = False
         while self.time < t:
             step_end = min(t, self.time + self.max_step_seconds)
             while self._next_fault < len(self.faults) and self.faults[self._next_fault].at <= step_end:
                 fault = self.faults[self._next_fault]
                 self._next_fault += 1
+                fired = True
                 if fault.kind == "driver_unload":  # every GPU's driver-kept counters restart
                     self.driver_loaded = False
                     self.driver_generation += 1
@@ -341,6 +344,7 @@ class Simulation:
             for gpu in self.gpus:
                 gpu.step(step_end, step_end - self.time)
             self.time = step_end
+        return fired
 
 
 def builtin_scenarios() -> list[str]:
