@@ -1,0 +1,44 @@
+"""Where resident memory comes from: RSS after each import, in a fresh interpreter.
+
+    python bench/rss_imports.py gpuwear|nvitop-exporter
+
+Imports the modules the program loads, in a fixed order (the parts shared by every process
+over the fake library first: pynvml, yaml, the simulation, the fake), and prints one JSON
+object: [module, RSS increase in bytes, modules newly loaded] per step, plus the total.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import psutil
+
+SHARED = ["ctypes", "yaml", "pynvml", "gpuwear.backends.simulated", "gpuwear.backends.fakenvml",
+          "gpuwear.backends.nvml"]
+PROGRAMS = {
+    "gpuwear": ["prometheus_client", "sqlite3", "apscheduler.schedulers.background", "gpuwear.wear.tracker",
+                "gpuwear.jobs", "gpuwear.collector", "gpuwear.webconfig", "gpuwear.service", "gpuwear.cli"],
+    "nvitop-exporter": ["prometheus_client", "psutil", "nvitop", "nvitop_exporter", "nvitop_exporter.cli"],
+}
+
+
+def main() -> int:
+    me = psutil.Process()
+    steps = []
+    last = base = me.memory_info().rss
+    for name in SHARED + PROGRAMS[sys.argv[1]]:
+        before = len(sys.modules)
+        importlib.import_module(name)
+        rss = me.memory_info().rss
+        steps.append([name, rss - last, len(sys.modules) - before])
+        last = rss
+    json.dump({"program": sys.argv[1], "interpreter": base, "steps": steps, "total": last,
+               "shared": SHARED}, sys.stdout)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
