@@ -228,7 +228,8 @@ def ledger_path(config: Config, simulated: bool) -> Path:
 class Daemon:
     """Samples on a schedule, keeps the wear ledger and serves /metrics until :meth:`stop`.
 
-    Raises ``LedgerError`` or ``OSError`` when the ledger cannot be opened.
+    A ledger that cannot be opened does not stop it (wear is kept in memory and saved when
+    the ledger can be opened); raises ``WebConfigError`` for an unusable web config.
     """
 
     def __init__(self, config: Config, source: Source, registry: CollectorRegistry | None = None,
