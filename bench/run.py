@@ -661,7 +661,7 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
     for n, d in (ticks or {}).items():
         ev = d.get("fake_event_wait", {})
         if "cpu_per_s" in ev:
-            rows.append((f"↳ of which the fake's nvmlEventSetWait polling (XID listener; gpuwear and bare have one, "
+            rows.append((f"↳ of which the XID listener's nvmlEventSetWait over the fake (gpuwear and bare have one, "
                          f"nvitop-exporter not), {n} GPU{'s' if n > 1 else ''}", pct(ev["cpu_per_s"]), "0",
                          pct(ev["cpu_per_s"]), "", "(fake artefact)", ""))
     for n in s["gpus"]:

@@ -13,9 +13,10 @@ integrates each GPU once per tick instead of on every call), this times, with
   (wear accumulators and the per-GPU views).
 
 ``events`` measures something else: the CPU share of an XID listener looping in
-``nvmlEventSetWait(500 ms)`` over the fake, at real time. The fake polls every 20 ms and
-advances the whole simulation each time (a real driver blocks in the kernel), so this is a
-cost of the fake that gpuwear and the bare loop pay and nvitop-exporter (no listener) does not.
+``nvmlEventSetWait(500 ms)`` over the fake, at real time: a cost that gpuwear and the bare
+loop pay and nvitop-exporter (no listener) does not. A real driver blocks in the kernel;
+the fake advances the whole simulation at each wake-up (it polled every 20 ms before commit
+f9a47bc, which made this about 1-4 % of a core).
 
 This leaves out what a running process adds (HTTP server, scheduler, XID listener) and most
 of the fake's cost, so gpuwear / bare here is the cost of gpuwear's processing against the

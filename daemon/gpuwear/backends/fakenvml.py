@@ -63,6 +63,7 @@ EVENT_PSTATE = 0x4
 EVENT_XID = 0x8
 EVENT_CLOCK = 0x10
 
+MIN_ADVANCE_SECONDS = 0.05  # simulated time below which the state is left as it is
 _HANDLE_BASE = 0x6770_0000
 _EVENT_SET_BASE = 0x6e00_0000
 _CARG_TYPE = type(ctypes.byref(ctypes.c_int()))
@@ -176,8 +177,14 @@ class SimulatedDriver:
         self._next_event_set = _EVENT_SET_BASE
 
     def _now(self) -> None:
+        """Advance the simulation to the clock, at most every MIN_ADVANCE simulated seconds:
+        the calls of one sampling tick all see the same state, and each call does not step
+        every GPU again (which made a tick cost O(GPUs²))."""
+        t = self.clock.monotonic() - self._start
+        if t - self.simulation.time < MIN_ADVANCE_SECONDS and t < self.simulation.next_fault_at():
+            return
         with self._lock:
-            if self.simulation.advance_to(self.clock.monotonic() - self._start):
+            if self.simulation.advance_to(t):
                 self._events.notify_all()  # a fault fired: maybe an XID for an event set to deliver
 
     def loaded(self) -> bool:

@@ -214,7 +214,7 @@ class SimGpu:
     def step(self, t: float, dt: float) -> None:
         """Advance the state by ``dt`` simulated seconds ending at time ``t``."""
         s, p = self.state, self.product
-        if s.lost or dt <= 0:
+        if s.lost or dt < 0:  # dt 0: derive power, reasons and processes without integrating
             return
         phase, into = self.phase_at(t)
         s.utilization = phase.utilization_at(into)
@@ -317,8 +317,14 @@ class Simulation:
         self.max_step_seconds = self.MAX_STEP_SECONDS  # coarser steps make long simulations cheaper
         self._next_fault = 0
         self.jobs = {synthetic_pid(p.job): p.job for g in gpus for p in g.schedule if p.job}
+        for gpu in gpus:  # power, reasons and processes of the first phase, before any time passes
+            gpu.step(0.0, 0.0)
         self.driver_loaded = True  # False between driver_unload and driver_load faults
         self.driver_generation = 0  # bumped at each unload: NVML must be initialised again
+
+    def next_fault_at(self) -> float:
+        """Simulated time of the next scripted fault (infinity when none is left)."""
+        return self.faults[self._next_fault].at if self._next_fault < len(self.faults) else math.inf
 
     def advance_to(self, t: float) -> bool:
         """Integrate every GPU up to simulated time ``t`` (never backwards); True when a
