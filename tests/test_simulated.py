@@ -24,7 +24,9 @@ def one_gpu(product: str, *phases: dict[str, Any], ambient: float = 25) -> dict[
 
 
 def test_builtin_scenarios_have_two_different_cards() -> None:
-    assert set(builtin_scenarios()) == {"demo", "idle", "training", "stress"}
+    from gpuwear.cli import BUILTIN_SCENARIOS
+
+    assert tuple(builtin_scenarios()) == BUILTIN_SCENARIOS == ("demo", "idle", "stress", "training")
     for name in builtin_scenarios():
         sim = load_scenario(name)
         assert len(sim.gpus) == 2 and sim.gpus[0].product != sim.gpus[1].product, name

@@ -12,11 +12,13 @@ from pathlib import Path
 
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
-from gpuwear.backends.simulated import ScenarioError, builtin_scenarios
 from gpuwear.config import Config, ConfigError, load_config, parse_listen
 from gpuwear.ledger import Ledger, LedgerError
 from gpuwear.webconfig import WebConfigError
 
+# The scenarios shipped in gpuwear/backends/scenarios/ (a test keeps the list true); named here
+# so that a daemon on real GPUs never imports the simulation.
+BUILTIN_SCENARIOS = ("demo", "idle", "stress", "training")
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
@@ -32,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", metavar="DIR", help="state directory (config: state_dir)")
     run.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
                      help="use simulated GPUs: a built-in scenario ({}) or a YAML file; without a value, "
-                          "the configured one (default demo)".format(", ".join(builtin_scenarios())))
+                          "the configured one (default demo)".format(", ".join(BUILTIN_SCENARIOS)))
     run.add_argument("--simulate-if-no-gpu", action="store_true",
                      help="use real GPUs when the NVIDIA driver is present, else simulated ones")
     run.add_argument("--speed", type=float, metavar="N",
@@ -98,6 +100,7 @@ def _config_problems(path: str, error: ConfigError) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gpuwear.backends.simulated import ScenarioError
     from gpuwear.service import Daemon, open_source
 
     try:
@@ -229,7 +232,7 @@ def _jobs(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
-    from gpuwear.backends.simulated import load_scenario
+    from gpuwear.backends.simulated import ScenarioError, load_scenario
     from gpuwear.clock import SystemClock
     from gpuwear.doctor import Doctor, render
     from gpuwear.service import ledger_path

@@ -16,16 +16,14 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from gpuwear import __version__
-from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, NvmlDriverError, NvmlUnavailableError
-from gpuwear.backends.simulated import Simulation, load_scenario
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
@@ -36,6 +34,9 @@ from gpuwear.sampler import Sampler
 from gpuwear.wear.jobs import JobRecord
 from gpuwear.wear.tracker import WearTracker
 from gpuwear.webconfig import WebConfig, load_web_config
+
+if TYPE_CHECKING:
+    from gpuwear.backends.simulated import Simulation
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,10 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
                 raise
             log.warning("no usable NVIDIA driver here (%s)", exc)
             simulate = config.simulation.scenario
+    # imported here: a daemon on real GPUs never loads the simulation (memory)
+    from gpuwear.backends.fakenvml import FakeNvmlLibrary
+    from gpuwear.backends.simulated import load_scenario
+
     simulation = load_scenario(simulate)
     clock = ScaledClock(speed) if speed != 1.0 else SystemClock()
     backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
