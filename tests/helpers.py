@@ -3,20 +3,39 @@
 from __future__ import annotations
 
 import ctypes
+import shutil
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+
+import pytest
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports the kernel reports free on 127.0.0.1 (the sockets are held together)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def require(tool: str) -> str:
+    """The path of a tool the test needs; a failure (never a skip) saying how to install it."""
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"`{tool}` is not on PATH: install Debian's prometheus package "
+                    "(sudo apt-get install prometheus), or run ./test.sh, which does", pytrace=False)
+    return path
 
 
 # urllib would send even loopback requests through $http_proxy: never use a proxy here.

@@ -6,9 +6,7 @@ Needs Debian's ``prometheus`` package (``prometheus`` and ``promtool`` on PATH);
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from helpers import logs_on_failure, started
+from helpers import free_ports, logs_on_failure, require, started
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
@@ -41,21 +39,8 @@ T = TypeVar("T")
 Series = list[dict[str, Any]]
 
 
-def _require(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.fail(f"`{tool}` is not on PATH: install Debian's prometheus package "
-                    "(sudo apt-get install prometheus), or run ./test.sh, which does", pytrace=False)
-    return path
 
 
-def _free_ports(count: int) -> list[int]:
-    """Ports the kernel reports free on 127.0.0.1, all distinct (the sockets are held together)."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def write_prometheus_config(path: Path, target: str) -> Path:
@@ -115,8 +100,8 @@ def _labels(series: Series, label: str) -> set[str]:
 
 @pytest.mark.e2e
 def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
-    prometheus_bin = _require("prometheus")
-    daemon_port, prometheus_port = _free_ports(2)
+    prometheus_bin = require("prometheus")
+    daemon_port, prometheus_port = free_ports(2)
     daemon_addr, prometheus_addr = f"127.0.0.1:{daemon_port}", f"127.0.0.1:{prometheus_port}"
     daemon_log, prometheus_log = tmp_path / "gpuwear.log", tmp_path / "prometheus.log"
     config = write_prometheus_config(tmp_path / "prometheus.yml", daemon_addr)
@@ -168,7 +153,7 @@ def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.parametrize("generated", [False, True], ids=["example", "generated"])
 def test_promtool_accepts_config(tmp_path: Path, generated: bool) -> None:
-    promtool = _require("promtool")
+    promtool = require("promtool")
     config = write_prometheus_config(tmp_path / "prometheus.yml", "127.0.0.1:9941") if generated else EXAMPLE_CONFIG
     check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr

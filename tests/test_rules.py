@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from helpers import logs_on_failure, started
+from helpers import free_ports, logs_on_failure, require, started
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "gpuwear-rules.yml"
@@ -111,21 +109,8 @@ SPEED = 60
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def require(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.fail(f"`{tool}` is not on PATH: install Debian's prometheus package "
-                    "(apt-get install prometheus), or run ./test.sh, which does", pytrace=False)
-    return path
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct ports the kernel reports free on 127.0.0.1 (the sockets are held together)."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def http_get(url: str) -> tuple[int, str] | None:

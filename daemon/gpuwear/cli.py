@@ -103,10 +103,7 @@ def _run(args: argparse.Namespace) -> int:
     from gpuwear.backends.simulated import ScenarioError
     from gpuwear.service import Daemon, open_source
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        return _config_problems(args.config, exc)
+    config = load_config(args.config)
     if args.listen is not None:
         try:
             parse_listen(args.listen)
@@ -146,10 +143,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    try:
-        load_config(args.file)
-    except ConfigError as exc:
-        return _config_problems(args.file, exc)
+    load_config(args.file)
     print(f"{args.file}: valid")
     return 0
 
@@ -163,10 +157,7 @@ def _report(args: argparse.Namespace) -> int:
     from gpuwear.report import document, text_report
     from gpuwear.service import ledger_path
 
-    try:
-        config = _ledger_config(args)
-    except ConfigError as exc:
-        return _config_problems(args.config, exc)
+    config = _ledger_config(args)
     path = ledger_path(config, args.simulated)
     try:
         ledger = Ledger.open_read_only(path)
@@ -195,10 +186,7 @@ def _jobs(args: argparse.Namespace) -> int:
     from gpuwear import jobreport
     from gpuwear.service import ledger_path
 
-    try:
-        config = _ledger_config(args)
-    except ConfigError as exc:
-        return _config_problems(args.config, exc)
+    config = _ledger_config(args)
     since = None
     if args.since:
         try:
@@ -237,10 +225,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from gpuwear.doctor import Doctor, render
     from gpuwear.service import ledger_path
 
-    try:
-        config = _ledger_config(args)
-    except ConfigError as exc:
-        return _config_problems(args.config, exc)
+    config = _ledger_config(args)
     if args.simulate:
         try:
             backend = NvmlBackend(FakeNvmlLibrary(load_scenario(args.simulate), SystemClock()))
@@ -257,10 +242,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from gpuwear.service import ledger_path
 
-    try:
-        config = _ledger_config(args)
-    except ConfigError as exc:
-        return _config_problems(args.config, exc)
+    config = _ledger_config(args)
     try:
         ledger = Ledger.open_read_only(ledger_path(config, args.simulated))
         try:
@@ -302,10 +284,7 @@ def _import(args: argparse.Namespace) -> int:
     from gpuwear.importer import ImportFormatError
     from gpuwear.service import ledger_path
 
-    try:
-        config = _ledger_config(args)
-    except ConfigError as exc:
-        return _config_problems(args.config, exc)
+    config = _ledger_config(args)
     if args.format == "ledger":
         try:
             ledger = Ledger.open(ledger_path(config, args.simulated))
@@ -353,19 +332,14 @@ def _import(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if failed else 0
 
 
+COMMANDS = {"run": _run, "report": _report, "jobs": _jobs, "import": _import, "export": _export,
+            "doctor": _doctor, "check-config": _check_config}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "run":
-        return _run(args)
-    if args.command == "report":
-        return _report(args)
-    if args.command == "import":
-        return _import(args)
-    if args.command == "jobs":
-        return _jobs(args)
-    if args.command == "doctor":
-        return _doctor(args)
-    if args.command == "export":
-        return _export(args)
-    return _check_config(args)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:  # any command's config file: every problem, one line each
+        return _config_problems(args.file if args.command == "check-config" else args.config, exc)
 
