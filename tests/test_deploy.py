@@ -564,6 +564,20 @@ def _boot_test_wanted() -> bool:
             and not Path("/run/systemd/system").exists())
 
 
+def _find_process(ancestor: int, name: str) -> Any:
+    """The first descendant of `ancestor` called `name`, or None; processes that exit while being looked at
+    (the installer starts and ends many) are skipped rather than failing the lookup."""
+    import psutil
+
+    for child in psutil.Process(ancestor).children(recursive=True):
+        try:
+            if child.name() == name:
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
 @pytest.mark.skipif(not _boot_test_wanted(), reason="boots systemd in its own namespaces: needs root, and runs by "
                     "default only where PID 1 is not systemd; GPUWEAR_TEST_SYSTEMD_BOOT=1 forces it")
 def test_unit_runs_under_a_real_systemd(tmp_path: Path) -> None:
@@ -600,8 +614,7 @@ def test_unit_runs_under_a_real_systemd(tmp_path: Path) -> None:
         deadline = time.monotonic() + INSTALL_SECONDS
         while init is None and time.monotonic() < deadline:
             assert outer.poll() is None, outer.communicate()[0]
-            found = [p for p in psutil.Process(outer.pid).children(recursive=True) if p.name() == "systemd"]
-            init = found[0] if found else None
+            init = _find_process(outer.pid, "systemd")
             time.sleep(0.5)
         assert init is not None, "systemd did not start"
 
