@@ -111,19 +111,36 @@ def test_exposition_is_rendered_once_per_published_state(demo: Rig) -> None:
     info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
     tracker = WearTracker({}, WearConfig())
     published = lambda: Published(demo.sampler.snapshot, tracker.views, None, info)  # noqa: E731
-    exposition = Exposition(GpuwearCollector(published), published)
-    renders: list[int] = []
-
-    def encoder(registry: object) -> bytes:
-        renders.append(1)
-        return generate_latest(registry)  # type: ignore[arg-type]
-
+    exposition = Exposition(published)
     demo.run(1)
     tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
-    first = exposition.render(encoder, "text/plain")
-    assert exposition.render(encoder, "text/plain") == first and len(renders) == 1  # same state: cached
+    first = exposition.render(False)
+    assert exposition.render(False) == first and exposition.renders == 1  # same state: cached
     demo.run(1)
     tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
-    second = exposition.render(encoder, "text/plain")
-    assert second != first and len(renders) == 2  # a new tick: rendered again
+    second = exposition.render(False)
+    assert second != first and exposition.renders == 2  # a new tick: rendered again
     assert b"gpuwear_lifetime_observed_seconds_total" in second
+    assert exposition.render(True).endswith(b"# EOF\n") and exposition.renders == 3
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
+def test_encode_writes_what_prometheus_client_writes(scenario: str) -> None:
+    """The daemon's own encoder against prometheus_client's two encoders over the collector's families, byte for
+    byte, on every scenario (lost GPUs, faults, hostile label values, both formats)."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    from gpuwear.collector import encode
+
+    rig = make_rig(scenario)
+    tracker = WearTracker({}, WearConfig())
+    info = DaemonInfo(version='1.0 "odd"\\ \nversion', python_version="3", backend="simulated", scenario=scenario)
+    for _ in range(120):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    for status in (None, LedgerStatus(False, 1_800_000_000.0, 3, True)):
+        pub = Published(rig.sampler.snapshot, tracker.views, status, info)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(GpuwearCollector(lambda pub=pub: pub))  # type: ignore[misc]
+        assert encode(pub, False) == generate_latest(registry)
+        assert encode(pub, True) == openmetrics_latest(registry)

@@ -213,6 +213,57 @@ def test_a_hung_gpu_is_stalled_past_the_deadline_and_the_others_keep_reporting(
     rig.sampler.close()
 
 
+def test_a_hung_gpu_between_others_costs_one_reader_thread_until_its_call_returns() -> None:
+    """The GPUs are read one after the other on one reader thread: a hang in the middle hands the GPUs after it
+    to a new reader (on time), and the stuck thread leaves once its call returns."""
+    import threading
+
+    def readers() -> int:
+        return sum(t.name == "nvml-read" and t.is_alive() for t in threading.enumerate())
+
+    rig = make_rig(scenario({"at": 2.5, "gpu": 1, "kind": "hang", "seconds": 1.0},
+                            products=("rtx4090", "h100-sxm", "v100")))
+    rig.sampler.deadline = 0.3
+    before = readers()
+    rig.run(2)
+    assert readers() == before + 1
+    start = time.perf_counter()
+    snap = rig.run(1)
+    assert time.perf_counter() - start < 0.6
+    assert [g.sample is not None for g in snap.gpus] == [True, False, True]
+    assert snap.gpus[1].errors["stalled"] == 1 and snap.gpus[2].last_success
+    assert readers() == before + 2  # the stuck one and its successor
+    time.sleep(1.0)
+    snap = rig.run(1)
+    assert all(g.sample is not None and g.last_success for g in snap.gpus)
+    assert readers() == before + 1
+    rig.sampler.close()
+    time.sleep(0.1)
+    assert readers() == before
+
+
+def test_a_read_that_raises_a_bug_reaches_the_caller() -> None:
+    """Only lost-GPU and driver errors are GPU faults; anything else a read raises is a bug and is raised by tick()
+    (the reader thread survives it), after the GPUs read before it were applied."""
+    rig = make_rig(scenario(products=("rtx4090", "h100-sxm")))
+    rig.sampler.deadline = 0.3
+    rig.run(1)
+    real = rig.sampler.backend.read
+
+    def broken(index: int, slow: bool) -> Any:
+        if index == 1:
+            raise ZeroDivisionError("bug")
+        return real(index, slow)
+
+    rig.sampler.backend.read = broken  # type: ignore[method-assign]
+    with pytest.raises(ZeroDivisionError):
+        rig.run(1)
+    rig.sampler.backend.read = real  # type: ignore[method-assign]
+    snap = rig.run(1)
+    assert all(g.sample is not None for g in snap.gpus)
+    rig.sampler.close()
+
+
 def test_driver_reload_reacquires_the_gpus_and_the_energy_reset_is_handled(
         caplog: pytest.LogCaptureFixture) -> None:
     from gpuwear.config import WearConfig

@@ -279,3 +279,18 @@ def test_an_old_critical_event_asks_for_watching_not_action() -> None:
     assert v["status"] == "watch"
     assert {r["code"]: r["severity"] for r in v["reasons"]} == {"xid_79": "watch", "gpu_lost": "watch"}
     assert "last 2027-01-15" in v["reasons"][0]["text"]
+
+
+def test_sample_of_equals_the_dataclass_constructor() -> None:
+    """GpuSample.of (the sampler's and the importer's cheap constructor) builds the same sample as __init__, leaves
+    the other fields None, stays frozen, and refuses an unknown field."""
+    values = {"temperature_gpu_celsius": 61.0, "fan_speed_ratio": (0.4, None), "ecc_enabled": True, "processes": ()}
+    fast = GpuSample.of(10.0, 2.5, values)
+    assert fast == GpuSample(timestamp=10.0, monotonic=2.5, **values)
+    assert hash(fast) == hash(GpuSample(timestamp=10.0, monotonic=2.5, **values))
+    assert fast.power_watts is None and fast.timestamp == 10.0
+    with pytest.raises(AttributeError):
+        fast.power_watts = 3.0  # type: ignore[misc]
+    with pytest.raises(TypeError, match="power_wats"):
+        GpuSample.of(0.0, 0.0, {"power_wats": 1.0})
+    assert GpuSample.of(0.0, 0.0, {}) == GpuSample(timestamp=0.0, monotonic=0.0)

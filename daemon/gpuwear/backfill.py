@@ -80,12 +80,12 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
         g = gpus.get(uuid)
         if g is None:
             g = gpus[uuid] = _Gpu(uuid, GpuWear(uuid, gate_celsius=gate), ledger.imported_spans(uuid))
-        if any(a <= item.timestamp <= b for a, b in g.spans):
+        if g.spans and any(a <= item.timestamp <= b for a, b in g.spans):
             g.skipped += 1
             continue
         values, dropped = validated(item.values)
         g.dropped += len(dropped)
-        sample = GpuSample(timestamp=item.timestamp, monotonic=item.timestamp, **values)
+        sample = GpuSample.of(item.timestamp, item.timestamp, values)
         dt = 0.0 if g.previous is None else item.timestamp - g.previous
         if dt < 0:
             result.problems += 1

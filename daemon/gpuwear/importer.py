@@ -32,7 +32,7 @@ from gpuwear.sample import GpuIdentity, GpuSample
 MAX_LINE_BYTES = 1 << 20  # a longer physical line is reported as a problem and skipped, never held in memory
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ImportedRow:
     """One usable row: a reading of one GPU at one time."""
 
@@ -261,6 +261,9 @@ class _Bound:
     unit: str  # the header's unit, else the column's default ("" for kinds without units)
     identity: bool  # fills ImportedRow.identity, not .values
     convert: Callable[[str], Any]  # raises ValueError
+    # the common case only (a bare number, or one in the header's unit), without regular expressions; ValueError
+    # sends the cell to ``convert``, which also knows the "not read" markers and other units
+    fast: Callable[[str], Any]
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,8 @@ class _Layout:
     width: int
     time: _Bound
     columns: tuple[_Bound, ...]  # lowest rank first
+    # per column, what the row loop reads: (cell index, target field, fills identity?, fast converter, column)
+    plan: tuple[tuple[int, str, bool, Callable[[str], Any], _Bound], ...] = ()
 
 
 def _split_header(name: str) -> tuple[str, str | None]:
@@ -295,7 +300,8 @@ def _resolve(header: list[str]) -> _Layout:
         if unit is not None and unit not in column.kind.units:
             raise ImportFormatError(f"column {cell.strip()!r}: [{unit}] is not a {column.kind.name} unit")
         unit = unit or column.unit or ""
-        b = _Bound(index, cell.strip(), column, unit, column.target in _IDENTITY_FIELDS, _converter(column, unit))
+        b = _Bound(index, cell.strip(), column, unit, column.target in _IDENTITY_FIELDS, _converter(column, unit),
+                   _fast_converter(column, unit))
         if column.target == "timestamp":
             time = time or b
         else:
@@ -306,13 +312,16 @@ def _resolve(header: list[str]) -> _Layout:
         raise ImportFormatError("no temperature or power column (temperature.gpu, temperature.memory, "
                                 "power.draw[.average|.instant], temperature_C, power_draw_W) in the header")
     bound.sort(key=lambda b: b.column.rank)
-    return _Layout(len(header), time, tuple(bound))
+    plan = tuple((b.index, b.column.target, b.identity, b.fast, b) for b in bound)
+    return _Layout(len(header), time, tuple(bound), plan)
 
 
 # --- rows --------------------------------------------------------------------------------------------------------
 
 
 _NOT_AVAILABLE = frozenset({"", "n/a", "not supported"})
+# the usual "not read" cells, as written: skipped without trying to convert them
+_NOT_READ = frozenset({"", "N/A", "[N/A]", "[Not Supported]", "Not Supported"})
 
 
 def _missing(text: str) -> bool:
@@ -338,6 +347,61 @@ def _converter(column: _Column, default_unit: str) -> Callable[[str], Any]:
         return value if post is None else post(value)
 
     return quantity
+
+
+def _no_fast_path(text: str) -> Any:
+    raise ValueError(text)
+
+
+def _fast_bitmask(text: str) -> int:
+    return int(text, 16) if "x" in text or "X" in text else int(text)
+
+
+def _fast_converter(column: _Column, unit: str) -> Callable[[str], Any]:
+    """The cheap converter for the common cells of this column: a quantity written bare or as ``number unit`` in
+    the header's (or default) unit, an integer, a hex bitmask. It raises ValueError for everything else (markers
+    such as [N/A], other units, NaN, texts, the logger's -1), which ``_converter`` and ``_missing`` then decide."""
+    kind, post = column.kind, column.post
+    fast: Callable[[str], Any]
+    if kind is _COUNT:
+        fast = int
+    elif kind is _BITS:
+        fast = _fast_bitmask
+    elif not kind.units:  # texts, flags, P-states: their own parser, on the stripped text
+        parse = kind.parse
+
+        def bare(text: str) -> Any:
+            text = text.strip()
+            if _missing(text):
+                raise ValueError(text)
+            return parse(text)
+
+        fast = bare
+    elif kind.units and unit in kind.units:
+        num, den = kind.units[unit]
+
+        def quantity(text: str) -> Any:
+            number, _, written = text.strip().partition(" ")
+            if written and written.lower() != unit:
+                raise ValueError(text)
+            value = float(number)
+            if not -1e300 < value < 1e300:  # nan, inf: the strict parser refuses them
+                raise ValueError(text)
+            value = value * num / den
+            return value if post is None else post(value)
+
+        fast = quantity
+    else:
+        return _no_fast_path
+    if not column.minus_one_na:
+        return fast
+
+    def logged(text: str) -> Any:
+        if text.strip() == "-1":
+            raise ValueError(text)
+        return fast(text)
+
+    return logged
 
 
 def _timestamp(text: str, bound: _Bound, tz: datetime.tzinfo | None) -> float:
@@ -368,23 +432,36 @@ def _clip(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
-def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | None) -> ImportedRow | RowProblem:
+def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | None,
+         times: dict[str, float]) -> ImportedRow | RowProblem:
+    """One data row; ``times`` caches timestamps already read (the GPUs of one nvidia-smi tick share one)."""
     if len(cells) != layout.width:
         return RowProblem(line, f"expected {layout.width} fields, found {len(cells)}")
-    raw = cells[layout.time.index].strip()
-    try:
-        timestamp = _timestamp(raw, layout.time, tz)
-    except (ValueError, OverflowError) as exc:
-        return RowProblem(line, f"column {layout.time.header!r}: {exc}: {_clip(raw)}")
+    raw = cells[layout.time.index]
+    timestamp = times.get(raw)
+    if timestamp is None:
+        try:
+            timestamp = _timestamp(raw.strip(), layout.time, tz)
+        except (ValueError, OverflowError) as exc:
+            return RowProblem(line, f"column {layout.time.header!r}: {exc}: {_clip(raw.strip())}")
+        if len(times) > 64:
+            times.clear()
+        times[raw] = timestamp
     values: dict[str, Any] = {}
     identity: dict[str, Any] = {}
-    for b in layout.columns:
-        raw = cells[b.index].strip()
-        if _missing(raw) or (raw == "-1" and b.column.minus_one_na):
-            continue
-        target = identity if b.identity else values
-        name = b.column.target
+    for index, name, is_identity, fast, b in layout.plan:
+        target = identity if is_identity else values
         if name in target:  # a higher-ranked column already gave this field
+            continue
+        raw = cells[index]
+        if raw not in _NOT_READ:
+            try:
+                target[name] = fast(raw)
+                continue
+            except ValueError:
+                pass
+        raw = raw.strip()
+        if _missing(raw) or (raw == "-1" and b.column.minus_one_na):
             continue
         try:
             target[name] = b.convert(raw)
@@ -443,6 +520,7 @@ def _rows(path: Path, layout: _Layout, offset: int, line: int, tz: datetime.tzin
         fh.seek(offset)
         lines = _Lines(fh, line)
         reader = csv.reader(lines, skipinitialspace=True)
+        times: dict[str, float] = {}
         while True:
             first = lines.count + 1
             try:
@@ -457,7 +535,7 @@ def _rows(path: Path, layout: _Layout, offset: int, line: int, tz: datetime.tzin
                 yield RowProblem(first, lines.trouble)
                 lines.trouble = None
             elif not _blank(cells):
-                result = _row(cells, first, layout, tz)
+                result = _row(cells, first, layout, tz, times)
                 # logs appended to by several nvidia-smi runs repeat the header (checked only on failure: fast)
                 if isinstance(result, RowProblem) and _looks_like_header(cells):
                     try:

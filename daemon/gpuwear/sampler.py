@@ -12,8 +12,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -38,6 +36,72 @@ class Backend(Protocol):
     def reopen(self) -> list[GpuIdentity]: ...
 
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None: ...
+
+
+Read = tuple[Any, BaseException | None, float]  # (reading or None, the lost/driver error or None, wall seconds)
+
+
+class _Batch:
+    """The reads of one tick, done in order by one reader thread."""
+
+    def __init__(self, items: list[tuple[int, bool]]) -> None:
+        self.items = items  # (GPU index, slow read?)
+        self.results: dict[int, Read] = {}  # position in items -> what its read gave
+        self.current = -1  # position of the read in progress; -1 before the first
+        self.started = 0.0  # time.monotonic() when that read began
+        self.finished = False
+        self.failure: BaseException | None = None  # what a read raised that is not a lost GPU or driver: re-raised
+        self.abandoned = False  # the sampler gave up waiting: the thread exits once its read returns
+
+
+class _Reader:
+    """One thread that reads the GPUs one after the other, so that a tick costs one hand-over between threads
+    rather than one per GPU; the sampler waits with a deadline per read, and gives up on a thread stuck in NVML
+    (it leaves once the call returns) to go on with the next GPU on a new one."""
+
+    def __init__(self, fetch: Callable[[int, bool], Read], cond: threading.Condition) -> None:
+        self._fetch = fetch
+        self.cond = cond
+        self._batch: _Batch | None = None
+        self._closed = False
+        threading.Thread(target=self._run, name="nvml-read", daemon=True).start()
+
+    def submit(self, batch: _Batch) -> None:
+        with self.cond:
+            self._batch = batch
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self._closed = True
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while self._batch is None and not self._closed:
+                    self.cond.wait()
+                if self._closed:
+                    return
+                batch, self._batch = self._batch, None
+            assert batch is not None
+            for position, (index, slow) in enumerate(batch.items):
+                with self.cond:
+                    batch.current, batch.started = position, time.monotonic()
+                try:
+                    result = self._fetch(index, slow)
+                except BaseException as exc:  # a bug, not a GPU fault: the sampler's thread raises it
+                    with self.cond:
+                        batch.failure, batch.finished = exc, True
+                        self.cond.notify_all()
+                    break
+                with self.cond:
+                    batch.results[position] = result
+                    if batch.abandoned:
+                        return
+            with self.cond:
+                batch.finished = True
+                self.cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -124,8 +188,9 @@ class Sampler:
         self._next_reopen = 0.0
         self.reopen_interval = 5.0  # seconds between tries to get the driver back
         self._active = 0  # the first this many GPUs are the backend's; the rest are gone
-        self._pool: ThreadPoolExecutor | None = None
-        self._stuck: dict[int, Future[tuple[Any, BaseException | None, float]]] = {}
+        self._reader: _Reader | None = None
+        self._reads = threading.Condition()
+        self._stuck: dict[int, tuple[_Batch, int]] = {}  # GPU index -> the batch and position of its stuck read
 
     def open(self) -> None:
         """Open the backend and learn the GPUs (raises what the backend raises)."""
@@ -156,9 +221,9 @@ class Sampler:
     def tick(self) -> Snapshot:
         """Read every GPU once; returns the new snapshot.
 
-        With a deadline, the GPUs are read in parallel, each on a worker thread: a GPU whose
-        read takes longer is marked stalled (and not asked again until that read returns),
-        while the others are published on time."""
+        With a deadline, the GPUs are read on a reader thread: a GPU whose read takes longer is
+        marked stalled (and not asked again until that read returns), and the others are read on
+        a new reader and published on time."""
         now = self.clock.monotonic()
         if self._driver_gone:
             self._reopen()
@@ -169,33 +234,49 @@ class Sampler:
                 slow = self._slow_due(gpu, now)
                 self._apply(gpu, now, slow, *self._fetch(i, slow))
         else:
-            self._tick_parallel(now)
+            self._tick_with_deadline(now)
         with self._lock:
             self._ticks += 1
             self._publish()
             return self._snapshot
 
-    def _tick_parallel(self, now: float) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._gpus)), thread_name_prefix="nvml-read")
-        started: dict[int, tuple[bool, Future[tuple[Any, BaseException | None, float]]]] = {}
+    def _tick_with_deadline(self, now: float) -> None:
+        items: list[tuple[int, bool]] = []
         for i, gpu in enumerate(self._gpus[:self._active]):
             stuck = self._stuck.get(i)
-            if stuck is not None and not stuck.done():
+            if stuck is not None and stuck[1] not in stuck[0].results:
                 self._stall(gpu)
                 continue
             self._stuck.pop(i, None)
-            slow = self._slow_due(gpu, now)
-            started[i] = (slow, self._pool.submit(self._fetch, i, slow))
-        deadline = time.monotonic() + self.deadline
-        for i, (slow, future) in started.items():
-            try:
-                result = future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except FutureTimeout:
-                self._stuck[i] = future
-                self._stall(self._gpus[i])
-                continue
-            self._apply(self._gpus[i], now, slow, *result)
+            items.append((i, self._slow_due(gpu, now)))
+        while items:
+            if self._reader is None:
+                self._reader = _Reader(self._fetch, self._reads)
+            batch = _Batch(items)
+            self._reader.submit(batch)
+            with self._reads:
+                while not batch.finished:  # the deadline runs from the start of the read in progress
+                    left = self.deadline if batch.current < 0 else batch.started + self.deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._reads.wait(left)
+                if not batch.finished:
+                    batch.abandoned = True
+                results = dict(batch.results)
+                position = batch.current
+            for done in sorted(results):
+                index, slow = items[done]
+                self._apply(self._gpus[index], now, slow, *results[done])
+            if batch.failure is not None:
+                raise batch.failure
+            if not batch.abandoned:
+                return
+            self._reader = None  # stuck in NVML: the next reads go to a new thread
+            index = items[position][0]
+            if position not in results:
+                self._stuck[index] = (batch, position)
+                self._stall(self._gpus[index])
+            items = items[position + 1:]
 
     def _slow_due(self, gpu: _Gpu, now: float) -> bool:
         return gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
@@ -247,9 +328,9 @@ class Sampler:
             gpu.errors["stalled"] += 1
 
     def close(self) -> None:
-        """Stop the read workers (a stalled read is abandoned) and the backend."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the reader thread (a stalled read is abandoned) and the backend."""
+        if self._reader is not None:
+            self._reader.close()
         self.backend.close()
 
     def _apply(self, gpu: _Gpu, now: float, slow: bool, reading: Any, error: BaseException | None,
@@ -275,7 +356,7 @@ class Sampler:
             gpu.last_slow = now
             gpu.slow_values = values
         merged = {**gpu.slow_values, **values}
-        sample = GpuSample(timestamp=self.clock.wall(), monotonic=now, **merged)
+        sample = GpuSample.of(self.clock.wall(), now, merged)
         with self._lock:
             if not gpu.up or (gpu.errors.get("stalled") and not gpu.last_success and gpu.sample is None):
                 log.warning("GPU %d (%s) answers again", gpu.identity.index, gpu.identity.uuid)

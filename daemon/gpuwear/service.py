@@ -150,8 +150,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(b"unauthorized\n")
                 return
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._reply(200, content_type, self.server.exposition.render(encoder, content_type))
+            _, content_type = choose_encoder(self.headers.get("Accept", ""))  # the format asked for; encode writes it
+            openmetrics = content_type.startswith("application/openmetrics-text")
+            self._reply(200, content_type, self.server.exposition.render(openmetrics))
         elif path == "/healthz":
             problem = self.server.health()
             self._reply(503 if problem else 200, "text/plain; charset=utf-8", (problem or "ok").encode() + b"\n")
@@ -268,7 +269,7 @@ class Daemon:
         collector = GpuwearCollector(self.published)
         self.registry = registry or CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
-        self.exposition = Exposition(collector, self.published)
+        self.exposition = Exposition(self.published)
         self._stopped = threading.Event()
         self._tick_lock = threading.Lock()
         self._persist_lock = threading.Lock()
@@ -379,7 +380,7 @@ class Daemon:
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
         self._server = _MetricsServer((host, port), self.exposition, self.web, self.sampling_problem)
-        self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+        self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                                name="http", daemon=True)
         self._server_thread.start()
         wall_interval, persist_interval = self._intervals(self.config)

@@ -14,6 +14,7 @@ gap limit is recorded as a gap and never integrated.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,12 @@ STEADY_MIN_WATTS_ABOVE_IDLE = 20.0
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
     d[key] = d.get(key, 0.0) + value
+
+
+@functools.lru_cache(maxsize=256)
+def _reasons(mask: int) -> tuple[str, ...]:
+    """The clock-event reasons set in an NVML bitmask (a GPU shows a handful of masks: cached)."""
+    return tuple(reason for reason, bit in CLOCK_EVENT_REASONS if mask & bit)
 
 
 def celsius_bin(celsius: float) -> str:
@@ -58,7 +65,7 @@ class Interval:
     energy_joules: float = 0.0
     energy_from_counter: bool = False
     violation: dict[str, float] = field(default_factory=dict)
-    reasons: list[str] = field(default_factory=list)
+    reasons: tuple[str, ...] = ()
     fans: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (on, rpm, ratio)
 
 
@@ -200,7 +207,7 @@ class GpuWear:
             if value is not None and last is not None and value >= last:
                 iv.violation[policy] = value - last
         if s.clock_event_reasons is not None:
-            iv.reasons = [reason for reason, bit in CLOCK_EVENT_REASONS if s.clock_event_reasons & bit]
+            iv.reasons = _reasons(s.clock_event_reasons)
         ratios, rpms = s.fan_speed_ratio or (), s.fan_speed_rpm or ()
         for i in range(max(len(ratios), len(rpms))):
             ratio = ratios[i] if i < len(ratios) else None
