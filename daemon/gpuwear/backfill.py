@@ -71,12 +71,15 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
     known = ledger.load(gate)
     gpus: dict[str, _Gpu] = {}
     result = FileResult(path)
+    resolved: dict[tuple[str, str | None], str] = {}  # (row's GPU key, name) -> ledger UUID: the same few each row
     for item in read_telemetry_csv(path, columns=columns, tz=tz):
         if isinstance(item, RowProblem):
             result.problems += 1
             say(f"{path}:{item.line}: {item.message}; row skipped")
             continue
-        uuid = _resolve(item, known, gpu)
+        uuid = resolved.get((item.gpu, item.name))
+        if uuid is None:
+            uuid = resolved[item.gpu, item.name] = _resolve(item, known, gpu)
         g = gpus.get(uuid)
         if g is None:
             g = gpus[uuid] = _Gpu(uuid, GpuWear(uuid, gate_celsius=gate), ledger.imported_spans(uuid))
