@@ -220,3 +220,32 @@ def test_http_abuse_is_handled(daemon: Daemon) -> None:
     long_url = f"http://127.0.0.1:{daemon.port}/metrics?" + "x" * 70000
     assert fetch(long_url)[0] == 414  # URI too long
     assert fetch(f"http://127.0.0.1:{daemon.port}/metrics")[0] == 200  # and the daemon goes on
+
+
+def test_sampling_loop_ticks_at_the_configured_rate_and_follows_a_reload(tmp_path: Path) -> None:
+    """The sampling thread ticks every interval (not faster, no burst after a slow tick) and picks up a reloaded
+    interval at the next tick."""
+    from dataclasses import replace
+
+    file = tmp_path / "config.yaml"
+    file.write_text("sampling:\n  interval_seconds: 0.05\n")
+    config = replace(Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path)),
+                     sampling=replace(Config().sampling, interval_seconds=0.05))
+    d = Daemon(config, open_source(config, "demo", 1.0, False), config_path=str(file))
+    d.start()
+    try:
+        def rate(seconds: float) -> float:
+            first = d.source.sampler.snapshot.ticks
+            time.sleep(seconds)
+            return (d.source.sampler.snapshot.ticks - first) / seconds
+
+        assert 12 <= rate(1.0) <= 21  # 20 per second, less what a loaded machine delays
+        file.write_text("sampling:\n  interval_seconds: 0.25\n")
+        assert d.reload()
+        time.sleep(0.3)
+        assert 2 <= rate(2.0) <= 4.5
+        with d._tick_lock:  # a tick held up for 0.6 s (3 intervals): the missed ticks are not made up in a burst
+            time.sleep(0.6)
+        assert rate(1.0) <= 5
+    finally:
+        d.stop()
