@@ -626,3 +626,33 @@ def test_a_large_file_streams_lazily(tmp_path: Path) -> None:
     assert isinstance(first, ImportedRow) and first.values["memory_used_bytes"] == 0
     assert peak < 2 * MIB < size  # far below the 20 MB budget: one line at a time
     rows.close()  # type: ignore[attr-defined]
+
+
+_CELLS = st.one_of(
+    st.text(alphabet="0123456789.-+eE_xX WwMmHhZz%iBbCc[]NA/", max_size=12),
+    st.builds(lambda n, u: f"{n} {u}", st.floats(allow_nan=True, allow_infinity=True, width=32),
+              st.sampled_from(["W", "mW", "MHz", "GHz", "%", "MiB", "GiB", "C", "J", "mJ"])),
+    st.builds(str, st.integers(-10**6, 10**6)),
+    st.builds(lambda n: f"0x{n:016x}", st.integers(0, 2**64 - 1)),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(cells=st.lists(_CELLS, min_size=1, max_size=8))
+def test_the_fast_cell_path_agrees_with_the_strict_parser(cells: list[str]) -> None:
+    """Wherever the regex-free converter of a column answers, it answers what the strict converter answers; and
+    where it refuses, the strict one decides (so a cell is never read two ways)."""
+    for name, column in importer._COLUMNS.items():
+        units = list(column.kind.units) or [""]
+        for unit in units if name in ("power.draw", "fan.speed", "clocks.sm", "memory.used", "timestamp_ns") \
+                else [column.unit or ""]:
+            fast, strict = importer._fast_converter(column, unit), importer._converter(column, unit)
+            for cell in cells:
+                try:
+                    got = fast(cell)
+                except ValueError:
+                    continue
+                text = cell.strip()
+                assert not importer._missing(text), (name, cell)
+                assert not (column.minus_one_na and text == "-1"), (name, cell)
+                assert got == strict(text), (name, unit, cell)

@@ -353,8 +353,19 @@ def _no_fast_path(text: str) -> Any:
     raise ValueError(text)
 
 
+def _fast_int(text: str) -> int:
+    if "_" in text:  # int() takes 1_000; the strict parser does not
+        raise ValueError(text)
+    return int(text)
+
+
 def _fast_bitmask(text: str) -> int:
-    return int(text, 16) if "x" in text or "X" in text else int(text)
+    text = text.strip()
+    if text[:2] in ("0x", "0X") and "_" not in text:
+        return int(text, 16)
+    if text.isdigit():
+        return int(text)
+    raise ValueError(text)
 
 
 def _fast_converter(column: _Column, unit: str) -> Callable[[str], Any]:
@@ -364,7 +375,7 @@ def _fast_converter(column: _Column, unit: str) -> Callable[[str], Any]:
     kind, post = column.kind, column.post
     fast: Callable[[str], Any]
     if kind is _COUNT:
-        fast = int
+        fast = _fast_int
     elif kind is _BITS:
         fast = _fast_bitmask
     elif not kind.units:  # texts, flags, P-states: their own parser, on the stripped text
@@ -377,7 +388,7 @@ def _fast_converter(column: _Column, unit: str) -> Callable[[str], Any]:
             return parse(text)
 
         fast = bare
-    elif kind.units and unit in kind.units:
+    elif unit in kind.units:
         num, den = kind.units[unit]
 
         def quantity(text: str) -> Any:
@@ -385,7 +396,7 @@ def _fast_converter(column: _Column, unit: str) -> Callable[[str], Any]:
             if written and written.lower() != unit:
                 raise ValueError(text)
             value = float(number)
-            if not -1e300 < value < 1e300:  # nan, inf: the strict parser refuses them
+            if not -1e300 < value < 1e300 or "_" in number:  # nan, inf, 1_000: the strict parser refuses them
                 raise ValueError(text)
             value = value * num / den
             return value if post is None else post(value)
