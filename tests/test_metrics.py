@@ -122,6 +122,7 @@ def test_exposition_is_rendered_once_per_published_state(demo: Rig) -> None:
     assert second != first and exposition.renders == 2  # a new tick: rendered again
     assert b"gpuwear_lifetime_observed_seconds_total" in second
     assert exposition.render(True).endswith(b"# EOF\n") and exposition.renders == 3
+    assert exposition.render(False) == second and exposition.render(True) and exposition.renders == 3  # both kept
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)

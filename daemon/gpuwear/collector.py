@@ -135,17 +135,17 @@ class Exposition:
     def __init__(self, published: Callable[[], Published]) -> None:
         self._published = published
         self._lock = threading.Lock()
-        self._cache: tuple[tuple[object, ...], bytes] | None = None
+        self._cache: dict[bool, tuple[tuple[object, ...], bytes]] = {}  # per format: (state, body)
         self.renders = 0
 
     def render(self, openmetrics: bool) -> bytes:
         pub = self._published()
-        key = (id(pub.snapshot), id(pub.wear), pub.ledger, openmetrics)
+        key = (id(pub.snapshot), id(pub.wear), pub.ledger)
         with self._lock:
-            cached = self._cache
+            cached = self._cache.get(openmetrics)
             if cached is not None and cached[0] == key:
                 return cached[1]
             body = encode(pub, openmetrics)
             self.renders += 1
-            self._cache = (key, body)
+            self._cache[openmetrics] = (key, body)
             return body
