@@ -87,6 +87,8 @@ class _Reader:
             assert batch is not None
             for position, (index, slow) in enumerate(batch.items):
                 with self.cond:
+                    if batch.abandoned:  # given up on between two reads: the sampler reads the rest elsewhere
+                        return
                     batch.current, batch.started = position, time.monotonic()
                 try:
                     result = self._fetch(index, slow)
