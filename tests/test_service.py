@@ -244,8 +244,8 @@ def test_sampling_loop_ticks_at_the_configured_rate_and_follows_a_reload(tmp_pat
         assert d.reload()
         time.sleep(0.3)
         assert 2 <= rate(2.0) <= 4.5
-        with d._tick_lock:  # a tick held up for 0.6 s (3 intervals): the missed ticks are not made up in a burst
+        with d._tick_lock:  # a tick held up for 0.6 s (2.4 intervals): the missed ticks are not made up in a burst
             time.sleep(0.6)
-        assert rate(1.0) <= 5
+        assert rate(1.0) <= 6  # 4 on time and the held one (+1 for sleep overshoot); a burst adds 2 more
     finally:
         d.stop()
