@@ -234,3 +234,15 @@ def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path) -
     ledger = Ledger.open_read_only(tmp_path / "simulated" / "ledger.sqlite")
     assert ledger.load(2.0)  # never a broken ledger
     ledger.close()
+
+
+def test_the_ledger_page_cache_is_bounded_to_256_kib(tmp_path: Path) -> None:
+    """SQLite's default 2 MiB page cache made the daemon's RSS grow by 2 MiB over its first simulated week
+    (bench/results.md, week run): the ledger's connection keeps 256 KiB."""
+    from gpuwear.ledger import Ledger
+
+    ledger = Ledger.open(tmp_path / "ledger.sqlite")
+    try:
+        assert ledger._db.execute("PRAGMA cache_size").fetchone()[0] == -256
+    finally:
+        ledger.close()

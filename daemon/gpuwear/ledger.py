@@ -117,6 +117,9 @@ class Ledger:
                 raise LedgerError(f"integrity check failed: {ok[0] if ok else 'no answer'}")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            # a 256 KiB page cache, not the default 2 MiB: the ledger is written once a minute and read at start,
+            # and the default cache grew the daemon's RSS by 2 MiB over its first week as the file grew
+            db.execute("PRAGMA cache_size=-256")
             version = _schema_version(db)
             if version is None:
                 db.executescript(_SCHEMA)
