@@ -629,11 +629,12 @@ def test_a_large_file_streams_lazily(tmp_path: Path) -> None:
 
 
 _CELLS = st.one_of(
-    st.text(alphabet="0123456789.-+eE_xX WwMmHhZz%iBbCc[]NA/", max_size=12),
+    st.text(alphabet="0123456789.-+eE_xX WwMmHhZz%iBbCc[]NA/٣５²", max_size=12),
     st.builds(lambda n, u: f"{n} {u}", st.floats(allow_nan=True, allow_infinity=True, width=32),
               st.sampled_from(["W", "mW", "MHz", "GHz", "%", "MiB", "GiB", "C", "J", "mJ"])),
     st.builds(str, st.integers(-10**6, 10**6)),
     st.builds(lambda n: f"0x{n:016x}", st.integers(0, 2**64 - 1)),
+    st.builds(lambda digits: "0x" + digits, st.text(alphabet="0123456789abcdefABCDEF٣５_", min_size=1, max_size=4)),
 )
 
 

@@ -361,7 +361,7 @@ def _fast_int(text: str) -> int:
 
 def _fast_bitmask(text: str) -> int:
     text = text.strip()
-    if text[:2] in ("0x", "0X") and "_" not in text:
+    if text[:2] in ("0x", "0X") and "_" not in text and text.isascii():
         return int(text, 16)
     if text.isdigit():
         return int(text)
