@@ -502,7 +502,9 @@ class Daemon:
     def wait(self) -> None:
         """Block until SIGTERM/SIGINT, then stop; reload the config on each SIGHUP meanwhile."""
         while True:
-            self._wake.wait(0.5)
+            # a signal interrupts the wait at once (its handler sets the event); the timeout is only a safety
+            # net, long enough not to wake an idle daemon twice a second
+            self._wake.wait(5.0)
             if self._reload.is_set():
                 self._reload.clear()
                 self._wake.clear()
