@@ -397,7 +397,7 @@ class Daemon:
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
         self._server = _MetricsServer((host, port), self.exposition, self.web, self.sampling_problem)
-        self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+        self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                                name="http", daemon=True)
         self._server_thread.start()
         wall_interval, persist_interval = self._intervals(self.config)
