@@ -183,7 +183,7 @@ class Sampler:
         self._ticks = 0
         self._snapshot = EMPTY
         self._logged_drops: set[tuple[int, str]] = set()
-        self.deadline = deadline_seconds  # 0: read the GPUs one after the other, no deadline
+        self.deadline = deadline_seconds  # 0: read the GPUs on the calling thread, no deadline
         self.driver_errors = driver_errors  # the driver went away: reopen the backend
         self.unavailable_errors = unavailable_errors  # reopening failed: still gone
         self._driver_gone = False
