@@ -9,9 +9,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -109,3 +110,21 @@ def started(args: list[str], log: Path, cwd: Path, *, stdout_to_log: bool = True
         yield proc
     finally:
         stop(proc)
+
+
+T = TypeVar("T")
+
+
+def poll_until(what: str, seconds: float, procs: Mapping[str, subprocess.Popen[bytes]],
+               attempt: Callable[[], T | None], interval: float) -> T:
+    """Call ``attempt`` every ``interval`` seconds until it returns something other than None; fail early when
+    one of ``procs`` (name -> process) died, and after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for name, proc in procs.items():
+            assert proc.poll() is None, f"{name} exited with code {proc.returncode} while waiting for {what}"
+        result = attempt()
+        if result is not None:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {seconds:g}s waiting for {what}"
+        time.sleep(interval)

@@ -9,19 +9,17 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
-from helpers import free_ports, logs_on_failure, require, started
+from helpers import free_ports, logs_on_failure, poll_until, require, started
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
@@ -35,7 +33,6 @@ POLL_SECONDS = 0.2
 # urllib would send even loopback requests through $http_proxy: never use a proxy here.
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-T = TypeVar("T")
 Series = list[dict[str, Any]]
 
 
@@ -60,19 +57,6 @@ def write_prometheus_config(path: Path, target: str) -> Path:
 
 
 
-
-
-def _poll(what: str, seconds: float, procs: dict[str, subprocess.Popen[bytes]], attempt: Callable[[], T | None]) -> T:
-    """Call ``attempt`` until it returns something other than None; fail early when a process died."""
-    deadline = time.monotonic() + seconds
-    while True:
-        for name, proc in procs.items():
-            assert proc.poll() is None, f"{name} exited with code {proc.returncode} while waiting for {what}"
-        result = attempt()
-        if result is not None:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {seconds:g}s waiting for {what}"
-        time.sleep(POLL_SECONDS)
 
 
 def _get(url: str) -> str | None:
@@ -117,7 +101,7 @@ def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
             body = _get(f"http://{daemon_addr}/metrics")
             return True if body is not None and 'gpuwear_backend_info{backend="simulated"' in body else None
 
-        _poll("the daemon's /metrics", DAEMON_READY_SECONDS, {"gpuwear": daemon}, daemon_ready)
+        poll_until("the daemon's /metrics", DAEMON_READY_SECONDS, {"gpuwear": daemon}, daemon_ready, POLL_SECONDS)
 
         prometheus = stack.enter_context(started(
             [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -128,8 +112,8 @@ def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
             series = _query(prometheus_addr, 'gpuwear_temperature_celsius{sensor="gpu"}')
             return series if len(_labels(series, "uuid")) == 2 else None
 
-        _poll("Prometheus to hold the temperatures of both GPUs", PROMETHEUS_READY_SECONDS,
-              {"gpuwear": daemon, "prometheus": prometheus}, both_gpus_scraped)
+        poll_until("Prometheus to hold the temperatures of both GPUs", PROMETHEUS_READY_SECONDS,
+                   {"gpuwear": daemon, "prometheus": prometheus}, both_gpus_scraped, POLL_SECONDS)
 
         up = _query(prometheus_addr, f'up{{job="{JOB}"}}')
         assert [s["value"][1] for s in up] == ["1"], up

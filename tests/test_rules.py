@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from helpers import free_ports, logs_on_failure, require, started
+from helpers import free_ports, logs_on_failure, poll_until, require, started
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "gpuwear-rules.yml"
@@ -142,15 +142,8 @@ class Stack:
 
     def poll(self, what: str, seconds: float, attempt: Callable[[], T | None]) -> T:
         """Call ``attempt`` until it returns something other than None; fail early when a process died."""
-        deadline = time.monotonic() + seconds
-        while True:
-            for name, proc in (("gpuwear", self.daemon), ("prometheus", self.prometheus)):
-                assert proc.poll() is None, f"{name} exited with code {proc.returncode} while waiting for {what}"
-            result = attempt()
-            if result is not None:
-                return result
-            assert time.monotonic() < deadline, f"timed out after {seconds:g}s waiting for {what}"
-            time.sleep(POLL_SECONDS)
+        return poll_until(what, seconds, {"gpuwear": self.daemon, "prometheus": self.prometheus}, attempt,
+                          POLL_SECONDS)
 
     def api(self, path: str, **params: str) -> tuple[int, dict[str, Any]]:
         """(HTTP status, decoded reply) of a Prometheus API call."""
