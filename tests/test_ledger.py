@@ -10,7 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,6 +23,9 @@ from gpuwear.ledger import Event, Ledger, LedgerError
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.tracker import WearTracker
 from helpers import fetch, free_port, wait_for
+
+if TYPE_CHECKING:
+    from gpuwear.service import Daemon
 
 
 def run_tracker(rig_seconds: int, wears: dict[str, GpuWear], rig_start: int = 0) -> WearTracker:
@@ -179,16 +185,25 @@ def test_daemon_killed_at_random_instants_loses_at_most_one_persist_interval(tmp
     assert last_saved > 3600  # six runs of 1.2-3 s at x600, each losing at most one save interval
 
 
-def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_path: Path) -> None:
+@contextmanager
+def demo_daemon(state_dir: Path) -> Iterator[Daemon]:
+    """The daemon in-process on the demo scenario at x60, with its ledger in ``state_dir``; stopped after."""
     from gpuwear.config import Config
     from gpuwear.service import Daemon, open_source
 
-    blocker = tmp_path / "state"
-    blocker.write_text("a file where the state directory should be")  # mkdir fails, even for root
-    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(blocker))
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state_dir))
     daemon = Daemon(config, open_source(config, "demo", 60.0, False))
     daemon.start()
     try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state directory should be")  # mkdir fails, even for root
+    with demo_daemon(blocker) as daemon:
         time.sleep(1.5)
         assert daemon.persist() is False
         _, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
@@ -199,22 +214,13 @@ def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_
         assert daemon.persist() is True
         _, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
         assert "gpuwear_ledger_persist_success 1.0" in body
-    finally:
-        daemon.stop()
-    doc = json.loads(subprocess.run([sys.executable, "-m", "gpuwear", "report", "--json", "--simulated",
-                                     "--state-dir", str(blocker)], capture_output=True, text=True, check=True).stdout)
+    doc = report_json(blocker)
     # nothing sampled while it could not save was lost (the report rounds to the millisecond)
-    assert doc["gpus"][0]["observed_seconds"] >= observed - 0.001
+    assert doc["gpus"][0]["observed_seconds"] >= observed - 0.001  # type: ignore[index]
 
 
 def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path) -> None:
-    from gpuwear.config import Config
-    from gpuwear.service import Daemon, open_source
-
-    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
-    daemon = Daemon(config, open_source(config, "demo", 60.0, False))
-    daemon.start()
-    try:
+    with demo_daemon(tmp_path) as daemon:
         time.sleep(1.0)
         assert daemon.persist() is True
         assert daemon.ledger is not None
@@ -229,8 +235,6 @@ def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path) -
             pytest.fail("the ledger never filled up")
         db.execute("PRAGMA max_page_count = 1073741823")
         assert daemon.persist() is True
-    finally:
-        daemon.stop()
     ledger = Ledger.open_read_only(tmp_path / "simulated" / "ledger.sqlite")
     assert ledger.load(2.0)  # never a broken ledger
     ledger.close()
@@ -239,8 +243,6 @@ def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path) -
 def test_the_ledger_page_cache_is_bounded_to_256_kib(tmp_path: Path) -> None:
     """SQLite's default 2 MiB page cache made the daemon's RSS grow by 2 MiB over its first simulated week
     (bench/results.md, week run): the ledger's connection keeps 256 KiB."""
-    from gpuwear.ledger import Ledger
-
     ledger = Ledger.open(tmp_path / "ledger.sqlite")
     try:
         assert ledger._db.execute("PRAGMA cache_size").fetchone()[0] == -256
