@@ -270,9 +270,9 @@ class _Bound:
 class _Layout:
     width: int
     time: _Bound
-    columns: tuple[_Bound, ...]  # lowest rank first
-    # per column, what the row loop reads: (cell index, target field, fills identity?, fast converter, column)
-    plan: tuple[tuple[int, str, bool, Callable[[str], Any], _Bound], ...] = ()
+    # per column, lowest rank first, what the row loop reads: (cell index, target field, fills identity?, fast
+    # converter, the column)
+    plan: tuple[tuple[int, str, bool, Callable[[str], Any], _Bound], ...]
 
 
 def _split_header(name: str) -> tuple[str, str | None]:
@@ -312,8 +312,7 @@ def _resolve(header: list[str]) -> _Layout:
         raise ImportFormatError("no temperature or power column (temperature.gpu, temperature.memory, "
                                 "power.draw[.average|.instant], temperature_C, power_draw_W) in the header")
     bound.sort(key=lambda b: b.column.rank)
-    plan = tuple((b.index, b.column.target, b.identity, b.fast, b) for b in bound)
-    return _Layout(len(header), time, tuple(bound), plan)
+    return _Layout(len(header), time, tuple((b.index, b.column.target, b.identity, b.fast, b) for b in bound))
 
 
 # --- rows --------------------------------------------------------------------------------------------------------
