@@ -93,9 +93,7 @@ class _Reader:
                 try:
                     result = self._fetch(index, slow)
                 except BaseException as exc:  # a bug, not a GPU fault: the sampler's thread raises it
-                    with self.cond:
-                        batch.failure, batch.finished = exc, True
-                        self.cond.notify_all()
+                    batch.failure = exc  # published with ``finished`` below
                     break
                 with self.cond:
                     batch.results[position] = result
