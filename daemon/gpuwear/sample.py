@@ -149,11 +149,9 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def _in_range(name: str, value: Any) -> bool:
-    bounds = PHYSICAL_RANGES.get(name)
-    if bounds is None or value is None or isinstance(value, bool):
-        return True
-    return bool(bounds[0] <= value <= bounds[1])
+def _within(bounds: tuple[float, float], value: Any) -> bool:
+    """Whether a reading is usable: missing (None), a flag, or a number inside ``bounds`` (NaN is not)."""
+    return value is None or value.__class__ is bool or bool(bounds[0] <= value <= bounds[1])
 
 
 def validated(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -163,14 +161,14 @@ def validated(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     dropped: list[str] = []
     for name, value in values.items():
         bounds = PHYSICAL_RANGES.get(name)
-        if bounds is None or value is None:
+        if bounds is None:
             out[name] = value
         elif value.__class__ is tuple:
-            kept = tuple(v if _in_range(name, v) else None for v in value)
+            kept = tuple(v if _within(bounds, v) else None for v in value)
             if kept != value:
                 dropped.append(name)
             out[name] = kept
-        elif value.__class__ is bool or bounds[0] <= value <= bounds[1]:
+        elif _within(bounds, value):
             out[name] = value
         else:
             dropped.append(name)
