@@ -49,6 +49,20 @@ def test_scrape_is_served_from_the_snapshot_while_nvml_hangs(daemon: Daemon) -> 
     assert elapsed < 0.5, f"scrape waited {elapsed:.2f}s on a hung NVML call"
 
 
+def test_an_idle_http_server_does_not_wake_up(daemon: Daemon) -> None:
+    """The listener blocks until a connection (or stop) arrives: no periodic poll costing CPU."""
+    http = next(t for t in threading.enumerate() if t.name == "http")
+    fetch(f"http://127.0.0.1:{daemon.port}/metrics")  # served, then idle
+
+    def runs() -> int:  # /proc/PID/task/TID/schedstat: CPU ns, wait ns, times scheduled on a CPU
+        return int(Path(f"/proc/self/task/{http.native_id}/schedstat").read_text().split()[2])
+
+    before = runs()
+    time.sleep(2.0)
+    assert runs() - before <= 1  # socketserver's serve_forever(poll_interval=0.2) ran 10 times here
+    assert fetch(f"http://127.0.0.1:{daemon.port}/healthz") == (200, "ok\n")
+
+
 def run_daemon(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "gpuwear", "run", *args], stderr=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, text=True)
