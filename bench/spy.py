@@ -45,7 +45,7 @@ def owner(path: str, func: str = "") -> str:
         return "gpuwear"
     if "nvitop" in p:
         return "nvitop"
-    for lib in ("prometheus_client", "psutil", "apscheduler", "yaml", "sqlite3", "cachetools"):
+    for lib in ("prometheus_client", "psutil", "yaml", "sqlite3", "cachetools"):
         if lib in p:
             return lib
     if "bare_nvml" in p:

@@ -14,7 +14,7 @@ import pytest
 
 from gpuwear.config import Config
 from gpuwear.service import Daemon, open_source
-from helpers import fetch, free_port, real_nvml_present, wait_for
+from helpers import fetch, free_port, poll_until, real_nvml_present, wait_for
 
 
 @pytest.fixture
@@ -261,5 +261,23 @@ def test_sampling_loop_ticks_at_the_configured_rate_and_follows_a_reload(tmp_pat
         with d._tick_lock:  # a tick held up for 0.6 s (2.4 intervals): the missed ticks are not made up in a burst
             time.sleep(0.6)
         assert rate(1.0) <= 6  # 4 on time and the held one (+1 for sleep overshoot); a burst adds 2 more
+    finally:
+        d.stop()
+
+
+def test_a_reloaded_persist_interval_applies_at_once(tmp_path: Path) -> None:
+    """A save every hour, reloaded to every second: the next save comes within seconds, not after the hour."""
+    file = tmp_path / "config.yaml"
+    file.write_text("wear:\n  persist_interval_seconds: 3600\n")
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+    d = Daemon(config, open_source(config, "demo", 1.0, False), config_path=str(file))
+    d.reload()
+    d.start()
+    try:
+        time.sleep(1.5)
+        assert d._ledger_status.last_success_wall is None  # no save yet: the first is an hour away
+        file.write_text("wear:\n  persist_interval_seconds: 1\n")
+        assert d.reload()
+        poll_until("a save after the reload", 5.0, {}, lambda: d._ledger_status.last_success_wall, 0.1)
     finally:
         d.stop()

@@ -118,7 +118,6 @@ def _run(args: argparse.Namespace) -> int:
         return _fail("--speed applies to simulated GPUs only; add --simulate", EXIT_USAGE)
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     speed = args.speed if args.speed is not None else config.simulation.speed
     simulate = args.simulate if args.simulate != "" else config.simulation.scenario
     try:

@@ -1,4 +1,4 @@
-"""Wiring: backend, sampler, scheduler, HTTP server, signals, shutdown."""
+"""Wiring: backend, sampler, the periodic loops (sampling, ledger save, watchdog), HTTP server, signals, shutdown."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
@@ -296,6 +295,7 @@ class Daemon:
         self.registry.register(collector)
         self.exposition = Exposition(self.published)
         self._stopped = threading.Event()
+        self._timers = threading.Condition()  # notified on stop and reload: the periodic loops re-read their interval
         self._tick_lock = threading.Lock()
         self._persist_lock = threading.Lock()
         self._wake = threading.Event()
@@ -304,7 +304,6 @@ class Daemon:
         self._watchdog_interval = int(watchdog_usec) / 2e6 if watchdog_usec.isdigit() else None
         self._tick_started: float | None = None  # monotonic, while a tick runs
         self._tick_done = time.monotonic()
-        self._scheduler = BackgroundScheduler(daemon=True)
         self._server: _MetricsServer | None = None
         self._server_thread: threading.Thread | None = None
 
@@ -392,21 +391,26 @@ class Daemon:
         self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
         return True
 
-    def _sampling_loop(self) -> None:
-        """Tick at a fixed rate on the monotonic clock until stopped. The per-second tick has a thread of its own
-        rather than an apscheduler job: apscheduler's bookkeeping for each run (events, datetime arithmetic, a
-        hand-over to its pool) was a fifth of the daemon's CPU at 1 Hz; the infrequent jobs stay with it. A tick
-        that overruns makes the missed ones one, never a burst; a reloaded interval applies from the next tick."""
-        due = time.monotonic()
+    def _every(self, seconds: Callable[[], float], action: Callable[[], None]) -> None:
+        """Run ``action`` at a fixed rate on the monotonic clock until stopped (the sampling tick, the ledger save,
+        the watchdog ping: one thread each, asleep in between). ``seconds()`` is read again after a reload, which
+        applies from the last run; a run that overruns makes the missed ones one, never a burst."""
+        last = time.monotonic()
         while True:
-            interval = self._intervals(self.config)[0]
-            due += interval
-            now = time.monotonic()
-            if due < now:
-                due += math.ceil((now - due) / interval) * interval
-            if self._stopped.wait(due - now):
-                return
-            self._tick()
+            with self._timers:
+                while True:
+                    if self._stopped.is_set():
+                        return
+                    interval = seconds()
+                    due, now = last + interval, time.monotonic()
+                    if now >= due:
+                        break
+                    self._timers.wait(due - now)
+            last = due + math.floor((now - due) / interval) * interval
+            try:
+                action()
+            except Exception:  # a bug in one run must not end the loop
+                log.exception("periodic %s failed", getattr(action, "__name__", action))
 
     def _persist_job(self) -> None:
         try:
@@ -423,14 +427,15 @@ class Daemon:
         self._server = _MetricsServer((host, port), self.exposition, self.web, self.sampling_problem)
         self._server_thread = threading.Thread(target=self._server.serve, name="http", daemon=True)
         self._server_thread.start()
-        wall_interval, persist_interval = self._intervals(self.config)
-        threading.Thread(target=self._sampling_loop, name="sampling", daemon=True).start()
-        self._scheduler.add_job(self._persist_job, "interval", seconds=persist_interval, id="persist",
-                                max_instances=1, coalesce=True, misfire_grace_time=None)
+        wall_interval = self._intervals(self.config)[0]
+        loops: list[tuple[str, Callable[[], float], Callable[[], None]]] = [
+            ("sampling", lambda: self._intervals(self.config)[0], self._tick),
+            ("persist", lambda: self._intervals(self.config)[1], self._persist_job)]
         if self._watchdog_interval is not None:
-            self._scheduler.add_job(self._watchdog, "interval", seconds=self._watchdog_interval, id="watchdog",
-                                    max_instances=1, coalesce=True, misfire_grace_time=None)
-        self._scheduler.start()
+            watchdog_interval = self._watchdog_interval
+            loops.append(("watchdog", lambda: watchdog_interval, self._watchdog))
+        for name, seconds, action in loops:
+            threading.Thread(target=self._every, args=(seconds, action), name=name, daemon=True).start()
         sd_notify(f"READY=1\nSTATUS=sampling {len(sampler.snapshot.gpus)} GPU(s)")
         if not self.config.listen_is_loopback and not (self.web.users and self.web.cert_file):
             log.warning("serving /metrics on a non-loopback address %s without TLS and basic auth "
@@ -475,13 +480,13 @@ class Daemon:
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("SIGHUP: %s changed; it takes effect at the next restart", key)
                 new = replace(new, **{key: getattr(self.config, key)})
-        persist_interval = self._intervals(new)[1]  # the sampling loop reads the new interval itself
-        self._scheduler.reschedule_job("persist", trigger="interval", seconds=persist_interval)
         self.source.sampler.slow_interval = new.sampling.slow_interval_seconds
         self.source.sampler.deadline = new.sampling.nvml_deadline_seconds
         self.tracker.set_params(self._wear_params(new))
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
+        with self._timers:  # the sampling and persist loops take their new intervals
+            self._timers.notify_all()
         log.info("SIGHUP: reloaded %s (sampling every %gs)", self.config_path, new.sampling.interval_seconds)
         sd_notify("READY=1")
         return True
@@ -490,10 +495,10 @@ class Daemon:
         """Stop sampling, serving and NVML; idempotent, returns within about a second."""
         if self._stopped.is_set():
             return
-        self._stopped.set()
+        with self._timers:
+            self._stopped.set()
+            self._timers.notify_all()
         sd_notify("STOPPING=1")
-        if self._scheduler.running:
-            self._scheduler.shutdown(wait=False)
         if self._server is not None:
             self._server.close(self._server_thread)
         # let a tick in flight finish (not a hung one), so the last save holds what was served
