@@ -154,23 +154,24 @@ def _within(bounds: tuple[float, float], value: Any) -> bool:
     return value is None or value.__class__ is bool or bool(bounds[0] <= value <= bounds[1])
 
 
-def validated(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def validated(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Readings with those outside :data:`PHYSICAL_RANGES` set to None, and the names dropped.
     Per-fan tuples drop single fans."""
-    out: dict[str, Any] = {}
+    out = dict(values)
     dropped: list[str] = []
-    for name, value in values.items():
-        bounds = PHYSICAL_RANGES.get(name)
-        if bounds is None:
-            out[name] = value
-        elif value.__class__ is tuple:
+    for name, bounds in _RANGED:
+        value = out.get(name)
+        if value is None:
+            continue
+        if value.__class__ is tuple:
             kept = tuple(v if _within(bounds, v) else None for v in value)
             if kept != value:
                 dropped.append(name)
-            out[name] = kept
-        elif _within(bounds, value):
-            out[name] = value
-        else:
+                out[name] = kept
+        elif not _within(bounds, value):
             dropped.append(name)
             out[name] = None
     return out, dropped
+
+
+_RANGED = tuple(PHYSICAL_RANGES.items())

@@ -364,7 +364,8 @@ class Sampler:
             gpu.sample = sample
             gpu.last_duration = duration
             gpu.last_success = not reading.errors
-            gpu.errors.update(reading.errors)
+            if reading.errors:
+                gpu.errors.update(reading.errors)
             self._account_energy(gpu, sample.energy_joules)
 
     def _validated(self, gpu: _Gpu, values: dict[str, Any]) -> dict[str, Any]:

@@ -194,7 +194,7 @@ class Reader:
     key: str  # logged, and a per-GPU "unsupported" entry
     slow: bool
     read: Callable[[Any], Values]
-    fields: tuple[str, ...]  # the sample fields it fills (set to None when unsupported)
+    fields: tuple[str, ...]  # the sample fields it fills (set to None when its read fails)
 
 
 READERS: tuple[Reader, ...] = (
@@ -263,6 +263,9 @@ ALL_FIELDS: tuple[str, ...] = (
 )
 
 
+_Plan = tuple[tuple[Reader, ...], list[tuple[int, str, float, bool]], dict[str, None]]
+
+
 class _Device:
     """Per-GPU state of the backend: the handle and what the GPU does not support."""
 
@@ -270,6 +273,25 @@ class _Device:
         self.handle = handle
         self.identity = identity
         self.unsupported: set[str] = set()
+        self._plans: dict[bool, _Plan] = {}
+
+    def plan(self, slow: bool) -> _Plan:
+        """What a fast (or slow) read asks for: the supported readers and field values, and None for the
+        fields of the unsupported ones; worked out again only after something turned out unsupported."""
+        plan = self._plans.get(slow)
+        if plan is None:
+            readers = [r for r in READERS if slow or not r.slow]
+            fields = [f for f in FIELD_VALUES if slow or not f[3]]
+            plan = self._plans[slow] = (
+                tuple(r for r in readers if r.key not in self.unsupported),
+                [f for f in fields if f[1] not in self.unsupported],
+                {**{name: None for r in readers if r.key in self.unsupported for name in r.fields},
+                 **{f[1]: None for f in fields if f[1] in self.unsupported}})
+        return plan
+
+    def mark_unsupported(self, key: str) -> None:
+        self.unsupported.add(key)
+        self._plans.clear()
 
 
 class NvmlBackend:
@@ -384,7 +406,7 @@ class NvmlBackend:
     # -- reading ------------------------------------------------------------------------
 
     def _unsupported(self, dev: _Device, key: str, exc: pynvml.NVMLError) -> None:
-        dev.unsupported.add(key)
+        dev.mark_unsupported(key)
         log.info("GPU %d (%s): %s not supported (%s); not polled again",
                  dev.identity.index, dev.identity.uuid, key, exc)
 
@@ -395,18 +417,16 @@ class NvmlBackend:
         """
         dev = self._devices[index]
         out = Reading()
-        for reader in READERS:
-            if reader.slow and not slow:
-                continue
-            if reader.key in dev.unsupported:
-                out.values.update(dict.fromkeys(reader.fields))
-                continue
+        values, handle = out.values, dev.handle
+        readers, wanted, unsupported = dev.plan(slow)
+        values.update(unsupported)  # None, and never a slow read's old value
+        for reader in readers:
             try:
-                out.values.update(reader.read(dev.handle))
+                values.update(reader.read(handle))
             except pynvml.NVMLError as exc:
                 self._failed(dev, reader.key, exc, out)
-                out.values.update(dict.fromkeys(reader.fields))
-        self._read_fields(dev, slow, out)
+                values.update(dict.fromkeys(reader.fields))
+        self._read_fields(dev, wanted, out)
         self._read_fans(dev, out)
         return out
 
@@ -420,11 +440,7 @@ class NvmlBackend:
         else:
             out.errors.append(error_kind(exc))
 
-    def _read_fields(self, dev: _Device, slow: bool, out: Reading) -> None:
-        wanted = [f for f in FIELD_VALUES if (slow or not f[3]) and f[1] not in dev.unsupported]
-        for f in FIELD_VALUES:
-            if (slow or not f[3]) and f[1] in dev.unsupported:
-                out.values[f[1]] = None
+    def _read_fields(self, dev: _Device, wanted: list[tuple[int, str, float, bool]], out: Reading) -> None:
         if not wanted:
             return
         try:
