@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import signal
 import subprocess
 import sys
@@ -281,3 +282,42 @@ def test_a_reloaded_persist_interval_applies_at_once(tmp_path: Path) -> None:
         poll_until("a save after the reload", 5.0, {}, lambda: d._ledger_status.last_success_wall, 0.1)
     finally:
         d.stop()
+
+
+_ARENAS_SCRIPT = """
+import ctypes, sys, tempfile, threading
+from gpuwear.service import limit_malloc_arenas
+assert limit_malloc_arenas() if sys.argv[1] == "limit" else True
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+keep = []
+barrier = threading.Barrier(12)
+def work():
+    barrier.wait()  # all at once: a thread finding the arenas busy is given a new one
+    keep.extend(bytearray(1000) for _ in range(2000))
+threads = [threading.Thread(target=work) for _ in range(12)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+with tempfile.NamedTemporaryFile() as out:
+    fp = libc.fopen(out.name.encode(), b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    print(open(out.name).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc arenas are glibc's")
+def test_malloc_arenas_are_capped() -> None:
+    """`gpuwear run` caps glibc's malloc arenas: threads allocating at once share two instead of one each
+    (glibc's malloc_info lists one <heap> per arena)."""
+    def heaps(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, mode], capture_output=True, text=True, check=True)
+        return int(done.stdout)
+
+    assert heaps("limit") <= 2
+    assert heaps("default") > 2  # the check can tell: without the cap the same threads get arenas of their own

@@ -101,7 +101,7 @@ def _config_problems(path: str, error: ConfigError) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from gpuwear.backends.simulated import ScenarioError
-    from gpuwear.service import Daemon, open_source
+    from gpuwear.service import Daemon, limit_malloc_arenas, open_source
 
     config = load_config(args.config)
     if args.listen is not None:
@@ -120,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     speed = args.speed if args.speed is not None else config.simulation.speed
     simulate = args.simulate if args.simulate != "" else config.simulation.scenario
+    limit_malloc_arenas()  # before any thread starts
     try:
         source = open_source(config, simulate, speed, args.simulate_if_no_gpu)
     except NvmlUnavailableError as exc:

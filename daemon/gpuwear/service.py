@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -61,6 +62,25 @@ def sd_notify(message: str) -> bool:
         log.warning("sd_notify %r failed: %s", message, exc)
         return False
     return True
+
+
+M_ARENA_MAX = -8  # glibc malloc.h: the mallopt parameter that caps the number of malloc arenas
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas for this process (as MALLOC_ARENA_MAX does); call before starting threads.
+
+    glibc gives a thread that allocates while the others hold their arenas an arena of its own, up to 8 per
+    core, and keeps each one's pages. The HTTP server's thread per connection then grew the daemon's RSS by
+    about 1 MiB over its first few thousand scrapes (33.2 -> 34.3 MiB at 8 GPUs; with 2 arenas +0.45 MiB, flat
+    after 500). Threads that mostly sleep need no more than two. False where the C library is not glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_ARENA_MAX, arenas))
 
 
 @dataclass
