@@ -112,8 +112,10 @@ _WEAR_FAMILIES = tuple(_Family.of(m, GPU_LABELS) for m in WEAR_METRICS)
 
 
 def encode(pub: Published, openmetrics: bool) -> bytes:
-    """The exposition of one published state: Prometheus text 0.0.4, or OpenMetrics 1.0.0."""
-    out: list[str] = []
+    """The exposition of one published state: Prometheus text 0.0.4, or OpenMetrics 1.0.0. Encoded family by
+    family: the lines of the whole body at once (about 9,000 at 64 GPUs) took four times its size at the peak."""
+    body = bytearray()
+    lines: list[str] = []
     gpus = [(s, [str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)])
             for s in pub.snapshot.gpus]
     wear = [(pub.wear[s.identity.uuid], base) for s, base in gpus if s.identity.uuid in pub.wear]
@@ -121,11 +123,13 @@ def encode(pub: Published, openmetrics: bool) -> bytes:
     for families, sources in ((_DAEMON_FAMILIES, [(pub, no_labels)]), (_GPU_FAMILIES, gpus),
                               (_WEAR_FAMILIES, wear)):
         for family in families:
-            out.append(family.openmetrics_head if openmetrics else family.text_head)
-            family.write(out, sources)
+            lines.append(family.openmetrics_head if openmetrics else family.text_head)
+            family.write(lines, sources)
+            body += "".join(lines).encode()
+            lines.clear()
     if openmetrics:
-        out.append("# EOF\n")
-    return "".join(out).encode()
+        body += b"# EOF\n"
+    return bytes(body)
 
 
 class Exposition:
