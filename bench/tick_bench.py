@@ -92,9 +92,9 @@ def interleaved(scenario: str, ticks: int, state: str, deadline: float | None = 
         clock.advance(1.0)
         d._tick()
         c0 = time.process_time()
-        views = d.published().wear  # derived on first access
+        _views = d.published().wear  # derived on first access
         c1 = time.process_time()
-        assert views is d.published().wear and d.exposition.render(False)
+        _body = d.exposition.render(False)
         c2 = time.process_time()
         scrape["views"] += c1 - c0
         scrape["render"] += c2 - c1

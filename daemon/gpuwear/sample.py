@@ -159,7 +159,7 @@ def validated(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     Per-fan tuples drop single fans."""
     out = dict(values)
     dropped: list[str] = []
-    for name, bounds in _RANGED:
+    for name, bounds in PHYSICAL_RANGES.items():
         value = out.get(name)
         if value is None:
             continue
@@ -173,5 +173,3 @@ def validated(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             out[name] = None
     return out, dropped
 
-
-_RANGED = tuple(PHYSICAL_RANGES.items())

@@ -213,6 +213,11 @@ class _MetricsServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self._wake_read, self._wake_write = os.pipe()  # written once by close(): ends serve()
+        self._thread = threading.Thread(target=self.serve, name="http", daemon=True)
+
+    def start(self) -> None:
+        """Serve on a thread of its own until :meth:`close`."""
+        self._thread.start()
 
     def serve(self) -> None:
         """Accept connections until :meth:`close`. Blocks in select with no timeout: socketserver's
@@ -227,11 +232,11 @@ class _MetricsServer(ThreadingHTTPServer):
                     return
                 self._handle_request_noblock()  # type: ignore[attr-defined]  # what serve_forever calls; untyped
 
-    def close(self, thread: threading.Thread | None) -> None:
-        """End :meth:`serve` (running on ``thread``), then close the listening socket."""
+    def close(self) -> None:
+        """End :meth:`serve`, then close the listening socket."""
         os.write(self._wake_write, b"x")
-        if thread is not None and thread.is_alive():
-            thread.join(timeout=5.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
         self.server_close()
         os.close(self._wake_read)
         os.close(self._wake_write)
@@ -325,7 +330,6 @@ class Daemon:
         self._tick_started: float | None = None  # monotonic, while a tick runs
         self._tick_done = time.monotonic()
         self._server: _MetricsServer | None = None
-        self._server_thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -411,7 +415,7 @@ class Daemon:
         self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
         return True
 
-    def _every(self, seconds: Callable[[], float], action: Callable[[], None]) -> None:
+    def _every(self, seconds: Callable[[], float], action: Callable[[], object]) -> None:
         """Run ``action`` at a fixed rate on the monotonic clock until stopped (the sampling tick, the ledger save,
         the watchdog ping: one thread each, asleep in between). ``seconds()`` is read again after a reload, which
         applies from the last run; a run that overruns makes the missed ones one, never a burst."""
@@ -432,12 +436,6 @@ class Daemon:
             except Exception:  # a bug in one run must not end the loop
                 log.exception("periodic %s failed", getattr(action, "__name__", action))
 
-    def _persist_job(self) -> None:
-        try:
-            self.persist()
-        except Exception:
-            log.exception("ledger save failed")
-
     def start(self) -> None:
         """First sample, event listener, HTTP server, then the periodic schedule."""
         sampler = self.source.sampler
@@ -445,12 +443,11 @@ class Daemon:
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
         self._server = _MetricsServer((host, port), self.exposition, self.web, self.sampling_problem)
-        self._server_thread = threading.Thread(target=self._server.serve, name="http", daemon=True)
-        self._server_thread.start()
+        self._server.start()
         wall_interval = self._intervals(self.config)[0]
-        loops: list[tuple[str, Callable[[], float], Callable[[], None]]] = [
+        loops: list[tuple[str, Callable[[], float], Callable[[], object]]] = [
             ("sampling", lambda: self._intervals(self.config)[0], self._tick),
-            ("persist", lambda: self._intervals(self.config)[1], self._persist_job)]
+            ("persist", lambda: self._intervals(self.config)[1], self.persist)]
         if self._watchdog_interval is not None:
             watchdog_interval = self._watchdog_interval
             loops.append(("watchdog", lambda: watchdog_interval, self._watchdog))
@@ -520,7 +517,7 @@ class Daemon:
             self._timers.notify_all()
         sd_notify("STOPPING=1")
         if self._server is not None:
-            self._server.close(self._server_thread)
+            self._server.close()
         # let a tick in flight finish (not a hung one), so the last save holds what was served
         if self._tick_lock.acquire(timeout=1.0):
             self._tick_lock.release()
