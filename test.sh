@@ -25,3 +25,10 @@ fi
 .venv/bin/ruff check daemon tests
 .venv/bin/mypy
 .venv/bin/pytest "$@"
+
+# The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range).
+floor=$(sed -n 's/.*"nvidia-ml-py>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+[ -d .venv-floor ] || python3 -m venv .venv-floor
+.venv-floor/bin/pip install -q -e . "nvidia-ml-py==$floor" pytest hypothesis
+echo "test.sh: the NVML tests on nvidia-ml-py $floor" >&2
+.venv-floor/bin/pytest -q -p no:cacheprovider tests/test_drivers.py tests/test_nvml_backend.py tests/test_fakenvml.py

@@ -30,7 +30,7 @@ def test_doctor_on_simulated_gpus(tmp_path: Path) -> None:
     assert result.returncode == 1  # the RTX 4090 runs without persistence mode
     assert "[FIX] GPU 0 NVIDIA GeForce RTX 4090: persistence mode off" in out and "nvidia-persistenced" in out
     assert "[ok] GPU 1 NVIDIA H100 80GB HBM3: persistence mode on" in out
-    assert "not supported on this card: ecc_corrected_aggregate" in out
+    assert "; not supported: ecc_corrected_aggregate, " in out
     assert "1 thing(s) to fix" in out
 
 

@@ -139,6 +139,8 @@ def _run(args: argparse.Namespace) -> int:
         daemon.stop()
         return _fail(f"cannot serve on {config.listen}: {exc.strerror or exc}", EXIT_FAILURE)
     daemon.wait()
+    if daemon.fatal:
+        return _fail(daemon.fatal, EXIT_FAILURE)
     return 0
 
 

@@ -62,11 +62,22 @@ class Doctor:
                 self.check(False, f"GPU {gpu.index} {gpu.name}: lost ({exc})", "reset the GPU or reboot; check "
                            "`dmesg` for XID 79")
                 continue
-            unsupported = sorted(self.backend.unsupported(i))
+            by_reason: dict[str, list[str]] = {}
+            for key, reason in sorted(reading.unavailable.items()):
+                by_reason.setdefault(reason, []).append(key)
+            unavailable = "".join(f"; {reason.replace('_', ' ')}: {', '.join(keys)}"
+                                  for reason, keys in sorted(by_reason.items()))
             supported = sorted(k for k, v in reading.values.items() if v is not None)
-            self.check(not reading.errors, f"GPU {gpu.index} {gpu.name} ({gpu.uuid}): {len(supported)} fields read"
-                       + (f"; not supported on this card: {', '.join(unsupported)}" if unsupported else ""),
+            where = f"GPU {gpu.index} {gpu.name} ({gpu.uuid})"
+            if not supported:
+                self.check(False, f"{where}: yields no readings{unavailable}",
+                           "NVML answers nothing for this device (a Jetson/Tegra board, or a driver without "
+                           "NVML support for it): gpuwear cannot estimate its wear" if not reading.errors else
+                           f"NVML errors while reading: {', '.join(sorted(set(reading.errors)))}")
+                continue
+            self.check(not reading.errors, f"{where}: {len(supported)} fields read{unavailable}",
                        f"NVML errors while reading: {', '.join(sorted(set(reading.errors)))}")
+
         self.backend.close()
 
     def _devices(self) -> None:

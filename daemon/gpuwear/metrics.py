@@ -104,6 +104,14 @@ def _reasons(status: GpuStatus) -> Series:
             yield (name,), 1.0 if bits & bit else 0.0
 
 
+def _unavailable(status: GpuStatus) -> Series:
+    counts: dict[str, int] = {}
+    for reason in status.unavailable.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    for reason in sorted(counts):
+        yield (reason,), float(counts[reason])
+
+
 def _info(status: GpuStatus) -> Series:
     i = status.identity
     yield (i.name, i.serial or "", i.pci_bus_id or "", i.architecture or "", i.cuda_capability or ""), 1.0
@@ -209,8 +217,14 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        (), _sample_field("recovery_action")),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
-    MetricDef("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error.", (),
+    MetricDef("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error and gave "
+       "at least one reading; 0 when it failed or the GPU yields nothing.", (),
        _value(lambda s: 1.0 if s.last_success else 0.0)),
+    MetricDef("gpuwear_readings_unavailable", "gauge", "", "Readings the GPU cannot give, by reason: "
+       "not_supported, no_permission (an unprivileged daemon), function_not_found (an older driver), "
+       "unknown_field (a field id the driver does not know), binding_error (nvidia-ml-py does not fit this "
+       "driver), module_scope (a Grace superchip's module energy counter: power is integrated instead). Not a "
+       "sampling failure.", ("reason",), _unavailable),
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
        "took.", (), _value(lambda s: s.last_duration_seconds)),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "

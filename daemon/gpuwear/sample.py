@@ -39,7 +39,8 @@ class GpuSample:
     timestamp: float  # wall clock, Unix seconds
     monotonic: float  # monotonic clock, seconds
     # temperatures, °C
-    temperature_gpu_celsius: float | None = None  # nvmlDeviceGetTemperature(GPU) ("temperature.gpu")
+    # nvmlDeviceGetTemperatureV (565.57+) or nvmlDeviceGetTemperature, sensor GPU ("temperature.gpu")
+    temperature_gpu_celsius: float | None = None
     temperature_memory_celsius: float | None = None  # field NVML_FI_DEV_MEMORY_TEMP ("temperature.memory")
     # nvmlDeviceGetTemperatureThreshold: SHUTDOWN, SLOWDOWN, GPU_MAX, MEM_MAX (slow)
     threshold_shutdown_celsius: float | None = None
@@ -50,9 +51,11 @@ class GpuSample:
     power_watts: float | None = None  # nvmlDeviceGetPowerUsage ("power.draw")
     power_limit_watts: float | None = None  # nvmlDeviceGetEnforcedPowerLimit ("enforced.power.limit"), slow
     power_default_limit_watts: float | None = None  # nvmlDeviceGetPowerManagementDefaultLimit, slow
-    energy_joules: float | None = None  # field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, since driver load
+    # field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, since driver load (not on Grace superchips: the module's)
+    energy_joules: float | None = None
     # fans, per fan index
-    fan_speed_ratio: tuple[float | None, ...] | None = None  # nvmlDeviceGetFanSpeed_v2 / 100 ("fan.speed")
+    # nvmlDeviceGetFanSpeed_v2 / 100 ("fan.speed"); before R510's GetNumFans, the fans that answer
+    fan_speed_ratio: tuple[float | None, ...] | None = None
     fan_speed_rpm: tuple[float | None, ...] | None = None  # nvmlDeviceGetFanSpeedRPM
     # clocks, Hz (nvmlDeviceGetClockInfo / nvmlDeviceGetMaxClockInfo, MHz x 1e6)
     clock_graphics_hz: float | None = None  # "clocks.gr"
@@ -62,14 +65,16 @@ class GpuSample:
     clock_sm_max_hz: float | None = None  # "clocks.max.sm", slow
     clock_memory_max_hz: float | None = None  # "clocks.max.mem", slow
     performance_state: int | None = None  # nvmlDeviceGetPerformanceState, 0 (P0) .. 15
-    clock_event_reasons: int | None = None  # nvmlDeviceGetCurrentClocksEventReasons bitmask
-    # nvmlDeviceGetViolationStatus(POWER / THERMAL).violationTime, ns -> s, cumulative
+    clock_event_reasons: int | None = None  # nvmlDeviceGetCurrentClocksEventReasons (ThrottleReasons pre-R535)
+    # nvmlDeviceGetViolationStatus(POWER / THERMAL).violationTime, ns -> s, cumulative (without the function:
+    # fields NVML_FI_DEV_PERF_POLICY_POWER / _THERMAL)
     violation_power_seconds: float | None = None
     violation_thermal_seconds: float | None = None
     # utilization and memory
     utilization_gpu_ratio: float | None = None  # nvmlDeviceGetUtilizationRates().gpu / 100
     utilization_memory_ratio: float | None = None  # nvmlDeviceGetUtilizationRates().memory / 100
-    memory_used_bytes: float | None = None  # nvmlDeviceGetMemoryInfo().used ("memory.used")
+    # nvmlDeviceGetMemoryInfo_v2().used ("memory.used": without the driver's reserved memory); v1 before R510
+    memory_used_bytes: float | None = None
     # modes and memory health (slow)
     mig_enabled: bool | None = None  # nvmlDeviceGetMigMode current
     ecc_enabled: bool | None = None  # nvmlDeviceGetEccMode current
@@ -91,7 +96,8 @@ class GpuSample:
     # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot,
     # 3 drain P2P, 4 drain and reset (nvmlDeviceGpuRecoveryAction_t)
     recovery_action: int | None = None
-    # nvmlDeviceGetComputeRunningProcesses: (PID, used GPU memory in bytes or None) per process
+    # nvmlDeviceGetComputeRunningProcesses_v3 (_v2 before R510), in the layout the driver fills:
+    # (PID, used GPU memory in bytes or None) per process
     processes: tuple[tuple[int, float | None], ...] | None = None
 
     @classmethod

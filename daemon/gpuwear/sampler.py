@@ -111,12 +111,14 @@ class GpuStatus:
     identity: GpuIdentity
     up: bool  # False once the GPU answered GPU_IS_LOST
     sample: GpuSample | None  # the last sample; None before the first and while down
-    last_success: bool  # the last read had no error
+    last_success: bool  # the last read had no error and gave at least one reading
     last_duration_seconds: float  # wall time the last read took
     errors: Mapping[str, int]  # read errors by kind, since start
     dropped: Mapping[str, int]  # readings dropped as out of range, by field, since start
     xids: Mapping[int, int]  # XID events by code, since start
     energy_joules_total: float | None  # energy counter, continued across counter resets
+    unavailable: Mapping[str, str]  # readings the GPU cannot give now -> why (backends.nvml.REASONS)
+    readings: int  # readings (not None) the last read gave; 0: the GPU yields nothing
 
 
 @dataclass(frozen=True)
@@ -146,14 +148,19 @@ class _Gpu:
     xids: Counter[int] = field(default_factory=Counter)
     energy_offset: float = 0.0
     energy_last: float | None = None
+    energy_at: float = 0.0  # monotonic time of energy_last
+    energy_reset_expected: bool = False  # the driver came back: its counter restarted from zero
     energy_total: float | None = None
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    readings: int = -1  # -1 before the first read
 
     def status(self) -> GpuStatus:
         return GpuStatus(
             identity=self.identity, up=self.up, sample=self.sample, last_success=self.last_success,
             last_duration_seconds=self.last_duration, errors=MappingProxyType(dict(self.errors)),
             dropped=MappingProxyType(dict(self.dropped)), xids=MappingProxyType(dict(self.xids)),
-            energy_joules_total=self.energy_total,
+            energy_joules_total=self.energy_total, unavailable=MappingProxyType(dict(self.unavailable)),
+            readings=max(self.readings, 0),
         )
 
 
@@ -169,7 +176,8 @@ class Sampler:
                  lost_errors: tuple[type[BaseException], ...],
                  timer: Callable[[], float] = time.perf_counter, deadline_seconds: float = 0.0,
                  driver_errors: tuple[type[BaseException], ...] = (),
-                 unavailable_errors: tuple[type[BaseException], ...] = ()) -> None:
+                 unavailable_errors: tuple[type[BaseException], ...] = (),
+                 fatal_errors: tuple[type[BaseException], ...] = ()) -> None:
         self.backend = backend
         self.clock = clock
         self.slow_interval = slow_interval_seconds  # may change on reload
@@ -184,6 +192,7 @@ class Sampler:
         self.deadline = deadline_seconds  # 0: read the GPUs on the calling thread, no deadline
         self.driver_errors = driver_errors  # the driver went away: reopen the backend
         self.unavailable_errors = unavailable_errors  # reopening failed: still gone
+        self.fatal_errors = fatal_errors  # raised out of tick(): only a new process can recover (driver upgrade)
         self._driver_gone = False
         self._next_reopen = 0.0
         self.reopen_interval = 5.0  # seconds between tries to get the driver back
@@ -299,6 +308,8 @@ class Sampler:
         try:
             identities = self.backend.reopen()
         except self.unavailable_errors + self.driver_errors as exc:
+            if isinstance(exc, self.fatal_errors):
+                raise
             log.debug("NVML still unavailable: %s", exc)
             return
         with self._lock:
@@ -307,6 +318,7 @@ class Sampler:
             for identity in identities:
                 gpu = by_uuid.pop(identity.uuid, None) or _Gpu(identity)
                 gpu.identity, gpu.last_slow = identity, None  # energy_last stays: the counter restarted
+                gpu.energy_reset_expected = True
                 back.append(gpu)
             for gpu in by_uuid.values():  # not there any more: reported down
                 gpu.up, gpu.sample, gpu.last_success = False, None, False
@@ -352,6 +364,10 @@ class Sampler:
                     gpu.up = False
             return
         values = self._validated(gpu, reading.values)
+        energy = values.get("energy_joules")
+        if energy is not None and not self._plausible_energy(gpu, energy, now, values):
+            self._drop(gpu, "energy_joules", energy)
+            values["energy_joules"] = None
         if slow:  # a slow read holds every field; fast reads reuse its slow ones
             gpu.last_slow = now
             gpu.slow_values = values
@@ -363,10 +379,20 @@ class Sampler:
             gpu.up = True
             gpu.sample = sample
             gpu.last_duration = duration
-            gpu.last_success = not reading.errors
+            readings = sum(v is not None for v in reading.values.values())
+            if readings == 0 and gpu.readings != 0:
+                log.error("GPU %d (%s) yields no readings: %s", gpu.identity.index, gpu.identity.uuid,
+                          _why_nothing(reading))
+            elif readings and gpu.readings == 0:
+                log.warning("GPU %d (%s) yields readings again", gpu.identity.index, gpu.identity.uuid)
+            gpu.readings = readings
+            gpu.unavailable = dict(reading.unavailable)
+            gpu.last_success = not reading.errors and readings > 0
             if reading.errors:
                 gpu.errors.update(reading.errors)
-            self._account_energy(gpu, sample.energy_joules)
+            if readings == 0:
+                gpu.errors["no_readings"] += 1
+            self._account_energy(gpu, sample.energy_joules, now)
 
     def _validated(self, gpu: _Gpu, values: dict[str, Any]) -> dict[str, Any]:
         clean, dropped = validated(values)
@@ -382,20 +408,45 @@ class Sampler:
             log.warning("GPU %d (%s): dropped %s=%r, outside the physical range %s (logged once)",
                         gpu.identity.index, gpu.identity.uuid, name, value, PHYSICAL_RANGES[name])
 
+    ENERGY_SLACK_JOULES = 1000.0
+    MAX_POWER_WATTS = 5000.0  # the physical range of power_watts: the limit when the card does not say its own
+
+    def _plausible_energy(self, gpu: _Gpu, energy: float, now: float, values: dict[str, Any]) -> bool:
+        """Whether an energy counter reading can be true: since the last one, the counter moved forward by no more
+        than the card could draw (twice its power limit), or restarted from zero (a driver reload: the new value
+        is no more than the card could have drawn since). Anything else is a glitch."""
+        if gpu.energy_last is None or gpu.energy_reset_expected:
+            return True
+        limit = values.get("power_limit_watts") or gpu.slow_values.get("power_limit_watts") or self.MAX_POWER_WATTS
+        most = 2.0 * limit * max(0.0, now - gpu.energy_at) + self.ENERGY_SLACK_JOULES
+        if energy >= gpu.energy_last:
+            return energy - gpu.energy_last <= most
+        return energy <= most
+
     @staticmethod
-    def _account_energy(gpu: _Gpu, energy: float | None) -> None:
-        """Continue the energy counter across its resets (driver reload zeroes it)."""
+    def _account_energy(gpu: _Gpu, energy: float | None, now: float) -> None:
+        """Continue the energy counter across its resets (a driver reload zeroes it); glitches were dropped."""
         if energy is None:
             return
         if gpu.energy_last is not None and energy < gpu.energy_last:
-            log.warning("GPU %d (%s): energy counter went back from %.0f J to %.0f J (driver "
-                        "reload?); continuing from the last value", gpu.identity.index,
-                        gpu.identity.uuid, gpu.energy_last, energy)
+            log.warning("GPU %d (%s): energy counter restarted (%.0f J -> %.0f J, driver reload); continuing "
+                        "from the last value", gpu.identity.index, gpu.identity.uuid, gpu.energy_last, energy)
             gpu.energy_offset += gpu.energy_last
-        gpu.energy_last = energy
+        gpu.energy_last, gpu.energy_at, gpu.energy_reset_expected = energy, now, False
         gpu.energy_total = gpu.energy_offset + energy
 
     def _publish(self) -> None:
         self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,
                                   ticks=self._ticks)
 
+
+
+def _why_nothing(reading: Any) -> str:
+    """Why a read gave no reading at all, in words: the reasons of what is unavailable, and the errors."""
+    reasons = sorted(set(reading.unavailable.values()))
+    parts = []
+    if reasons:
+        parts.append(f"{len(reading.unavailable)} readings unavailable ({', '.join(reasons)})")
+    if reading.errors:
+        parts.append(f"errors: {', '.join(sorted(set(reading.errors)))}")
+    return "; ".join(parts) or "nothing asked"

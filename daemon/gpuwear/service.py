@@ -25,7 +25,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from gpuwear import __version__
-from gpuwear.backends.nvml import DEFAULT_LIBRARY, GpuLostError, NvmlBackend, NvmlDriverError, NvmlUnavailableError
+from gpuwear.backends.nvml import (
+    DEFAULT_LIBRARY,
+    GpuLostError,
+    NvmlBackend,
+    NvmlDriverError,
+    NvmlUnavailableError,
+    NvmlVersionMismatchError,
+)
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
@@ -102,7 +109,7 @@ def _info(backend: str, scenario: str) -> DaemonInfo:
 def _sampler(backend: NvmlBackend, clock: Clock, config: Config) -> Sampler:
     return Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
                    deadline_seconds=config.sampling.nvml_deadline_seconds, driver_errors=(NvmlDriverError,),
-                   unavailable_errors=(NvmlUnavailableError,))
+                   unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,))
 
 
 DRIVER_RETRY_SECONDS = 2.0
@@ -118,7 +125,7 @@ def _open_waiting(sampler: Sampler, wait_seconds: float, override: float | None 
             sampler.open()
             return
         except NvmlUnavailableError as exc:
-            if time.monotonic() + DRIVER_RETRY_SECONDS > deadline:
+            if isinstance(exc, NvmlVersionMismatchError) or time.monotonic() + DRIVER_RETRY_SECONDS > deadline:
                 raise
             log.warning("NVML not available yet (%s); retrying for up to %.0f s more", exc,
                         deadline - time.monotonic())
@@ -329,6 +336,9 @@ class Daemon:
         self._watchdog_interval = int(watchdog_usec) / 2e6 if watchdog_usec.isdigit() else None
         self._tick_started: float | None = None  # monotonic, while a tick runs
         self._tick_done = time.monotonic()
+        self._tick_failures = 0  # ticks that raised in a row
+        self._tick_failure = ""  # what the last one raised
+        self.fatal: str | None = None  # why the daemon must exit non-zero (a new process is the only cure)
         self._server: _MetricsServer | None = None
 
     @property
@@ -347,8 +357,15 @@ class Daemon:
                     (g.identity.uuid, [pid for pid, _ in g.sample.processes or ()])
                     for g in snapshot.gpus if g.sample is not None)
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
-            except Exception:  # a bug in one tick must not end the sampling
+                self._tick_failures = 0
+            except NvmlVersionMismatchError as exc:  # only a restart loads the new library: exit non-zero
+                log.error("%s", exc)
+                self.fatal = str(exc)
+                self._wake.set()
+            except Exception as exc:  # a bug in one tick must not end the sampling
                 log.exception("sampling tick failed")
+                self._tick_failures += 1
+                self._tick_failure = f"{type(exc).__name__}: {exc}"
             self._tick_done, self._tick_started = time.monotonic(), None
 
     def sampling_problem(self) -> str | None:
@@ -364,7 +381,25 @@ class Daemon:
             return f"a sampling tick has been running for {now - started:.0f}s"
         if now - self._tick_done > 3 * wall_interval + 10:
             return f"no sampling tick finished for {now - self._tick_done:.0f}s"
+        if self._tick_failures >= self.FAILED_TICKS:
+            return f"the last {self._tick_failures} sampling ticks failed ({self._tick_failure})"
         return None
+
+    FAILED_TICKS = 3  # ticks failing in a row before the daemon calls itself unhealthy
+
+    def health_problem(self) -> str | None:
+        """What /healthz reports: a stuck or failing sampling loop, or a GPU that yields no readings (lost, stalled,
+        failing every read, or answering nothing at all), named. The watchdog looks at the loop only
+        (:meth:`sampling_problem`): a restart cannot bring back a GPU's readings, and a watchdog kill skips the
+        final save of the ledger."""
+        problem = self.sampling_problem()
+        if problem is not None or self.source.sampler.snapshot.ticks == 0:
+            return problem
+        silent = [f"GPU {g.identity.index} ({g.identity.uuid}) "
+                  + ("is lost" if not g.up else "gave no sample (stalled, or the driver is gone)" if g.sample is None
+                     else "yields no readings" + (" (every reading unavailable)" if g.unavailable else ""))
+                  for g in self.source.sampler.snapshot.gpus if not g.up or g.sample is None or g.readings == 0]
+        return "; ".join(silent) or None
 
     def _watchdog(self) -> None:
         """Ping systemd's watchdog while the sampling loop is alive; a stuck loop stops the pings."""
@@ -442,7 +477,7 @@ class Daemon:
         self._tick()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
-        self._server = _MetricsServer((host, port), self.exposition, self.web, self.sampling_problem)
+        self._server = _MetricsServer((host, port), self.exposition, self.web, self.health_problem)
         self._server.start()
         wall_interval = self._intervals(self.config)[0]
         loops: list[tuple[str, Callable[[], float], Callable[[], object]]] = [

@@ -3,10 +3,19 @@
 The real ``pynvml`` binding looks every C function up by name on its loaded library object
 (``getattr(nvmlLib, name)``) and calls it with ctypes arguments. :class:`FakeNvmlLibrary`
 stands in for that object, so everything above the library boundary, pynvml's own
-argument marshalling and error mapping included, runs unmodified. A function the fake
-does not implement raises ``AttributeError`` on lookup, which pynvml turns into
-``NVML_ERROR_FUNCTION_NOT_FOUND`` exactly as for an old driver. Values come from
+argument marshalling and error mapping included, runs unmodified. Values come from
 :mod:`gpuwear.backends.simulated`, in NVML's units (mW, mJ, MHz, %, ns).
+
+The library answers as one driver release (:mod:`gpuwear.backends.drivers`, the scenario's
+``driver``): a function that release does not export raises ``AttributeError`` on lookup, which
+pynvml turns into ``NVML_ERROR_FUNCTION_NOT_FOUND`` exactly as for that real driver; the
+process list is filled in the layout that release fills; a field id newer than the release
+answers the per-field ``NVML_ERROR_INVALID_ARGUMENT``. Device kinds behave as real ones
+(simulated ``Product``): GeForce cards report no ECC, memory temperature, violation counters or
+serial; passive cards no fans; with MIG enabled whole-device utilization is NOT_SUPPORTED and,
+for an unprivileged client, process and memory queries answer NO_PERMISSION; a Tegra (Jetson)
+device answers NOT_SUPPORTED to everything but its name, UUID and index; a GH200's energy
+counter is the module's, the Grace CPU's draw included, while its power reading is the GPU's.
 
 Constants are NVML's C ABI values from ``nvml.h``; this module does not import pynvml
 (``backends/nvml.py`` installs the fake into it).
@@ -22,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from gpuwear.backends.drivers import PROFILES, DriverProfile
 from gpuwear.backends.simulated import SimGpu, Simulation
 from gpuwear.clock import Clock
 
@@ -31,17 +41,23 @@ SUCCESS = 0
 ERROR_UNINITIALIZED = 1
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
+ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
+ERROR_LIB_RM_VERSION_MISMATCH = 18
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
 ERROR_UNKNOWN = 999
 
 _ERROR_STRINGS = {
     SUCCESS: b"Success", ERROR_UNINITIALIZED: b"Uninitialized",
     ERROR_INVALID_ARGUMENT: b"Invalid Argument", ERROR_NOT_SUPPORTED: b"Not Supported",
     ERROR_NOT_FOUND: b"Not Found", ERROR_INSUFFICIENT_SIZE: b"Insufficient Size",
+    ERROR_NO_PERMISSION: b"Insufficient Permissions",
+    ERROR_LIB_RM_VERSION_MISMATCH: b"RM has detected an NVML/RM version mismatch.",
+    ERROR_ARGUMENT_VERSION_MISMATCH: b"Version mismatch between passed in structure and the NVML library",
     ERROR_TIMEOUT: b"Timeout", ERROR_GPU_IS_LOST: b"GPU is lost", ERROR_UNKNOWN: b"Unknown Error",
 }
 
@@ -52,7 +68,10 @@ FI_ECC_SBE_AGG_TOTAL = 5
 FI_ECC_DBE_AGG_TOTAL = 6
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY_CONSUMPTION = 83
+FI_NVLINK_LINK_COUNT = 91
 FI_PCIE_REPLAY_COUNTER = 94
+FI_NVLINK_THROUGHPUT_DATA_TX = 138
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
 FI_GET_GPU_RECOVERY_ACTION = 230
 VALUE_TYPE_UNSIGNED_INT = 1
 VALUE_TYPE_UNSIGNED_LONG_LONG = 3
@@ -68,9 +87,60 @@ _HANDLE_BASE = 0x6770_0000
 _EVENT_SET_BASE = 0x6e00_0000
 _CARG_TYPE = type(ctypes.byref(ctypes.c_int()))
 
-DRIVER_VERSION = b"560.35.03"
-NVML_VERSION = b"12.560.35.03"
-CUDA_DRIVER_VERSION = 12060
+NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong
+RESERVED_MEMORY_RATIO = 0.011  # memory the driver keeps for itself: ~0.9 GB of an 80 GB A100 (v1 "used" includes it)
+
+
+def struct_version(struct: type[ctypes.Structure], version: int) -> int:
+    """NVML_STRUCT_VERSION(name, version): the size of the struct in the low 24 bits, the version above."""
+    return ctypes.sizeof(struct) | version << 24
+
+
+class MemoryV2(ctypes.Structure):
+    """nvmlMemory_v2_t (R510+): used excludes the memory the driver reserves."""
+
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class TemperatureV1(ctypes.Structure):
+    """nvmlTemperature_v1_t (nvmlDeviceGetTemperatureV, 565.57.01+)."""
+
+    _fields_ = [("version", ctypes.c_uint), ("sensorType", ctypes.c_uint), ("temperature", ctypes.c_int)]
+
+
+class FanSpeedInfoV1(ctypes.Structure):
+    """nvmlFanSpeedInfo_t version 1 (nvmlDeviceGetFanSpeedRPM, 565.57.01+)."""
+
+    _fields_ = [("version", ctypes.c_uint), ("fan", ctypes.c_uint), ("speed", ctypes.c_uint)]
+
+
+class ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t: the unversioned process functions."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class ProcessInfoV2(ctypes.Structure):
+    """nvmlProcessInfo_v2_t: the _v2 functions, and _v3 on every release but 535.43-535.86."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class ProcessInfoCc(ctypes.Structure):
+    """The 32-byte nvmlProcessInfo_t of 535.43.02-535.86.05 (usedGpuCcProtectedMemory appended)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
+                ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+class ProcessDetailList(ctypes.Structure):
+    """nvmlProcessDetailList_v1_t: its entries are nvmlProcessDetail_v1_t, the same 32 bytes as ProcessInfoCc."""
+
+    _fields_ = [("version", ctypes.c_uint), ("mode", ctypes.c_uint), ("numProcArrayEntries", ctypes.c_uint),
+                ("procArray", ctypes.POINTER(ProcessInfoCc))]
 
 
 class _UnsupportedError(Exception):
@@ -83,6 +153,10 @@ class _LostError(Exception):
 
 class _InvalidError(Exception):
     """Raised inside a fake function to answer NVML_ERROR_INVALID_ARGUMENT."""
+
+
+class _NoPermissionError(Exception):
+    """Raised inside a fake function to answer NVML_ERROR_NO_PERMISSION."""
 
 
 def _in(x: Any) -> Any:
@@ -120,15 +194,23 @@ class FakeNvmlLibrary:
     """
 
     def __init__(self, simulation: Simulation, clock: Clock) -> None:
-        self.driver = SimulatedDriver(simulation, clock)
+        self.profile = PROFILES[simulation.driver]
+        self.driver = SimulatedDriver(simulation, clock, self.profile)
         self.calls: Counter[str] = Counter()
+        self.missing: Counter[str] = Counter()  # names looked up that this release does not export, or the fake lacks
         self._functions = {name: self._guard(name, getattr(self.driver, name))
-                           for name in dir(self.driver) if name.startswith("nvml")}
+                           for name in dir(self.driver) if name.startswith("nvml") and self.profile.exports(name)}
+
+    def implements(self, name: str) -> bool:
+        """Whether the fake answers ``name`` at all (under some driver profile)."""
+        return name.startswith("nvml") and callable(getattr(self.driver, name, None))
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         functions = self.__dict__.get("_functions", {})
         if name in functions:
             return functions[name]  # type: ignore[no-any-return]
+        if name.startswith("nvml") and "missing" in self.__dict__:
+            self.missing[name] += 1
         raise AttributeError(name)
 
     def _guard(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -139,6 +221,8 @@ class FakeNvmlLibrary:
             self.calls[name] += 1
             if name != "nvmlErrorString" and not driver.loaded():
                 return ERROR_DRIVER_NOT_LOADED
+            if name not in ("nvmlErrorString", "nvmlShutdown") and driver.simulation.driver_upgraded:
+                return ERROR_LIB_RM_VERSION_MISMATCH
             if needs_init and driver.init_count == 0:
                 return ERROR_UNINITIALIZED
             try:
@@ -149,6 +233,8 @@ class FakeNvmlLibrary:
                 return ERROR_GPU_IS_LOST
             except _InvalidError:
                 return ERROR_INVALID_ARGUMENT
+            except _NoPermissionError:
+                return ERROR_NO_PERMISSION
             except Exception:  # a real driver never raises into its caller
                 log.exception("fake NVML: %s failed", name)
                 return ERROR_UNKNOWN
@@ -165,9 +251,10 @@ class SimulatedDriver:
     manual test clock alike.
     """
 
-    def __init__(self, simulation: Simulation, clock: Clock) -> None:
+    def __init__(self, simulation: Simulation, clock: Clock, profile: DriverProfile) -> None:
         self.simulation = simulation
         self.clock = clock
+        self.profile = profile
         self._start = clock.monotonic()
         self._lock = threading.RLock()
         self._events = threading.Condition(self._lock)
@@ -196,8 +283,9 @@ class SimulatedDriver:
                 self.init_count = 0
             return self.simulation.driver_loaded
 
-    def _gpu(self, handle: Any, feature: str | None = None) -> SimGpu:
-        """Resolve a device handle, advance time, apply lost / hang / unsupported faults."""
+    def _gpu(self, handle: Any, feature: str | None = None, identity: bool = False) -> SimGpu:
+        """Resolve a device handle, advance time, apply lost / hang / unsupported faults. A Tegra device answers
+        only ``identity`` queries (name, UUID, index)."""
         index = (_address(handle) - _HANDLE_BASE) // 16
         gpus = self.simulation.gpus
         if not 0 <= index < len(gpus):
@@ -212,9 +300,14 @@ class SimulatedDriver:
             time.sleep(hang)
         if gpu.state.lost:
             raise _LostError()
-        if feature is not None and feature in gpu.state.unsupported:
+        if (feature is not None and feature in gpu.state.unsupported) or (gpu.product.tegra and not identity):
             raise _UnsupportedError()
         return gpu
+
+    def _restricted(self, gpu: SimGpu) -> None:
+        """With MIG enabled, whole-device process and memory queries need root."""
+        if gpu.state.mig_enabled and not self.simulation.privileged:
+            raise _NoPermissionError()
 
     @staticmethod
     def _garbage(gpu: SimGpu, feature: str, value: float) -> float:
@@ -241,15 +334,15 @@ class SimulatedDriver:
         return _ERROR_STRINGS.get(_in(result), b"Unknown Error")
 
     def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
-        buf.value = DRIVER_VERSION
+        buf.value = self.profile.driver_version.encode()
         return SUCCESS
 
     def nvmlSystemGetNVMLVersion(self, buf: Any, size: Any) -> int:
-        buf.value = NVML_VERSION
+        buf.value = self.profile.nvml_version.encode()
         return SUCCESS
 
     def nvmlSystemGetCudaDriverVersion(self, version: Any) -> int:
-        _out(version).value = CUDA_DRIVER_VERSION
+        _out(version).value = self.profile.cuda_driver_version
         return SUCCESS
 
     nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
@@ -268,15 +361,15 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceGetIndex(self, handle: Any, index: Any) -> int:
-        _out(index).value = self._gpu(handle).index
+        _out(index).value = self._gpu(handle, identity=True).index
         return SUCCESS
 
     def nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
-        buf.value = self._gpu(handle).product.name.encode()
+        buf.value = self._gpu(handle, identity=True).product.name.encode()
         return SUCCESS
 
     def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
-        buf.value = self._gpu(handle).uuid.encode()
+        buf.value = self._gpu(handle, identity=True).uuid.encode()
         return SUCCESS
 
     def nvmlDeviceGetSerial(self, handle: Any, buf: Any, size: Any) -> int:
@@ -305,9 +398,9 @@ class SimulatedDriver:
 
     def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
         gpu = self._gpu(handle, "mig_mode")
-        if gpu.product.architecture < 7 or gpu.product.fans:  # MIG: A100/H100 class only
+        if not gpu.product.mig_capable:  # MIG: A100/H100 class only
             raise _UnsupportedError()
-        _out(current).value = _out(pending).value = 0
+        _out(current).value = _out(pending).value = int(gpu.state.mig_enabled)
         return SUCCESS
 
     def nvmlDeviceGetPersistenceMode(self, handle: Any, mode: Any) -> int:
@@ -315,16 +408,31 @@ class SimulatedDriver:
         _out(mode).value = 0 if gpu.product.fans else 1  # datacenter boxes usually run nvidia-persistenced
         return SUCCESS
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, memory: Any) -> int:
+    def _memory(self, handle: Any) -> tuple[int, int, int]:
+        """(total, reserved by the driver, allocated), bytes."""
         gpu = self._gpu(handle, "memory_info")
-        mem = _out(memory)
+        self._restricted(gpu)
         total = gpu.product.memory_total_bytes
-        used = int(total * (0.02 + 0.78 * min(1.0, gpu.state.utilization * 1.5)))
-        mem.total, mem.used, mem.free = total, used, total - used
+        reserved = int(total * RESERVED_MEMORY_RATIO)
+        allocated = int(total * 0.78 * min(1.0, gpu.state.utilization * 1.5)) + (8 << 20 if gpu.state.processes else 0)
+        return total, reserved, allocated
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, memory: Any) -> int:
+        """v1 (nvmlMemory_t): used is "reserved + allocated" (nvml.h), what nvidia-smi does not show."""
+        total, reserved, allocated = self._memory(handle)
+        mem = _out(memory)
+        mem.total, mem.used, mem.free = total, reserved + allocated, total - reserved - allocated
         return SUCCESS
 
     def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, memory: Any) -> int:
-        return self.nvmlDeviceGetMemoryInfo(handle, memory)
+        """v2 (nvmlMemory_v2_t, R510+): reserved apart, used is what processes allocated (nvidia-smi's)."""
+        mem = _as(memory, MemoryV2)
+        if mem.version != struct_version(MemoryV2, 2):
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        total, reserved, allocated = self._memory(handle)
+        mem.total, mem.reserved, mem.used = total, reserved, allocated
+        mem.free = total - reserved - allocated
+        return SUCCESS
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, temp: Any) -> int:
         if _in(sensor) != 0:  # NVML_TEMPERATURE_GPU is the only sensor
@@ -347,6 +455,17 @@ class SimulatedDriver:
         _out(temp).value = value
         return SUCCESS
 
+    def nvmlDeviceGetTemperatureV(self, handle: Any, temperature: Any) -> int:
+        """The successor of nvmlDeviceGetTemperature (565.57.01+): a versioned nvmlTemperature_v1_t."""
+        out = _as(temperature, TemperatureV1)
+        if out.version != struct_version(TemperatureV1, 1):
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        value = ctypes.c_uint()
+        ret = self.nvmlDeviceGetTemperature(handle, out.sensorType, ctypes.byref(value))
+        if ret == SUCCESS:
+            out.temperature = value.value
+        return ret
+
     def nvmlDeviceGetPowerUsage(self, handle: Any, power: Any) -> int:
         gpu = self._gpu(handle, "power")
         value = self._garbage(gpu, "power", gpu.state.power_watts)
@@ -361,13 +480,23 @@ class SimulatedDriver:
         _out(limit).value = int(self._gpu(handle, "power_limit").product.tdp_watts * 1000)
         return SUCCESS
 
+    @staticmethod
+    def _energy(gpu: SimGpu) -> int:
+        """The energy counter, mJ since the driver loaded (once the scripted glitch, if one is due)."""
+        glitch, gpu.state.energy_glitch_mj = gpu.state.energy_glitch_mj, None
+        return int(gpu.state.energy_mj if glitch is None else glitch)
+
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, energy: Any) -> int:
-        _out(energy).value = int(self._gpu(handle, "energy").state.energy_mj)
+        _out(energy).value = self._energy(self._gpu(handle, "energy"))
         return SUCCESS
 
     def nvmlDeviceGetNumFans(self, handle: Any, count: Any) -> int:
         _out(count).value = self._gpu(handle).product.fans
         return SUCCESS
+
+    def nvmlDeviceGetFanSpeed(self, handle: Any, speed: Any) -> int:
+        """v1: the speed of fan 0 (drivers before R510 report no other), %."""
+        return self.nvmlDeviceGetFanSpeed_v2(handle, 0, speed)
 
     def nvmlDeviceGetFanSpeed_v2(self, handle: Any, fan: Any, speed: Any) -> int:
         gpu = self._gpu(handle, "fan_speed")
@@ -379,7 +508,9 @@ class SimulatedDriver:
 
     def nvmlDeviceGetFanSpeedRPM(self, handle: Any, info: Any) -> int:
         gpu = self._gpu(handle, "fan_rpm")
-        fan_info = _out(info)
+        fan_info = _as(info, FanSpeedInfoV1)
+        if fan_info.version != struct_version(FanSpeedInfoV1, 1):
+            return ERROR_ARGUMENT_VERSION_MISMATCH
         if gpu.product.fan_max_rpm is None:
             raise _UnsupportedError()
         if fan_info.fan >= gpu.product.fans:
@@ -395,8 +526,10 @@ class SimulatedDriver:
             hz *= 1.0 if maximum else s.clock_factor
         elif clock_type == 2:
             hz = p.memory_max_hz if maximum or s.utilization >= 0.05 else p.memory_max_hz * 0.1
+        elif clock_type == 3:  # video: about 0.8 of the SM clock on these boards
+            hz = 0.8 * (p.sm_max_hz if maximum or s.utilization >= 0.05 else p.idle_sm_hz)
         else:
-            raise _UnsupportedError()
+            raise _InvalidError()
         return int(hz / 1e6)
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: Any, mhz: Any) -> int:
@@ -433,6 +566,8 @@ class SimulatedDriver:
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any, util: Any) -> int:
         gpu = self._gpu(handle, "utilization")
+        if gpu.state.mig_enabled:  # per GPU instance only, through GPM
+            raise _UnsupportedError()
         out = _out(util)
         out.gpu = round(gpu.state.utilization * 100)
         out.memory = round(gpu.state.utilization * 60)
@@ -481,19 +616,215 @@ class SimulatedDriver:
         _out(value).value = self._gpu(handle, "pcie_replays").state.pcie_replays
         return SUCCESS
 
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+    def _processes(self, handle: Any, count: Any, infos: Any, layout: type[ctypes.Structure],
+                   graphics: bool = False) -> int:
+        """Fill a process list as the driver does: in ``layout`` (the driver's own struct, whatever the caller
+        allocated), never past the caller's buffer; INSUFFICIENT_SIZE with the count needed when it is short."""
         gpu = self._gpu(handle, "processes")
+        self._restricted(gpu)
         with self._lock:
-            procs = list(gpu.state.processes)
+            procs = [] if graphics else list(gpu.state.processes)
         c = _out(count)
-        if infos is None or c.value < len(procs):
+        if not infos or c.value < len(procs):
             c.value = len(procs)
             return SUCCESS if not procs else ERROR_INSUFFICIENT_SIZE
-        for i, pid in enumerate(procs):
-            infos[i].pid = pid
-            infos[i].usedGpuMemory = int(gpu.product.memory_total_bytes * 0.7 / len(procs))
-            infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFF
+        filled = (layout * len(procs))()
+        for record, pid in zip(filled, procs, strict=True):
+            record.pid = pid
+            record.usedGpuMemory = int(gpu.product.memory_total_bytes * 0.7 / len(procs))
+            if hasattr(record, "gpuInstanceId"):
+                record.gpuInstanceId = record.computeInstanceId = 0xFFFFFFFF
+        room = ctypes.sizeof(_out(infos)) if isinstance(_out(infos), ctypes.Array) else ctypes.sizeof(filled)
+        ctypes.memmove(infos, filled, min(room, ctypes.sizeof(filled)))
         c.value = len(procs)
+        return SUCCESS
+
+    def _v3_layout(self) -> type[ctypes.Structure]:
+        return ProcessInfoCc if self.profile.process_info_bytes == 32 else ProcessInfoV2
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, ProcessInfoV1)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, ProcessInfoV2)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, self._v3_layout())
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, ProcessInfoV1, graphics=True)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, ProcessInfoV2, graphics=True)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, self._v3_layout(), graphics=True)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, self._v3_layout(), graphics=True)
+
+    def nvmlDeviceGetRunningProcessDetailList(self, handle: Any, plist: Any) -> int:
+        """nvmlProcessDetailList_v1_t (535.104.05+): a mode (COMPUTE=0, GRAPHICS=1, MPS=2) and a caller's array of
+        32-byte nvmlProcessDetail_v1_t; INSUFFICIENT_SIZE with numProcArrayEntries when it is short."""
+        out = _as(plist, ProcessDetailList)
+        if out.version != struct_version(ProcessDetailList, 1):
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        if out.mode not in (0, 1, 2):
+            raise _InvalidError()
+        count = ctypes.c_uint(out.numProcArrayEntries)
+        infos = ctypes.cast(out.procArray, ctypes.POINTER(ProcessInfoCc * max(1, count.value))).contents \
+            if out.procArray else None
+        ret = self._processes(handle, ctypes.byref(count), infos, ProcessInfoCc, graphics=out.mode != 0)
+        out.numProcArrayEntries = count.value
+        return ret
+
+    # -- what common clients (nvitop, gpustat, nvitop-exporter) ask beyond gpuwear -----------------
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any, device: Any) -> int:
+        wanted = _in(uuid)
+        wanted = wanted.decode() if isinstance(wanted, bytes) else str(wanted)
+        for gpu in self.simulation.gpus:
+            if gpu.uuid == wanted:
+                if gpu.state.lost:
+                    return ERROR_GPU_IS_LOST
+                _set_pointer(_out(device), _HANDLE_BASE + 16 * gpu.index)
+                return SUCCESS
+        return ERROR_NOT_FOUND
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any, limit: Any) -> int:
+        """The power limit set now, mW (no one changes it here: the default)."""
+        return self.nvmlDeviceGetEnforcedPowerLimit(handle, limit)
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any, low: Any, high: Any) -> int:
+        tdp = self._gpu(handle, "power_limit").product.tdp_watts
+        _out(low).value, _out(high).value = int(tdp * 500), int(tdp * 1000)
+        return SUCCESS
+
+    def _codec(self, handle: Any, util: Any, period: Any) -> int:
+        self._gpu(handle, "codec")
+        _out(util).value, _out(period).value = 0, 167_000  # no video work in these simulations; µs
+        return SUCCESS
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any, util: Any, period: Any) -> int:
+        return self._codec(handle, util, period)
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any, util: Any, period: Any) -> int:
+        return self._codec(handle, util, period)
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: Any, value: Any) -> int:
+        """KB/s over the last 20 ms; nvmlPcieUtilCounter_t TX=0, RX=1."""
+        if _in(counter) not in (0, 1):
+            raise _InvalidError()
+        gpu = self._gpu(handle, "pcie_throughput")
+        _out(value).value = int((200 + 1_500_000 * gpu.state.utilization) * (0.4 if _in(counter) == 0 else 1.0))
+        return SUCCESS
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, samples: Any, count: Any, last_seen: Any) -> int:
+        """Per-process SM/memory utilization samples newer than ``last_seen`` (µs); NOT_FOUND when none."""
+        gpu = self._gpu(handle, "processes")
+        self._restricted(gpu)
+        procs = list(gpu.state.processes)
+        c = _out(count)
+        if not procs:
+            c.value = 0
+            return ERROR_NOT_FOUND
+        if not samples or c.value < len(procs):
+            c.value = len(procs)
+            return ERROR_INSUFFICIENT_SIZE
+        now_us = int(time.time() * 1e6)
+        for i, pid in enumerate(procs):
+            sample = samples[i]
+            sample.pid, sample.timeStamp = pid, now_us
+            sample.smUtil = round(gpu.state.utilization * 100 / len(procs))
+            sample.memUtil = round(gpu.state.utilization * 60 / len(procs))
+            sample.encUtil = sample.decUtil = 0
+        c.value = len(procs)
+        return SUCCESS
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any, is_mig: Any) -> int:
+        self._gpu(handle, identity=True)
+        _out(is_mig).value = 0  # the fake hands out whole-GPU handles only
+        return SUCCESS
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, count: Any) -> int:
+        gpu = self._gpu(handle, "mig_mode")
+        if not gpu.product.mig_capable:
+            raise _UnsupportedError()
+        _out(count).value = 7
+        return SUCCESS
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, device: Any) -> int:
+        gpu = self._gpu(handle, "mig_mode")
+        if not gpu.product.mig_capable:
+            raise _UnsupportedError()
+        return ERROR_NOT_FOUND  # no GPU instance is created in these simulations
+
+    def nvmlDeviceGetBAR1MemoryInfo(self, handle: Any, bar1: Any) -> int:
+        gpu = self._gpu(handle, "bar1")
+        out = _out(bar1)
+        total = 256 << 20 if gpu.product.fans else 128 << 30  # GeForce without resizable BAR; datacenter
+        used = (2 << 20) + (32 << 20 if gpu.state.processes else 0)
+        out.bar1Total, out.bar1Used, out.bar1Free = total, used, total - used
+        return SUCCESS
+
+    def nvmlDeviceGetComputeMode(self, handle: Any, mode: Any) -> int:
+        self._gpu(handle, "compute_mode")
+        _out(mode).value = 0  # NVML_COMPUTEMODE_DEFAULT
+        return SUCCESS
+
+    def nvmlDeviceGetDisplayMode(self, handle: Any, mode: Any) -> int:
+        self._gpu(handle, "display")
+        _out(mode).value = 0  # headless training boxes
+        return SUCCESS
+
+    nvmlDeviceGetDisplayActive = nvmlDeviceGetDisplayMode
+
+    def nvmlDeviceGetDriverModel(self, handle: Any, current: Any, pending: Any) -> int:
+        self._gpu(handle)
+        raise _UnsupportedError()  # Windows only (WDDM / TCC)
+
+    def nvmlDeviceGetDriverModel_v2(self, handle: Any, current: Any, pending: Any) -> int:
+        return self.nvmlDeviceGetDriverModel(handle, current, pending)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: Any, counter_type: Any, count: Any) -> int:
+        """nvmlMemoryErrorType_t CORRECTED=0 / UNCORRECTED=1, nvmlEccCounterType_t VOLATILE=0 / AGGREGATE=1."""
+        gpu = self._gpu(handle, "ecc_errors")
+        if not gpu.product.ecc:
+            raise _UnsupportedError()
+        s = gpu.state
+        table = {(0, 0): s.ecc_corrected_volatile, (1, 0): s.ecc_uncorrected_volatile,
+                 (0, 1): s.ecc_corrected_aggregate, (1, 1): s.ecc_uncorrected_aggregate}
+        value = table.get((_in(error_type), _in(counter_type)))
+        if value is None:
+            raise _InvalidError()
+        _out(count).value = value
+        return SUCCESS
+
+    def nvmlDeviceGetConfComputeMemSizeInfo(self, handle: Any, info: Any) -> int:
+        self._gpu(handle)
+        raise _UnsupportedError()  # confidential computing is off on every simulated GPU
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, value: Any) -> int:
+        gpu = self._gpu(handle, "pcie")
+        _out(value).value = 5 if gpu.product.architecture >= 9 else 4 if gpu.product.architecture >= 7 else 3
+        return SUCCESS
+
+    nvmlDeviceGetMaxPcieLinkGeneration = nvmlDeviceGetCurrPcieLinkGeneration
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, value: Any) -> int:
+        self._gpu(handle, "pcie")
+        _out(value).value = 16
+        return SUCCESS
+
+    nvmlDeviceGetMaxPcieLinkWidth = nvmlDeviceGetCurrPcieLinkWidth
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any, minor: Any) -> int:
+        _out(minor).value = self._gpu(handle).index
+        return SUCCESS
+
+    def nvmlDeviceGetBrand(self, handle: Any, brand: Any) -> int:
+        """nvmlBrandType_t: GEFORCE=5 for fan-cooled cards here, NVIDIA=14 (Tesla/datacenter) otherwise."""
+        _out(brand).value = 5 if self._gpu(handle).product.fans else 14
         return SUCCESS
 
     def _field(self, gpu: SimGpu, field_id: int) -> tuple[int, int]:
@@ -507,11 +838,20 @@ class SimulatedDriver:
         if field_id == FI_TOTAL_ENERGY_CONSUMPTION:
             if "energy" in s.unsupported:
                 raise _UnsupportedError()
-            return VALUE_TYPE_UNSIGNED_LONG_LONG, int(s.energy_mj)
+            return VALUE_TYPE_UNSIGNED_LONG_LONG, self._energy(gpu)
         if field_id == FI_GET_GPU_RECOVERY_ACTION:
             if p.architecture < 9 or "recovery_action" in s.unsupported:  # Hopper and newer drivers only
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_INT, s.recovery_action
+        if field_id == FI_NVLINK_LINK_COUNT:
+            links = {"h100-sxm": 18, "gh200": 18, "a100-sxm": 12}.get(p.key)
+            if links is None:
+                raise _UnsupportedError()
+            return VALUE_TYPE_UNSIGNED_INT, links
+        if field_id in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
+            if p.key not in ("h100-sxm", "gh200", "a100-sxm"):
+                raise _UnsupportedError()
+            return VALUE_TYPE_UNSIGNED_LONG_LONG, int(s.energy_mj // 1000)  # KiB: a monotonic stand-in
         if field_id == FI_PCIE_REPLAY_COUNTER:
             if "pcie_replays" in s.unsupported:
                 raise _UnsupportedError()
@@ -530,6 +870,9 @@ class SimulatedDriver:
             for i in range(_in(count)):
                 fv = array[i]
                 fv.timestamp, fv.latencyUsec = now_us, 0
+                if fv.fieldId >= self.profile.field_id_max:  # newer than this driver (DCGM's reading of it)
+                    fv.nvmlReturn = ERROR_INVALID_ARGUMENT
+                    continue
                 try:
                     fv.valueType, value = self._field(gpu, fv.fieldId)
                 except _UnsupportedError:
@@ -585,15 +928,27 @@ class SimulatedDriver:
                         out.eventData = pending.pop(0)
                         out.gpuInstanceId = out.computeInstanceId = 0xFFFFFFFF
                         return SUCCESS
+                if any(self.simulation.gpus[index].state.lost for index in registered):
+                    return ERROR_GPU_IS_LOST  # a GPU of the set fell off the bus: the set answers nothing else
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return ERROR_TIMEOUT
                 self._events.wait(remaining)
 
+    nvmlEventSetWait = nvmlEventSetWait_v2  # v1 (bindings before 11.450): the same call, a shorter nvmlEventData_t
+
     def nvmlEventSetFree(self, event_set: Any) -> int:
         with self._lock:
             self._event_sets.pop(_address(event_set), None)
         return SUCCESS
+
+
+def _as(x: Any, struct: type[ctypes.Structure]) -> Any:
+    """An output argument seen as the driver's own struct, whatever ctypes type the caller passed."""
+    obj = _out(x)
+    if isinstance(obj, struct):
+        return obj
+    return struct.from_address(ctypes.addressof(obj))
 
 
 def main(argv: list[str] | None = None) -> int:

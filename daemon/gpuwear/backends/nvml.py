@@ -1,18 +1,31 @@
 """The NVML backend: the only module that imports ``pynvml`` (package nvidia-ml-py).
 
 Reads are table-driven: each *reader* fills one or more :class:`GpuSample` fields from one
-NVML call (or one batched ``nvmlDeviceGetFieldValues`` call). NOT_SUPPORTED and
-FUNCTION_NOT_FOUND make the reader's fields ``None`` for good: logged once per GPU and
-reader, then never polled again. GPU_IS_LOST aborts that GPU's read with
-:class:`GpuLostError`; any other error is reported by kind and leaves the fields ``None`` for
-that tick only.
+NVML call (or one batched ``nvmlDeviceGetFieldValues`` call). What the library offers is
+resolved once per :meth:`NvmlBackend.open` (:class:`Api`): the newest variant of each renamed or
+versioned function that this driver exports, and the process-info layout it fills.
+
+A reading the GPU cannot give is *unavailable, with a reason* (:data:`UNAVAILABLE_REASONS`):
+``not_supported``, ``no_permission`` (an unprivileged daemon, e.g. MIG process queries),
+``function_not_found`` (an older driver), ``unknown_field`` (a field id the driver does not
+know) or ``binding_error`` (the pynvml binding raised something other than an NVMLError).
+None of these is a sampling failure: each is logged once per GPU and reading, counted by reason
+in the metrics, left out of the fast reads and asked again on the slow interval (a MIG toggle
+changes what is supported) -- except what the loaded library can never answer
+(``function_not_found``, ``unknown_field``). GPU_IS_LOST aborts that GPU's read with
+:class:`GpuLostError`; a driver that went away raises :class:`NvmlDriverError`; a kernel module
+that no longer matches the loaded library (a driver upgrade) raises
+:class:`NvmlVersionMismatchError`; any other error is reported by kind and leaves the fields
+``None`` for that tick only.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,16 +46,29 @@ ARCHITECTURES = {
 ERROR_KINDS = {
     pynvml.NVML_ERROR_UNINITIALIZED: "uninitialized",
     pynvml.NVML_ERROR_INVALID_ARGUMENT: "invalid_argument",
-    pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
     pynvml.NVML_ERROR_TIMEOUT: "timeout",
     pynvml.NVML_ERROR_IRQ_ISSUE: "irq_issue",
     pynvml.NVML_ERROR_CORRUPTED_INFOROM: "corrupted_inforom",
     pynvml.NVML_ERROR_RESET_REQUIRED: "reset_required",
     pynvml.NVML_ERROR_MEMORY: "memory",
     pynvml.NVML_ERROR_NO_DATA: "no_data",
+    pynvml.NVML_ERROR_INSUFFICIENT_SIZE: "insufficient_size",
     pynvml.NVML_ERROR_UNKNOWN: "unknown",
 }
-_UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+# NVML return codes that make a reading unavailable (not an error), by reason label.
+UNAVAILABLE_REASONS = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED: "not_supported",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function_not_found",
+    pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+}
+UNKNOWN_FIELD = "unknown_field"  # nvmlFieldValue_t.nvmlReturn INVALID_ARGUMENT: a field id newer than the driver
+BINDING_ERROR = "binding_error"  # the binding raised something other than NVMLError (a bug, or a mismatch)
+MODULE_SCOPE = "module_scope"  # a Grace superchip's energy counter counts the module (CPU included), not the GPU
+PERMANENT_REASONS = frozenset({"function_not_found", UNKNOWN_FIELD, MODULE_SCOPE})  # cannot change in-process
+REASONS = ("not_supported", "no_permission", "function_not_found", UNKNOWN_FIELD, BINDING_ERROR, MODULE_SCOPE)
+# Grace superchips (GH200, GB200): NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION is the module's, the Grace CPU's draw
+# included, while nvmlDeviceGetPowerUsage is the GPU's; their GPU energy is integrated from power instead.
+_MODULE_ENERGY = re.compile(r"\bG[BH]\d{3}\b")
 
 Values = dict[str, Any]
 
@@ -59,16 +85,28 @@ class NvmlDriverError(Exception):
     """NVML lost its driver (unloaded or reloaded): every handle must be acquired again."""
 
 
-_DRIVER_GONE = (pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-                pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+class NvmlVersionMismatchError(NvmlUnavailableError):
+    """NVML_ERROR_LIB_RM_VERSION_MISMATCH: the kernel module is not the one the loaded libnvidia-ml was built for
+    (the driver was upgraded under a running process). The library already loaded can never match again: the
+    process must restart to load the new one."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"the NVIDIA kernel module no longer matches the loaded NVML library ({detail}): the "
+                         "driver was upgraded; gpuwear exits so that it is restarted with the new library "
+                         "(reboot if `nvidia-smi` says the same)")
+
+
+_DRIVER_GONE = (pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
 
 
 @dataclass
 class Reading:
-    """What one read of one GPU produced: field values and the kinds of errors met."""
+    """What one read of one GPU produced: field values, the kinds of errors met, and what is unavailable
+    (reader key or field name -> reason, for everything the GPU cannot give now)."""
 
     values: Values = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 def error_kind(exc: pynvml.NVMLError) -> str:
@@ -87,37 +125,131 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-# -- readers: handle -> {sample field: value in base units} ------------------------------
+def exports(name: str) -> bool:
+    """Whether the loaded libnvidia-ml exports the C function ``name`` (pynvml's own symbol lookup)."""
+    try:
+        pynvml._nvmlGetFunctionPointer(name)
+    except pynvml.NVMLError:
+        return False
+    return True
 
 
-def _temperature(h: Any) -> Values:
-    return {"temperature_gpu_celsius": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))}
+def parse_driver_version(text: str) -> tuple[int, ...]:
+    """``"535.54.03"`` -> (535, 54, 3); () when it is not a dotted version."""
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return ()
 
 
-def _threshold(kind: int, name: str) -> Callable[[Any], Values]:
-    def read(h: Any) -> Values:
+# -- process info layouts ------------------------------------------------------------------
+
+
+class ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t (16 bytes): what the unversioned nvmlDeviceGetComputeRunningProcesses fills."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class ProcessInfoV2(ctypes.Structure):
+    """nvmlProcessInfo_v2_t (24 bytes): what the _v2 and _v3 functions fill on every driver but the one below."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class ProcessInfoCc(ctypes.Structure):
+    """The 32-byte nvmlProcessInfo_t of drivers 535.43 to 535.86 (CUDA 12.2's first nvml.h, with
+    usedGpuCcProtectedMemory; nvidia-ml-py 12.535.77 read it, 12.535.108 went back to 24 bytes)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
+                ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+CC_PROCESS_INFO_DRIVERS = ((535, 43), (535, 98))  # [first, end) driver versions that fill ProcessInfoCc
+
+
+def process_layout(function: str, driver_version: str) -> type[ctypes.Structure]:
+    """The struct a driver fills for a process-list function: by the function's version and the driver."""
+    if not function.endswith(("_v2", "_v3")):
+        return ProcessInfoV1
+    version = parse_driver_version(driver_version)[:2]
+    first, end = CC_PROCESS_INFO_DRIVERS
+    return ProcessInfoCc if function.endswith("_v3") and first <= version < end else ProcessInfoV2
+
+
+class FanSpeedInfo(ctypes.Structure):
+    """nvmlFanSpeedInfo_t (version 1): declared here, not taken from the binding (nvidia-ml-py 12.560 lacks it)."""
+
+    _fields_ = [("version", ctypes.c_uint), ("fan", ctypes.c_uint), ("speed", ctypes.c_uint)]
+
+
+FAN_SPEED_INFO_V1 = ctypes.sizeof(FanSpeedInfo) | 1 << 24  # NVML_STRUCT_VERSION(FanSpeedInfo, 1)
+
+
+@dataclass(frozen=True)
+class Api:
+    """What the loaded libnvidia-ml offers, resolved once at open: the newest variant of each function that has
+    several, and the process-info layout its driver fills."""
+
+    temperature_v: bool  # nvmlDeviceGetTemperatureV (the successor of the deprecated nvmlDeviceGetTemperature)
+    event_reasons: bool  # nvmlDeviceGetCurrentClocksEventReasons (R535+), else ...ClocksThrottleReasons
+    violation: bool  # nvmlDeviceGetViolationStatus; without it, fields NVML_FI_DEV_PERF_POLICY_POWER/THERMAL
+    fan_v2: bool  # nvmlDeviceGetFanSpeed_v2 (per fan), else nvmlDeviceGetFanSpeed (fan 0)
+    memory_v2: bool  # nvmlDeviceGetMemoryInfo_v2 ("used" without the driver's reserved memory, as nvidia-smi)
+    processes: str  # the newest nvmlDeviceGetComputeRunningProcesses variant exported
+    process_layout: type[ctypes.Structure]
+
+    @classmethod
+    def resolve(cls, driver_version: str) -> Api:
+        processes = next((name for name in ("nvmlDeviceGetComputeRunningProcesses_v3",
+                                            "nvmlDeviceGetComputeRunningProcesses_v2")
+                          if exports(name)), "nvmlDeviceGetComputeRunningProcesses")
+        return cls(
+            temperature_v=exports("nvmlDeviceGetTemperatureV") and hasattr(pynvml, "nvmlDeviceGetTemperatureV"),
+            event_reasons=exports("nvmlDeviceGetCurrentClocksEventReasons")
+            and hasattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons"),
+            violation=exports("nvmlDeviceGetViolationStatus"),
+            fan_v2=exports("nvmlDeviceGetFanSpeed_v2"),
+            memory_v2=exports("nvmlDeviceGetMemoryInfo_v2") and hasattr(pynvml, "nvmlMemory_v2"),
+            processes=processes,
+            process_layout=process_layout(processes, driver_version),
+        )
+
+
+# -- readers: (handle, api) -> {sample field: value in base units} -------------------------
+
+
+def _temperature(h: Any, api: Api) -> Values:
+    read = pynvml.nvmlDeviceGetTemperatureV if api.temperature_v else pynvml.nvmlDeviceGetTemperature
+    return {"temperature_gpu_celsius": float(read(h, pynvml.NVML_TEMPERATURE_GPU))}
+
+
+def _threshold(kind: int, name: str) -> Callable[[Any, Api], Values]:
+    def read(h: Any, api: Api) -> Values:
         return {name: float(pynvml.nvmlDeviceGetTemperatureThreshold(h, kind))}
 
     return read
 
 
-def _power(h: Any) -> Values:
+def _power(h: Any, api: Api) -> Values:
     return {"power_watts": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0}
 
 
-def _power_limit(h: Any) -> Values:
+def _power_limit(h: Any, api: Api) -> Values:
     return {"power_limit_watts": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0}
 
 
-def _power_default_limit(h: Any) -> Values:
+def _power_default_limit(h: Any, api: Api) -> Values:
     return {"power_default_limit_watts": pynvml.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0}
 
 
-def _clocks(maximum: bool) -> Callable[[Any], Values]:
-    read = pynvml.nvmlDeviceGetMaxClockInfo if maximum else pynvml.nvmlDeviceGetClockInfo
+def _clocks(maximum: bool) -> Callable[[Any, Api], Values]:
     suffix = "_max_hz" if maximum else "_hz"
 
-    def clocks(h: Any) -> Values:
+    def clocks(h: Any, api: Api) -> Values:
+        read = pynvml.nvmlDeviceGetMaxClockInfo if maximum else pynvml.nvmlDeviceGetClockInfo
         return {f"clock_{name}{suffix}": read(h, kind) * 1e6 for name, kind in
                 (("graphics", pynvml.NVML_CLOCK_GRAPHICS), ("sm", pynvml.NVML_CLOCK_SM),
                  ("memory", pynvml.NVML_CLOCK_MEM))}
@@ -125,39 +257,43 @@ def _clocks(maximum: bool) -> Callable[[Any], Values]:
     return clocks
 
 
-def _pstate(h: Any) -> Values:
+def _pstate(h: Any, api: Api) -> Values:
     return {"performance_state": int(pynvml.nvmlDeviceGetPerformanceState(h))}
 
 
-def _reasons(h: Any) -> Values:
-    return {"clock_event_reasons": int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(h))}
+def _reasons(h: Any, api: Api) -> Values:
+    read = (pynvml.nvmlDeviceGetCurrentClocksEventReasons if api.event_reasons
+            else pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)  # the same bits under their pre-R535 name
+    return {"clock_event_reasons": int(read(h))}
 
 
-def _violation(policy: int, name: str) -> Callable[[Any], Values]:
-    def read(h: Any) -> Values:
+def _violation(policy: int, name: str) -> Callable[[Any, Api], Values]:
+    def read(h: Any, api: Api) -> Values:
         return {name: pynvml.nvmlDeviceGetViolationStatus(h, policy).violationTime / 1e9}
 
     return read
 
 
-def _utilization(h: Any) -> Values:
+def _utilization(h: Any, api: Api) -> Values:
     util = pynvml.nvmlDeviceGetUtilizationRates(h)
     return {"utilization_gpu_ratio": util.gpu / 100.0, "utilization_memory_ratio": util.memory / 100.0}
 
 
-def _memory_used(h: Any) -> Values:
+def _memory_used(h: Any, api: Api) -> Values:
+    if api.memory_v2:  # nvidia-smi's "memory.used": without the memory the driver reserves for itself
+        return {"memory_used_bytes": float(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used)}
     return {"memory_used_bytes": float(pynvml.nvmlDeviceGetMemoryInfo(h).used)}
 
 
-def _mig(h: Any) -> Values:
+def _mig(h: Any, api: Api) -> Values:
     return {"mig_enabled": pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE}
 
 
-def _ecc_mode(h: Any) -> Values:
+def _ecc_mode(h: Any, api: Api) -> Values:
     return {"ecc_enabled": pynvml.nvmlDeviceGetEccMode(h)[0] == pynvml.NVML_FEATURE_ENABLED}
 
 
-def _retired_pages(h: Any) -> Values:
+def _retired_pages(h: Any, api: Api) -> Values:
     return {
         "retired_pages_single_bit": len(pynvml.nvmlDeviceGetRetiredPages(
             h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
@@ -167,33 +303,58 @@ def _retired_pages(h: Any) -> Values:
     }
 
 
-def _remapped_rows(h: Any) -> Values:
+def _remapped_rows(h: Any, api: Api) -> Values:
     corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(h)
     return {"remapped_rows_corrected": corrected, "remapped_rows_uncorrected": uncorrected,
             "remapped_rows_pending": bool(pending), "remapped_rows_failure": bool(failure)}
 
 
-def _processes(h: Any) -> Values:
-    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-    return {"processes": tuple((int(p.pid), None if p.usedGpuMemory is None else float(p.usedGpuMemory))
-                               for p in procs)}
+_NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE: usedGpuMemory under Windows WDDM
 
 
-def _fan_rpm(h: Any, fan: int) -> int:
+def _processes(h: Any, api: Api) -> Values:
+    """The compute processes, through the newest nvmlDeviceGetComputeRunningProcesses the driver exports, into
+    the layout that driver fills (pynvml's own wrapper reads a 32-byte layout as 24 bytes on 535.43-535.86)."""
+    fn = pynvml._nvmlGetFunctionPointer(api.processes)
+    count = ctypes.c_uint(0)
+    ret = fn(h, ctypes.byref(count), None)
+    for _ in range(3):  # processes may start between the two calls: ask again with room to spare
+        if ret == pynvml.NVML_SUCCESS and count.value == 0:
+            return {"processes": ()}
+        if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            break
+        count.value = count.value * 2 + 5
+        infos = (api.process_layout * count.value)()
+        ret = fn(h, ctypes.byref(count), infos)
+        if ret == pynvml.NVML_SUCCESS:
+            return {"processes": tuple(
+                (int(p.pid), None if p.usedGpuMemory == _NOT_AVAILABLE_ULL else float(p.usedGpuMemory))
+                for p in infos[:count.value])}
+    raise pynvml.NVMLError(ret)
+
+
+def _fan_speed(fan: int, h: Any, api: Api) -> float:
+    """nvmlDeviceGetFanSpeed_v2 for one fan, or nvmlDeviceGetFanSpeed (fan 0 only) on drivers without it; ratio."""
+    if api.fan_v2:
+        return float(pynvml.nvmlDeviceGetFanSpeed_v2(h, fan)) / 100.0
+    if fan > 0:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    return float(pynvml.nvmlDeviceGetFanSpeed(h)) / 100.0
+
+
+def _fan_rpm(fan: int, h: Any, api: Api) -> float:
     """nvmlDeviceGetFanSpeedRPM for one fan (pynvml's wrapper only asks fan 0)."""
-    info = pynvml.c_nvmlFanSpeedInfo_t()
-    info.version = pynvml.nvmlFanSpeedInfo_v1
-    info.fan = fan
+    info = FanSpeedInfo(version=FAN_SPEED_INFO_V1, fan=fan)
     ret = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFanSpeedRPM")(h, ctypes.byref(info))
     pynvml._nvmlCheckReturn(ret)
-    return int(info.speed)
+    return float(info.speed)
 
 
 @dataclass(frozen=True)
 class Reader:
-    key: str  # logged, and a per-GPU "unsupported" entry
+    key: str  # logged, and a per-GPU "unavailable" entry
     slow: bool
-    read: Callable[[Any], Values]
+    read: Callable[[Any, Api], Values]
     fields: tuple[str, ...]  # the sample fields it fills (set to None when its read fails)
 
 
@@ -235,81 +396,110 @@ READERS: tuple[Reader, ...] = (
            ("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
             "remapped_rows_failure")),
 )
+_VIOLATION_READERS = ("violation_power", "violation_thermal")
 
-# Batched reads through nvmlDeviceGetFieldValues: (field id, sample field, scale, slow).
-FIELD_VALUES: tuple[tuple[int, str, float, bool], ...] = (
-    (pynvml.NVML_FI_DEV_MEMORY_TEMP, "temperature_memory_celsius", 1.0, False),
-    (pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "energy_joules", 1e-3, False),
-    (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "ecc_corrected_volatile", 1.0, True),
-    (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, "ecc_uncorrected_volatile", 1.0, True),
-    (pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, "ecc_corrected_aggregate", 1.0, True),
-    (pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, "ecc_uncorrected_aggregate", 1.0, True),
-    (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "pcie_replays", 1.0, True),
-    (getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230), "recovery_action", 1.0, True),
+FieldValue = tuple[int, str, float, bool]  # (field id, sample field, scale, slow)
+
+# Batched reads through nvmlDeviceGetFieldValues.
+FIELD_VALUES: tuple[FieldValue, ...] = (
+    (82, "temperature_memory_celsius", 1.0, False),  # NVML_FI_DEV_MEMORY_TEMP, °C
+    (83, "energy_joules", 1e-3, False),  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
+    (3, "ecc_corrected_volatile", 1.0, True),  # NVML_FI_DEV_ECC_SBE_VOL_TOTAL
+    (4, "ecc_uncorrected_volatile", 1.0, True),  # NVML_FI_DEV_ECC_DBE_VOL_TOTAL
+    (5, "ecc_corrected_aggregate", 1.0, True),  # NVML_FI_DEV_ECC_SBE_AGG_TOTAL
+    (6, "ecc_uncorrected_aggregate", 1.0, True),  # NVML_FI_DEV_ECC_DBE_AGG_TOTAL
+    (94, "pcie_replays", 1.0, True),  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+    (230, "recovery_action", 1.0, True),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (unknown to drivers before R570)
+)
+# Where nvmlDeviceGetViolationStatus is gone (deprecated in NVML 13): its counters as field values, ns.
+VIOLATION_FIELDS: tuple[FieldValue, ...] = (
+    (74, "violation_power_seconds", 1e-9, False),  # NVML_FI_DEV_PERF_POLICY_POWER
+    (75, "violation_thermal_seconds", 1e-9, False),  # NVML_FI_DEV_PERF_POLICY_THERMAL
 )
 _INTEGER_FIELDS = {"ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
                    "ecc_uncorrected_aggregate", "pcie_replays", "recovery_action"}
-_VALUE_MEMBERS = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-}
+# nvmlValueType_t -> nvmlValue_t member (numbers from nvml.h: older bindings lack some constants)
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+FANS = (("fan_speed_ratio", _fan_speed), ("fan_speed_rpm", _fan_rpm))
 
 # All sample fields a backend read can fill, for callers that need the full set.
 ALL_FIELDS: tuple[str, ...] = (
     tuple(f for r in READERS for f in r.fields) + tuple(f[1] for f in FIELD_VALUES)
-    + ("fan_speed_ratio", "fan_speed_rpm")
+    + tuple(key for key, _ in FANS)
 )
 
 
-_Plan = tuple[tuple[Reader, ...], list[tuple[int, str, float, bool]], dict[str, None]]
+_Plan = tuple[tuple[Reader, ...], list[FieldValue], tuple[str, ...], dict[str, None]]
 
 
 class _Device:
-    """Per-GPU state of the backend: the handle and what the GPU does not support."""
+    """Per-GPU state of the backend: the handle and what the GPU cannot give (key -> reason)."""
 
-    def __init__(self, handle: Any, identity: GpuIdentity) -> None:
+    def __init__(self, handle: Any, identity: GpuIdentity, readers: tuple[Reader, ...],
+                 fields: tuple[FieldValue, ...]) -> None:
         self.handle = handle
         self.identity = identity
-        self.unsupported: set[str] = set()
+        self.readers = readers
+        self.fields = fields
+        self.unavailable: dict[str, str] = {}
         self._plans: dict[bool, _Plan] = {}
 
     def plan(self, slow: bool) -> _Plan:
-        """What a fast (or slow) read asks for: the supported readers and field values, and None for the
-        fields of the unsupported ones; worked out again only after something turned out unsupported."""
+        """What a fast (or slow) read asks for: readers, field values and fan readings, and None for the fields
+        of those left out. A fast read leaves out everything unavailable; a slow read asks again what may come
+        back (a MIG toggle, a permission) and leaves out only what the loaded library can never answer."""
         plan = self._plans.get(slow)
         if plan is None:
-            readers = [r for r in READERS if slow or not r.slow]
-            fields = [f for f in FIELD_VALUES if slow or not f[3]]
+            def skipped(key: str) -> bool:
+                reason = self.unavailable.get(key)
+                return reason is not None and (not slow or reason in PERMANENT_REASONS)
+
+            readers = [r for r in self.readers if slow or not r.slow]
+            fields = [f for f in self.fields if slow or not f[3]]
+            fans = tuple(key for key, _ in FANS) if self.identity.fan_count else ()
             plan = self._plans[slow] = (
-                tuple(r for r in readers if r.key not in self.unsupported),
-                [f for f in fields if f[1] not in self.unsupported],
-                {**{name: None for r in readers if r.key in self.unsupported for name in r.fields},
-                 **{f[1]: None for f in fields if f[1] in self.unsupported}})
+                tuple(r for r in readers if not skipped(r.key)),
+                [f for f in fields if not skipped(f[1])],
+                tuple(key for key in fans if not skipped(key)),
+                {**{name: None for r in readers if skipped(r.key) for name in r.fields},
+                 **{f[1]: None for f in fields if skipped(f[1])},
+                 **{key: None for key in fans if skipped(key)}})
         return plan
 
-    def mark_unsupported(self, key: str) -> None:
-        self.unsupported.add(key)
+    def mark(self, key: str, reason: str | None) -> bool:
+        """Record that ``key`` is unavailable for ``reason`` (None: available); True when that changed."""
+        if self.unavailable.get(key) == reason:
+            return False
+        if reason is None:
+            del self.unavailable[key]
+        else:
+            self.unavailable[key] = reason
         self._plans.clear()
+        return True
 
 
 class NvmlBackend:
     """Reads GPUs through pynvml. ``library``: a path to libnvidia-ml, or a stand-in object
     with the same C functions (the fake library used by tests and ``--simulate``)."""
 
+    EVENT_REBUILD_SECONDS = 30.0  # a GPU left out of the event set (lost) is tried again this often
+
     def __init__(self, library: object | str = DEFAULT_LIBRARY) -> None:
         self._library = library
         self._devices: list[_Device] = []
+        self.api: Api | None = None
         self._events_stop = threading.Event()
         self._events_thread: threading.Thread | None = None
         self._on_xid: Callable[[int, int], None] | None = None
         self._wait_ms = 500
+        self._logged_bugs: set[tuple[int, str]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def open(self) -> list[GpuIdentity]:
-        """Initialise NVML and enumerate the GPUs; raises :class:`NvmlUnavailableError`."""
+        """Initialise NVML, resolve what the library offers and enumerate the GPUs; raises
+        :class:`NvmlUnavailableError` (:class:`NvmlVersionMismatchError` after a driver upgrade)."""
         if isinstance(self._library, str):
             try:
                 install_library(ctypes.CDLL(self._library))
@@ -324,13 +514,24 @@ class NvmlBackend:
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+                raise NvmlVersionMismatchError(str(exc)) from None
             raise NvmlUnavailableError(f"NVML initialisation failed: {exc}; check that the NVIDIA "
-                                  "driver is loaded (`nvidia-smi` should list the GPUs)") from None
+                                       "driver is loaded (`nvidia-smi` should list the GPUs)") from None
+        self.api = api = Api.resolve(self.system_info().driver_version)
+        readers = READERS if api.violation else tuple(r for r in READERS if r.key not in _VIOLATION_READERS)
+        fields = FIELD_VALUES if api.violation else FIELD_VALUES + VIOLATION_FIELDS
         self._devices = []
         for index in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                self._devices.append(_Device(handle, self._identity(index, handle)))
+                device = _Device(handle, self._identity(index, handle), readers, fields)
+                if _MODULE_ENERGY.search(device.identity.name):
+                    device.mark("energy_joules", MODULE_SCOPE)
+                    log.info("GPU %d (%s): %s counts the module's energy (Grace CPU included); the GPU's energy "
+                             "is integrated from its power instead", index, device.identity.uuid,
+                             device.identity.name)
+                self._devices.append(device)
             except pynvml.NVMLError as exc:
                 log.error("GPU %d cannot be opened (%s); it is left out until the next start", index, exc)
         return [d.identity for d in self._devices]
@@ -400,87 +601,133 @@ class NvmlBackend:
             architecture=ARCHITECTURES.get(arch, "unknown") if arch is not None else None,
             cuda_capability=f"{capability[0]}.{capability[1]}" if capability else None,
             memory_total_bytes=int(memory.total) if memory is not None else None,
-            fan_count=optional(lambda: pynvml.nvmlDeviceGetNumFans(h)) or 0,
+            fan_count=self._fan_count(h),
         )
 
-    # -- reading ------------------------------------------------------------------------
+    MAX_FANS = 8
 
-    def _unsupported(self, dev: _Device, key: str, exc: pynvml.NVMLError) -> None:
-        dev.mark_unsupported(key)
-        log.info("GPU %d (%s): %s not supported (%s); not polled again",
-                 dev.identity.index, dev.identity.uuid, key, exc)
+    def _fan_count(self, h: Any) -> int:
+        """nvmlDeviceGetNumFans (R510+); before it, the fans that answer a speed query, counted from fan 0."""
+        try:
+            return int(pynvml.nvmlDeviceGetNumFans(h))
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            if exc.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                return 0
+        assert self.api is not None
+        count = 0
+        while count < self.MAX_FANS:
+            try:
+                _fan_speed(count, h, self.api)
+            except pynvml.NVMLError:
+                break
+            count += 1
+        return count
+
+    # -- reading ------------------------------------------------------------------------
 
     def read(self, index: int, slow: bool) -> Reading:
         """Read the fast fields of GPU ``index`` (and the slow ones when ``slow``).
 
-        Raises :class:`GpuLostError` when the GPU has fallen off the bus.
+        Raises :class:`GpuLostError` when the GPU has fallen off the bus, :class:`NvmlDriverError` when the
+        driver went away and :class:`NvmlVersionMismatchError` when it was replaced by another version.
         """
         dev = self._devices[index]
+        api = self.api
+        assert api is not None
         out = Reading()
         values, handle = out.values, dev.handle
-        readers, wanted, unsupported = dev.plan(slow)
-        values.update(unsupported)  # None, and never a slow read's old value
+        readers, wanted, fans, skipped = dev.plan(slow)
+        values.update(skipped)  # None, and never a slow read's old value
         for reader in readers:
             try:
-                values.update(reader.read(handle))
-            except pynvml.NVMLError as exc:
+                values.update(reader.read(handle, api))
+            except Exception as exc:  # an NVMLError, or a binding that does not fit this library: this reader only
                 self._failed(dev, reader.key, exc, out)
                 values.update(dict.fromkeys(reader.fields))
+            else:
+                self._available(dev, reader.key)
         self._read_fields(dev, wanted, out)
-        self._read_fans(dev, out)
+        for key in fans:
+            self._read_fans(dev, key, api, out)
+        out.unavailable.update(dev.unavailable)
         return out
 
-    def _failed(self, dev: _Device, key: str, exc: pynvml.NVMLError, out: Reading) -> None:
-        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+    def _available(self, dev: _Device, key: str) -> None:
+        if key in dev.unavailable and dev.mark(key, None):
+            log.info("GPU %d (%s): %s is available again", dev.identity.index, dev.identity.uuid, key)
+
+    def _failed(self, dev: _Device, key: str, exc: BaseException, out: Reading) -> None:
+        """Classify what one reader (or field) met: lost GPU, driver gone or replaced (raised), unavailable for
+        a reason (recorded, logged on change), or an error of this tick (counted)."""
+        if not isinstance(exc, pynvml.NVMLError):
+            reason = BINDING_ERROR
+            if (dev.identity.index, key) not in self._logged_bugs:
+                self._logged_bugs.add((dev.identity.index, key))
+                log.error("GPU %d (%s): reading %s raised %s: %s (nvidia-ml-py %s does not fit this driver?); "
+                          "the reading is left out and counted, the others go on (logged once)",
+                          dev.identity.index, dev.identity.uuid, key, type(exc).__name__, exc,
+                          getattr(pynvml, "__version__", "?"), exc_info=exc)
+            out.errors.append(BINDING_ERROR)
+        elif exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise GpuLostError(str(exc)) from None
-        if exc.value in _DRIVER_GONE:
+        elif exc.value == pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+            raise NvmlVersionMismatchError(str(exc)) from None
+        elif exc.value in _DRIVER_GONE:
             raise NvmlDriverError(str(exc)) from None
-        if exc.value in _UNSUPPORTED:
-            self._unsupported(dev, key, exc)
+        elif exc.value in UNAVAILABLE_REASONS:
+            reason = UNAVAILABLE_REASONS[exc.value]
         else:
             out.errors.append(error_kind(exc))
+            return
+        if dev.mark(key, reason):
+            again = "" if reason in PERMANENT_REASONS else "; asked again on the slow interval"
+            log.info("GPU %d (%s): %s unavailable (%s: %s)%s", dev.identity.index, dev.identity.uuid, key,
+                     reason, exc, again)
 
-    def _read_fields(self, dev: _Device, wanted: list[tuple[int, str, float, bool]], out: Reading) -> None:
+    def _read_fields(self, dev: _Device, wanted: list[FieldValue], out: Reading) -> None:
         if not wanted:
             return
         try:
             results = pynvml.nvmlDeviceGetFieldValues(dev.handle, [f[0] for f in wanted])
-        except pynvml.NVMLError as exc:
+        except Exception as exc:
             for _, name, _, _ in wanted:
                 out.values[name] = None
-            if exc.value in _UNSUPPORTED:  # no field values at all: record each field
-                for _, name, _, _ in wanted:
-                    self._unsupported(dev, name, exc)
-            else:
-                self._failed(dev, "field_values", exc, out)
+                self._failed(dev, name, exc, out)  # no field values at all: each field records why
             return
         for (_, name, scale, _), fv in zip(wanted, results, strict=False):
             out.values[name] = None
-            if fv.nvmlReturn != pynvml.NVML_SUCCESS:
-                self._failed(dev, name, pynvml.NVMLError(fv.nvmlReturn), out)
+            ret = fv.nvmlReturn
+            if ret == pynvml.NVML_ERROR_INVALID_ARGUMENT:  # a field id this driver does not know
+                if dev.mark(name, UNKNOWN_FIELD):
+                    log.info("GPU %d (%s): %s unavailable (field %d unknown to this driver)",
+                             dev.identity.index, dev.identity.uuid, name, fv.fieldId)
                 continue
+            if ret != pynvml.NVML_SUCCESS:
+                self._failed(dev, name, pynvml.NVMLError(ret), out)
+                continue
+            self._available(dev, name)
             raw = getattr(fv.value, _VALUE_MEMBERS.get(fv.valueType, "ullVal"))
             out.values[name] = int(raw) if name in _INTEGER_FIELDS else raw * scale
 
-    def _read_fans(self, dev: _Device, out: Reading) -> None:
-        fans = dev.identity.fan_count
-        if fans == 0:
-            return
-        for key, read in (("fan_speed_ratio", lambda i: pynvml.nvmlDeviceGetFanSpeed_v2(dev.handle, i) / 100.0),
-                          ("fan_speed_rpm", lambda i: float(_fan_rpm(dev.handle, i)))):
-            if key in dev.unsupported:
-                out.values[key] = None
-                continue
-            speeds: list[float | None] = []
-            for i in range(fans):
-                try:
-                    speeds.append(read(i))
-                except pynvml.NVMLError as exc:
-                    self._failed(dev, key, exc, out)
-                    speeds.append(None)
-                    if key in dev.unsupported:
-                        break
-            out.values[key] = None if key in dev.unsupported else tuple(speeds)
+    def _read_fans(self, dev: _Device, key: str, api: Api, out: Reading) -> None:
+        read = dict(FANS)[key]
+        speeds: list[float | None] = []
+        for i in range(dev.identity.fan_count):
+            try:
+                speeds.append(read(i, dev.handle, api))
+            except Exception as exc:
+                if i > 0 and isinstance(exc, pynvml.NVMLError) and exc.value in UNAVAILABLE_REASONS:
+                    speeds.append(None)  # this fan only (pre-R5xx drivers report fan 0 alone)
+                    continue
+                self._failed(dev, key, exc, out)
+                if key in dev.unavailable:
+                    out.values[key] = None
+                    return
+                speeds.append(None)
+        self._available(dev, key)
+        out.values[key] = tuple(speeds)
 
     def persistence_mode(self, index: int) -> bool | None:
         """nvmlDeviceGetPersistenceMode; None when the GPU does not say (Windows, lost)."""
@@ -489,54 +736,113 @@ class NvmlBackend:
         except pynvml.NVMLError:
             return None
 
-    def unsupported(self, index: int) -> set[str]:
-        """What this GPU answered NOT_SUPPORTED (or lacks) so far: reader keys and field names."""
-        return set(self._devices[index].unsupported)
+    def unavailable(self, index: int) -> dict[str, str]:
+        """What this GPU cannot give so far, reader key or field name -> reason."""
+        return dict(self._devices[index].unavailable)
 
     # -- events -------------------------------------------------------------------------
 
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None:
-        """Listen for XID (critical error) events on a thread of its own; ``on_xid(gpu, xid)``."""
+        """Listen for XID (critical error) events on a thread of its own; ``on_xid(gpu, xid)``.
+
+        The event set holds the GPUs that answer; one that is lost (the wait answers GPU_IS_LOST) is left out of
+        a new set at once, so that the other GPUs' XIDs of that very incident are still counted, and tried again
+        every EVENT_REBUILD_SECONDS. With no GPU to listen to, the thread sleeps instead of waiting on an empty
+        set."""
         self._on_xid, self._wait_ms = on_xid, wait_ms
+        self._events_stop.clear()
+        self._events_thread = threading.Thread(target=self._listen, args=(on_xid, wait_ms), name="nvml-events",
+                                               daemon=True)
+        self._events_thread.start()
+
+    def _event_set(self, skip: set[int], logged: set[int]) -> tuple[Any, dict[int, int]] | None:
+        """A new event set with every GPU not in ``skip`` that supports XID events; (set, handle address -> GPU)."""
         try:
             event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as exc:
             log.warning("NVML events unavailable (%s); XIDs will not be counted", exc)
-            return
+            return None
         by_address: dict[int, int] = {}
         for i, dev in enumerate(self._devices):
+            if i in skip:
+                continue
             try:
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(dev.handle)
                 if not supported & pynvml.nvmlEventTypeXidCriticalError:
-                    log.info("GPU %d: XID events not supported", dev.identity.index)
+                    if i not in logged:
+                        log.info("GPU %d: XID events not supported", dev.identity.index)
+                    logged.add(i)
                     continue
                 pynvml.nvmlDeviceRegisterEvents(dev.handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
                 by_address[ctypes.cast(dev.handle, ctypes.c_void_p).value or 0] = i
             except pynvml.NVMLError as exc:
-                log.warning("GPU %d: cannot register for XID events (%s)", dev.identity.index, exc)
+                if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                    skip.add(i)
+                if i not in logged:
+                    log.warning("GPU %d: cannot register for XID events (%s)", dev.identity.index, exc)
+                logged.add(i)
+        return event_set, by_address
 
-        def listen() -> None:
-            failing = False
-            while not self._events_stop.is_set():
-                try:
-                    data = pynvml.nvmlEventSetWait(event_set, wait_ms)
-                except pynvml.NVMLError as exc:
-                    if exc.value != pynvml.NVML_ERROR_TIMEOUT:
-                        if not failing:
-                            log.warning("NVML event wait failed: %s (retrying quietly)", exc)
-                        failing = True
-                        self._events_stop.wait(1.0)
-                    continue
-                failing = False
-                if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-                    i = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
-                    if i is not None:
-                        on_xid(i, int(data.eventData))
+    def _lost_handles(self) -> set[int]:
+        """The GPUs whose handle answers GPU_IS_LOST now (a cheap query per GPU)."""
+        lost = set()
+        for i, dev in enumerate(self._devices):
             try:
-                pynvml.nvmlEventSetFree(event_set)
-            except pynvml.NVMLError:
-                pass
+                pynvml.nvmlDeviceGetIndex(dev.handle)
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                    lost.add(i)
+        return lost
 
-        self._events_stop.clear()
-        self._events_thread = threading.Thread(target=listen, name="nvml-events", daemon=True)
-        self._events_thread.start()
+    def _listen(self, on_xid: Callable[[int, int], None], wait_ms: int) -> None:
+        stop = self._events_stop
+        logged: set[int] = set()
+        skip: set[int] = set()  # GPUs left out of the set: lost when it was built
+        event_set: Any = None
+        by_address: dict[int, int] = {}
+        rebuild_at = 0.0
+        failing = False
+        while not stop.is_set():
+            if event_set is None or (skip and time.monotonic() >= rebuild_at):
+                if event_set is not None:
+                    self._free(event_set)
+                    skip = self._lost_handles()
+                built = self._event_set(skip, logged)
+                if built is None:
+                    return
+                event_set, by_address = built
+                rebuild_at = time.monotonic() + self.EVENT_REBUILD_SECONDS
+            if not by_address:  # nothing to wait on: sleep (until a left-out GPU may be back), never spin
+                stop.wait(max(0.0, rebuild_at - time.monotonic()) if skip else None)
+                continue
+            try:
+                data = pynvml.nvmlEventSetWait(event_set, wait_ms)
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+                    continue
+                lost = self._lost_handles() if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST else set()
+                if lost:  # a new set without the lost GPU(s), at once: the others' XIDs of this incident count
+                    log.warning("NVML event wait: GPU %s lost (%s); listening to the others, and to it again "
+                                "once it answers", ", ".join(str(self._devices[i].identity.index)
+                                                             for i in sorted(lost)), exc)
+                    skip, rebuild_at = lost, 0.0
+                    continue
+                if not failing:
+                    log.warning("NVML event wait failed: %s (retrying quietly)", exc)
+                failing = True
+                stop.wait(1.0)
+                continue
+            failing = False
+            if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                i = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
+                if i is not None:
+                    on_xid(i, int(data.eventData))
+        if event_set is not None:
+            self._free(event_set)
+
+    @staticmethod
+    def _free(event_set: Any) -> None:
+        try:
+            pynvml.nvmlEventSetFree(event_set)
+        except pynvml.NVMLError:
+            pass

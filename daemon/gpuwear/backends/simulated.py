@@ -64,6 +64,10 @@ class Product:
     memory_max_hz: float
     idle_sm_hz: float = 210e6
     min_fan_ratio: float = 0.3
+    mig_capable: bool = False  # A100 / H100 class: MIG mode can be enabled
+    tegra: bool = False  # a Jetson-like integrated GPU: NVML initialises and lists it, and answers nothing else
+    module_extra_watts: float = 0.0  # GH200: the energy counter is the module's, Grace CPU included
+    min_branch: str = "r470"  # the oldest driver branch that supports the card
 
 
 PRODUCTS: dict[str, Product] = {
@@ -76,7 +80,16 @@ PRODUCTS: dict[str, Product] = {
             gpu_max_celsius=90, memory_max_celsius=None, fans=2, fan_max_rpm=3000, ecc=False,
             retired_pages=False, remapped_rows=False, r_th_best=0.095, r_th_worst=0.2,
             r_th_memory=0.0, tau_die_seconds=25.0, tau_memory_seconds=40.0,
-            sm_max_hz=2.52e9, memory_max_hz=10.5e9,
+            sm_max_hz=2.52e9, memory_max_hz=10.5e9, min_branch="r525",
+        ),
+        Product(
+            key="gtx1080ti", name="NVIDIA GeForce GTX 1080 Ti", architecture=4,
+            cuda_capability=(6, 1), memory_total_bytes=11 * 2**30, tdp_watts=250.0,
+            idle_watts=12.0, full_load_watts=265.0, shutdown_celsius=96, slowdown_celsius=93,
+            gpu_max_celsius=91, memory_max_celsius=None, fans=1, fan_max_rpm=4800, ecc=False,
+            retired_pages=False, remapped_rows=False, r_th_best=0.22, r_th_worst=0.36,
+            r_th_memory=0.0, tau_die_seconds=20.0, tau_memory_seconds=40.0,
+            sm_max_hz=1.911e9, memory_max_hz=5.505e9, idle_sm_hz=139e6,
         ),
         Product(
             key="h100-sxm", name="NVIDIA H100 80GB HBM3", architecture=9,
@@ -85,7 +98,35 @@ PRODUCTS: dict[str, Product] = {
             gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
             retired_pages=False, remapped_rows=True, r_th_best=0.075, r_th_worst=0.075,
             r_th_memory=0.082, tau_die_seconds=30.0, tau_memory_seconds=60.0,
-            sm_max_hz=1.98e9, memory_max_hz=2.619e9,
+            sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r525",
+        ),
+        Product(
+            key="a100-sxm", name="NVIDIA A100-SXM4-80GB", architecture=7,
+            cuda_capability=(8, 0), memory_total_bytes=80 * 2**30, tdp_watts=400.0,
+            idle_watts=60.0, full_load_watts=410.0, shutdown_celsius=92, slowdown_celsius=89,
+            gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
+            retired_pages=False, remapped_rows=True, r_th_best=0.11, r_th_worst=0.11,
+            r_th_memory=0.12, tau_die_seconds=30.0, tau_memory_seconds=60.0,
+            sm_max_hz=1.41e9, memory_max_hz=1.593e9, mig_capable=True,
+        ),
+        Product(
+            key="gh200", name="NVIDIA GH200 480GB", architecture=9,
+            cuda_capability=(9, 0), memory_total_bytes=96 * 2**30, tdp_watts=900.0,
+            idle_watts=90.0, full_load_watts=700.0, shutdown_celsius=92, slowdown_celsius=89,
+            gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
+            retired_pages=False, remapped_rows=True, r_th_best=0.07, r_th_worst=0.07,
+            r_th_memory=0.08, tau_die_seconds=30.0, tau_memory_seconds=60.0,
+            sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, module_extra_watts=150.0,
+            min_branch="r535",
+        ),
+        Product(
+            key="jetson-orin", name="Orin (nvgpu)", architecture=7,
+            cuda_capability=(8, 7), memory_total_bytes=64 * 2**30, tdp_watts=60.0,
+            idle_watts=5.0, full_load_watts=50.0, shutdown_celsius=105, slowdown_celsius=99,
+            gpu_max_celsius=95, memory_max_celsius=None, fans=0, fan_max_rpm=None, ecc=False,
+            retired_pages=False, remapped_rows=False, r_th_best=0.6, r_th_worst=0.6,
+            r_th_memory=0.0, tau_die_seconds=40.0, tau_memory_seconds=60.0,
+            sm_max_hz=1.3e9, memory_max_hz=3.2e9, tegra=True,
         ),
         Product(
             key="v100", name="Tesla V100-PCIE-16GB", architecture=5,
@@ -102,7 +143,7 @@ PRODUCTS: dict[str, Product] = {
 PHASE_KINDS = ("idle", "train", "stress")
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
                "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
-               "driver_unload", "driver_load")
+               "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade")
 
 
 @dataclass(frozen=True)
@@ -168,6 +209,8 @@ class GpuState:
     garbage: dict[str, float] = field(default_factory=dict)  # field -> value, returned once
     pending_xids: list[int] = field(default_factory=list)
     processes: tuple[int, ...] = ()  # PIDs of the compute processes on the GPU now
+    mig_enabled: bool = False  # MIG mode (A100/H100 class): whole-device utilization is not supported then
+    energy_glitch_mj: float | None = None  # the energy counter answers this once (a backwards glitch)
 
 
 class SimGpu:
@@ -240,7 +283,7 @@ class SimGpu:
             reasons |= REASON_GPU_IDLE
         s.reasons = reasons
         s.power_watts = demand
-        s.energy_mj += demand * dt * 1000.0
+        s.energy_mj += (demand + p.module_extra_watts) * dt * 1000.0
         if reasons & REASON_SW_POWER_CAP:
             s.violation_power_ns += dt * 1e9
         if reasons & (REASON_SW_THERMAL | REASON_HW_THERMAL):
@@ -289,6 +332,10 @@ class SimGpu:
             s.pcie_replays += int(prm.get("count", 1))
         elif k == "recovery_action":
             s.recovery_action = int(prm.get("action", 1))
+        elif k == "mig":  # MIG mode toggled (nvidia-smi -mig 1 / 0 with the GPU idle)
+            s.mig_enabled = bool(prm.get("enabled", True)) and self.product.mig_capable
+        elif k == "energy_glitch":  # one reading of the counter this many joules back
+            s.energy_glitch_mj = max(0.0, s.energy_mj - float(prm.get("back_joules", 1e6)) * 1000.0)
         elif k == "driver_reload":  # counters kept by the driver since it loaded restart at 0
             s.energy_mj = 0.0
             s.ecc_corrected_volatile = s.ecc_uncorrected_volatile = 0
@@ -321,6 +368,9 @@ class Simulation:
             gpu.step(0.0, 0.0)
         self.driver_loaded = True  # False between driver_unload and driver_load faults
         self.driver_generation = 0  # bumped at each unload: NVML must be initialised again
+        self.driver_upgraded = False  # the kernel module was replaced by another version (driver_upgrade fault)
+        self.driver = "r610"  # the driver profile (backends.drivers.PROFILES) the fake library answers as
+        self.privileged = True  # the NVML client runs as root (False: an unprivileged daemon, DynamicUser=)
 
     def next_fault_at(self) -> float:
         """Simulated time of the next scripted fault (infinity when none is left)."""
@@ -345,6 +395,8 @@ class Simulation:
                     self.driver_loaded = True
                     for gpu in self.gpus:
                         gpu.apply(Fault(fault.at, gpu.index, "driver_reload", {}))
+                elif fault.kind == "driver_upgrade":  # a new kernel module under the loaded library
+                    self.driver_upgraded = True
                 elif 0 <= fault.gpu < len(self.gpus):
                     self.gpus[fault.gpu].apply(fault)
             for gpu in self.gpus:
@@ -425,8 +477,17 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
     if not isinstance(doc, dict):
         raise ScenarioError(f"scenario {name}: expected a mapping at the top level")
     for key in doc:
-        if key not in {"description", "ambient_celsius", "gpus", "faults"}:
+        if key not in {"description", "ambient_celsius", "gpus", "faults", "driver", "privileged"}:
             raise ScenarioError(f"scenario {name}: {key}: unknown key")
+    from gpuwear.backends.drivers import NEWEST, PROFILES
+    from gpuwear.backends.nvml_symbols import BRANCHES
+
+    driver = doc.get("driver", NEWEST)
+    if driver not in PROFILES:
+        raise ScenarioError(f"scenario {name}: driver: expected one of {', '.join(PROFILES)}, got {driver!r}")
+    privileged = doc.get("privileged", True)
+    if not isinstance(privileged, bool):
+        raise ScenarioError(f"scenario {name}: privileged: expected true or false, got {privileged!r}")
     ambient = _number(doc.get("ambient_celsius", 25), f"scenario {name}: ambient_celsius", -20, 60)
     gpu_specs = doc.get("gpus")
     if not isinstance(gpu_specs, list) or not gpu_specs:
@@ -446,10 +507,18 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         schedule = [_phase(p, f"{where}.schedule[{j}]") for j, p in enumerate(schedule_spec)]
         offset = _number(spec.get("offset_seconds", 0), f"{where}.offset_seconds")
         cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 3.0)
-        unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported"}
+        unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig"}
         if unknown:
             raise ScenarioError(f"{where}.{sorted(unknown)[0]}: unknown key")
+        if BRANCHES.index(PROFILES[driver].branch) < BRANCHES.index(product.min_branch):
+            raise ScenarioError(f"{where}.product: {product.name} needs a driver of branch {product.min_branch} "
+                                f"or newer, the scenario's driver is {driver}")
+        mig = spec.get("mig", False)
+        if not isinstance(mig, bool) or (mig and not product.mig_capable):
+            raise ScenarioError(f"{where}.mig: expected true or false, and true only for a MIG-capable product, "
+                                f"got {mig!r}")
         gpu = SimGpu(i, product, schedule, offset, ambient, seed, cooling)
+        gpu.state.mig_enabled = mig
         for fld in spec.get("unsupported", []) or []:
             gpu.state.unsupported.add(str(fld))
         gpus.append(gpu)
@@ -461,4 +530,6 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         params = {k: v for k, v in spec.items() if k not in {"at", "gpu", "kind"}}
         gpu_index = int(_number(spec.get("gpu", 0), f"{where}.gpu", 0, len(gpus) - 1))
         faults.append(Fault(_number(spec.get("at"), f"{where}.at"), gpu_index, spec["kind"], params))
-    return Simulation(gpus, faults, name)
+    simulation = Simulation(gpus, faults, name)
+    simulation.driver, simulation.privileged = driver, privileged
+    return simulation

@@ -1,0 +1,465 @@
+"""gpuwear over every driver profile and device kind of the fake NVML library, and the NVML faults real drivers
+give: the production code must sample every GPU, raise no alert for what is merely unsupported or unprivileged,
+find every process, and say so when a GPU yields nothing."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import yaml
+
+from conftest import REPO, make_rig
+from gpuwear.backends import nvml_symbols
+from gpuwear.backends.drivers import NEWEST, PROFILES
+from gpuwear.backends.fakenvml import FakeNvmlLibrary
+from gpuwear.backends.nvml import NvmlBackend, NvmlVersionMismatchError, ProcessInfoCc
+from gpuwear.backends.simulated import PRODUCTS, ScenarioError, parse_scenario, synthetic_pid
+from gpuwear.clock import ManualClock
+from gpuwear.config import Config
+from gpuwear.metrics import DaemonInfo
+from gpuwear.service import Daemon, Source, _sampler
+from helpers import free_port
+
+# Device kinds as real cards behave; (product, MIG enabled, privileged client). R470 cannot drive an Ada card.
+KINDS: dict[str, tuple[str, bool, bool]] = {
+    "geforce": ("rtx4090", False, False),
+    "datacenter": ("h100-sxm", False, False),
+    "mig-unprivileged": ("a100-sxm", True, False),
+    "mig-root": ("a100-sxm", True, True),
+    "jetson": ("jetson-orin", False, False),
+    "gh200": ("gh200", False, False),
+}
+OLD_CARDS = {"rtx4090": "gtx1080ti", "h100-sxm": "v100"}  # what an R470 box has instead
+
+
+def product_for(kind: str, driver: str) -> str:
+    product = KINDS[kind][0]
+    branch = nvml_symbols.BRANCHES.index(PROFILES[driver].branch)
+    if branch < nvml_symbols.BRANCHES.index(PRODUCTS[product].min_branch):
+        return OLD_CARDS.get(product, "")
+    return product
+
+
+MATRIX = [pytest.param(driver, kind, id=f"{driver}-{kind}") for driver in PROFILES for kind in KINDS
+          if product_for(kind, driver)]
+
+
+def scenario_doc(driver: str, kind: str, faults: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    _, mig, privileged = KINDS[kind]
+    train = [{"kind": "train", "seconds": 3600, "utilization": 0.9, "job": "matrix-job"}]
+    return {"driver": driver, "privileged": privileged, "faults": faults or [],
+            "gpus": [{"product": product_for(kind, driver), "mig": mig, "schedule": train},
+                     {"product": "v100" if driver == "r470" else "h100-sxm", "schedule": train}]}
+
+
+@contextmanager
+def daemon_over(doc: dict[str, Any], state_dir: Path, slow_interval: float = 10.0) -> Iterator[tuple[Daemon,
+                                                                                                    ManualClock]]:
+    """The daemon in-process over a scenario on a manual clock: ticks are driven by the test (``Daemon._tick``),
+    scrapes read ``daemon.exposition``, health ``daemon.health_problem``."""
+    simulation = parse_scenario(doc, "matrix")
+    clock = ManualClock()
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state_dir))
+    backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
+    sampler = _sampler(backend, clock, config)
+    sampler.slow_interval = slow_interval
+    sampler.open()
+    daemon = Daemon(config, Source(sampler, clock, DaemonInfo("test", "3", "simulated", "matrix"), 1.0, simulation))
+    try:
+        yield daemon, clock
+    finally:
+        daemon.stop()
+
+
+def run(daemon: Daemon, clock: ManualClock, seconds: int) -> None:
+    for _ in range(seconds):
+        clock.advance(1.0)
+        daemon._tick()
+
+
+def series(body: str, name: str, gpu: str) -> list[float]:
+    return [float(v) for v in re.findall(rf'^{name}\{{[^}}]*gpu="{gpu}"[^}}]*\}} (\S+)$', body, re.M)]
+
+
+@pytest.mark.parametrize(("driver", "kind"), MATRIX)
+def test_the_daemon_samples_every_profile_and_device_kind(driver: str, kind: str, tmp_path: Path) -> None:
+    with daemon_over(scenario_doc(driver, kind), tmp_path) as (daemon, clock):
+        run(daemon, clock, 25)
+        gpu = daemon.source.sampler.snapshot.gpus[0]
+        body = daemon.exposition.render(False).decode()
+        other = daemon.source.sampler.snapshot.gpus[1]
+        assert other.last_success and other.sample is not None  # the card beside it is never hidden
+        if kind == "jetson":  # NVML answers its name and nothing else: said so, never "ok"
+            assert gpu.readings == 0 and not gpu.last_success
+            assert set(gpu.unavailable.values()) == {"not_supported"}
+            assert series(body, "gpuwear_sample_success", "0") == [0.0]
+            problem = daemon.health_problem()
+            assert problem is not None and "GPU 0" in problem and "yields no readings" in problem
+            return
+        sample = gpu.sample
+        assert sample is not None and gpu.last_success, (gpu.errors, gpu.unavailable)
+        assert not gpu.errors, gpu.errors
+        assert sample.temperature_gpu_celsius is not None and sample.power_watts is not None
+        assert sample.clock_event_reasons is not None
+        assert series(body, "gpuwear_sample_success", "0") == [1.0]  # the sampling alert's input: not firing
+        assert not series(body, "gpuwear_sample_errors_total", "0")
+        assert daemon.health_problem() is None
+        assert set(gpu.unavailable.values()) <= {"not_supported", "no_permission", "function_not_found",
+                                                 "unknown_field", "module_scope"}
+        pid = synthetic_pid("matrix-job")
+        if kind == "mig-unprivileged":  # the driver refuses, and says so: no attribution, no alert
+            assert sample.processes is None and gpu.unavailable["processes"] == "no_permission"
+            assert sample.utilization_gpu_ratio is None and gpu.unavailable["utilization"] == "not_supported"
+            assert series(body, "gpuwear_readings_unavailable", "0")
+        else:
+            assert sample.processes is not None and [p for p, _ in sample.processes] == [pid]
+            view = daemon.tracker.views[gpu.identity.uuid]
+            assert "matrix-job" in str(view), "job attribution found no job"
+        if PROFILES[driver].exports("nvmlDeviceGetMemoryInfo_v2") and kind != "mig-unprivileged":
+            assert sample.memory_used_bytes is not None
+
+
+def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:
+    drivers = {p.values[0] for p in MATRIX}  # type: ignore[index]
+    assert {"r470", NEWEST} <= drivers and len(drivers) == len(PROFILES)
+    assert PROFILES["r470"].branch == nvml_symbols.BRANCHES[0]
+
+
+# -- what each profile exports, against what pynvml itself would do ----------------------------------------
+
+
+def test_r470_has_no_v3_process_functions_and_pynvml_raises_a_plain_exception_there() -> None:
+    rig = make_rig(scenario_doc("r470", "datacenter"))
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        # nvidia-ml-py >= 12.550 raises a plain Exception here (not an NVMLError: it used to end every tick)
+        mismatch = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError_FunctionNotFound)
+        with pytest.raises((mismatch, pynvml.NVMLError_FunctionNotFound)):
+            pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        sample = rig.run(3).gpus[0].sample
+        assert sample is not None and [p for p, _ in sample.processes or ()] == [synthetic_pid("matrix-job")]
+        assert rig.backend.api is not None and rig.backend.api.processes.endswith("_v2")
+        assert not rig.backend.api.event_reasons and sample.clock_event_reasons is not None  # ...ThrottleReasons
+        assert rig.library.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] > 0
+    finally:
+        rig.backend.close()
+
+
+def test_r470_fans_are_counted_without_num_fans() -> None:
+    doc = scenario_doc("r470", "geforce")
+    rig = make_rig(doc)
+    try:
+        identity = rig.sampler.snapshot.gpus[0].identity
+        assert identity.name == "NVIDIA GeForce GTX 1080 Ti" and identity.fan_count == 1
+        sample = rig.run(5).gpus[0].sample
+        assert sample is not None and sample.fan_speed_ratio is not None and sample.fan_speed_ratio[0]
+        assert rig.library.missing["nvmlDeviceGetNumFans"] >= 1
+    finally:
+        rig.backend.close()
+
+
+def two_jobs(driver: str) -> dict[str, Any]:
+    """One H100 running two jobs' processes at once (two CUDA contexts)."""
+    doc = scenario_doc(driver, "datacenter")
+    sim_doc = dict(doc)
+    sim_doc["gpus"] = [dict(doc["gpus"][1])]
+    return sim_doc
+
+
+def test_the_32_byte_process_struct_of_535_54_reads_every_pid(tmp_path: Path) -> None:
+    doc = scenario_doc("r535.54", "datacenter")
+    rig = make_rig(doc)
+    try:
+        gpu = rig.simulation.gpus[0]
+        rig.run(2)
+        gpu.schedule = [gpu.schedule[0].__class__(kind="train", seconds=3600, utilization=0.9,
+                                                  pids=(4242, 4343, 4444))]
+        sample = rig.run(2).gpus[0].sample
+        assert sample is not None
+        assert [p for p, _ in sample.processes or ()] == [4242, 4343, 4444]
+        assert rig.backend.api is not None and rig.backend.api.process_layout is ProcessInfoCc
+        if ctypes.sizeof(pynvml.c_nvmlProcessInfo_t) == 24:  # every binding but 12.535.77, which read 32 bytes
+            # what pynvml's own wrapper makes of the same answer: its 24-byte stride reads garbage after the first
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)][1:] != [4343, 4444]
+    finally:
+        rig.backend.close()
+
+
+def test_memory_used_is_nvidia_smis_without_the_reserved_memory() -> None:
+    idle = {"driver": NEWEST, "gpus": [{"product": "a100-sxm", "schedule": [{"kind": "idle", "seconds": 3600}]}]}
+    rig = make_rig(idle)
+    try:
+        sample = rig.run(2).gpus[0].sample
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+        assert sample is not None and sample.memory_used_bytes is not None
+        assert v1.used > 800e6 and sample.memory_used_bytes < 10e6  # ~0.9 GB reserved vs nothing allocated
+    finally:
+        rig.backend.close()
+    old = make_rig({**idle, "driver": "r470"})  # no _v2: the v1 figure, the only one there is
+    try:
+        sample = old.run(2).gpus[0].sample
+        assert sample is not None and sample.memory_used_bytes is not None and sample.memory_used_bytes > 800e6
+    finally:
+        old.backend.close()
+
+
+def test_a_field_the_driver_does_not_know_is_unavailable_and_never_asked_again() -> None:
+    rig = make_rig(scenario_doc("r550", "datacenter"), slow_interval=2.0)
+    try:
+        snap = rig.run(12)
+        h100 = snap.gpus[0]
+        assert h100.unavailable["recovery_action"] == "unknown_field" and h100.last_success and not h100.errors
+        slow_fields = [name for _, name, _, _ in rig.backend._devices[0].plan(True)[1]]
+        assert "recovery_action" not in slow_fields and "ecc_corrected_volatile" in slow_fields
+    finally:
+        rig.backend.close()
+    newer = make_rig(scenario_doc("r570", "datacenter"), slow_interval=2.0)
+    try:
+        sample = newer.run(3).gpus[0].sample
+        assert sample is not None and sample.recovery_action == 0
+    finally:
+        newer.backend.close()
+
+
+def test_mig_toggled_at_run_time_is_followed_on_the_slow_interval() -> None:
+    doc = scenario_doc(NEWEST, "datacenter", faults=[{"at": 10.5, "gpu": 0, "kind": "mig", "enabled": True},
+                                                     {"at": 30.5, "gpu": 0, "kind": "mig", "enabled": False}])
+    doc["gpus"][0]["product"] = "a100-sxm"
+    rig = make_rig(doc, slow_interval=5.0)
+    try:
+        snap = rig.run(20)
+        gpu = snap.gpus[0]
+        assert gpu.sample is not None and gpu.sample.utilization_gpu_ratio is None and gpu.sample.mig_enabled
+        assert gpu.unavailable["utilization"] == "not_supported" and gpu.last_success
+        snap = rig.run(20)
+        gpu = snap.gpus[0]
+        assert gpu.sample is not None and gpu.sample.utilization_gpu_ratio is not None  # asked again, back
+        assert "utilization" not in gpu.unavailable and gpu.sample.mig_enabled is False
+    finally:
+        rig.backend.close()
+
+
+def test_a_binding_that_raises_costs_one_reading_not_the_tick(caplog: pytest.LogCaptureFixture) -> None:
+    rig = make_rig(scenario_doc(NEWEST, "datacenter"))
+    try:
+        device = rig.backend._devices[0]
+
+        def broken(h: Any, api: Any) -> dict[str, Any]:
+            raise TypeError("c_nvmlFanSpeedInfo_t is not defined")  # what nvidia-ml-py 12.560 raised
+
+        device.readers = tuple(r.__class__(r.key, r.slow, broken, r.fields) if r.key == "power" else r
+                               for r in device.readers)
+        device._plans.clear()
+        snap = rig.run(3)
+        h100, other = snap.gpus
+        assert h100.sample is not None and h100.sample.power_watts is None
+        assert h100.sample.temperature_gpu_celsius is not None and other.last_success
+        assert h100.errors["binding_error"] == 1 and h100.unavailable["power"] == "binding_error"
+        assert sum("raised TypeError" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        rig.backend.close()
+
+
+def test_an_energy_counter_glitch_is_dropped_not_counted_twice() -> None:
+    doc = scenario_doc(NEWEST, "datacenter", faults=[{"at": 60.5, "gpu": 0, "kind": "energy_glitch",
+                                                      "back_joules": 30000}])
+    rig = make_rig(doc)
+    try:
+        before = rig.run(60).gpus[0].energy_joules_total
+        snap = rig.run(5)
+        after = snap.gpus[0]
+        assert before is not None and after.energy_joules_total is not None
+        assert after.dropped["energy_joules"] == 1
+        assert after.energy_joules_total - before < 5 * 700 + 1000  # not the whole counter again
+    finally:
+        rig.backend.close()
+
+
+def test_a_driver_reload_is_still_a_reset_of_the_counter() -> None:
+    rig = make_rig(scenario_doc(NEWEST, "datacenter", faults=[{"at": 100.5, "gpu": 0, "kind": "driver_reload"}]))
+    try:
+        before = rig.run(100).gpus[0].energy_joules_total
+        after = rig.run(10).gpus[0]
+        assert before is not None and after.energy_joules_total is not None
+        assert before < after.energy_joules_total < before + 10 * 700 + 1000 and not after.dropped
+    finally:
+        rig.backend.close()
+
+
+def test_gh200_module_energy_counter_is_not_taken_for_the_gpus() -> None:
+    rig = make_rig(scenario_doc(NEWEST, "gh200"))
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        rig.run(10)
+        first = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+        snap = rig.run(60)
+        module = (pynvml.nvmlDeviceGetTotalEnergyConsumption(h) - first) / 1000 / 60  # W, the module's counter
+        gpu = snap.gpus[0]
+        assert gpu.sample is not None and gpu.sample.power_watts is not None
+        assert module == pytest.approx(gpu.sample.power_watts + PRODUCTS["gh200"].module_extra_watts, rel=0.05)
+        assert gpu.sample.energy_joules is None and gpu.unavailable["energy_joules"] == "module_scope"
+        assert gpu.last_success and gpu.readings > 0
+    finally:
+        rig.backend.close()
+
+
+# -- events ------------------------------------------------------------------------------------------------
+
+
+def test_xids_of_the_other_gpus_are_counted_while_one_is_lost() -> None:
+    doc = scenario_doc(NEWEST, "datacenter", faults=[
+        {"at": 3, "gpu": 0, "kind": "lost"}, {"at": 4, "gpu": 1, "kind": "xid", "xid": 48},
+        {"at": 5, "gpu": 1, "kind": "xid", "xid": 94}])
+    rig = make_rig(doc)
+    rig.sampler.start_events(wait_ms=20)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            rig.run(1)
+            if rig.sampler.snapshot.gpus[1].xids.get(94):
+                break
+            time.sleep(0.02)
+        assert dict(rig.sampler.snapshot.gpus[1].xids) == {48: 1, 94: 1}
+        assert rig.sampler.snapshot.gpus[0].xids.get(79) == 1  # its own "fallen off the bus"
+    finally:
+        rig.backend.close()
+
+
+def test_the_event_listener_never_spins_on_an_empty_set() -> None:
+    doc = {"driver": NEWEST, "gpus": [{"product": "jetson-orin"}]}  # no GPU supports events
+    rig = make_rig(doc)
+    rig.sampler.start_events(wait_ms=5)
+    try:
+        time.sleep(0.5)
+        assert rig.library.calls["nvmlEventSetWait_v2"] == 0
+        assert any(t.name == "nvml-events" for t in threading.enumerate())
+    finally:
+        rig.backend.close()
+    assert not any(t.name == "nvml-events" and t.is_alive() for t in threading.enumerate())
+
+
+# -- a driver upgraded under the daemon ----------------------------------------------------------------------
+
+
+def test_a_driver_upgrade_stops_the_sampler_with_the_reason() -> None:
+    rig = make_rig(scenario_doc(NEWEST, "datacenter", faults=[{"at": 3.5, "kind": "driver_upgrade"}]))
+    try:
+        rig.run(3)
+        with pytest.raises(NvmlVersionMismatchError, match="upgraded"):
+            rig.run(1)
+    finally:
+        rig.backend.close()
+
+
+def test_a_driver_upgrade_makes_the_daemon_exit_non_zero_after_saving(tmp_path: Path) -> None:
+    doc = scenario_doc(NEWEST, "datacenter", faults=[{"at": 2.0, "kind": "driver_upgrade"}])
+    scenario = tmp_path / "upgrade.yaml"
+    scenario.write_text(yaml.safe_dump(doc))
+    result = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--simulate", str(scenario),
+                             "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path / "state")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "no longer matches the loaded NVML library" in result.stderr.splitlines()[-1]
+    assert "gpuwear stopped" in result.stderr  # the final save ran
+    assert (tmp_path / "state" / "simulated" / "ledger.sqlite").exists()
+
+
+def test_a_scenario_cannot_put_a_card_under_a_driver_too_old_for_it() -> None:
+    with pytest.raises(ScenarioError, match="needs a driver of branch r525"):
+        parse_scenario({"driver": "r470", "gpus": [{"product": "rtx4090"}]}, "old")
+    with pytest.raises(ScenarioError, match="driver: expected one of"):
+        parse_scenario({"driver": "r999", "gpus": [{"product": "v100"}]}, "bad")
+
+
+# -- health that cannot lie -------------------------------------------------------------------------------
+
+
+def test_failing_ticks_make_the_daemon_unhealthy(tmp_path: Path) -> None:
+    with daemon_over(scenario_doc(NEWEST, "datacenter"), tmp_path) as (daemon, clock):
+        run(daemon, clock, 2)
+        assert daemon.sampling_problem() is None
+        real = daemon.tracker.observe
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("boom")
+
+        daemon.tracker.observe = broken  # type: ignore[method-assign]
+        run(daemon, clock, 3)
+        problem = daemon.sampling_problem()
+        assert problem is not None and "the last 3 sampling ticks failed (RuntimeError: boom)" in problem
+        daemon.tracker.observe = real  # type: ignore[method-assign]
+        run(daemon, clock, 1)
+        assert daemon.sampling_problem() is None
+
+
+def test_doctor_says_a_jetson_yields_nothing(tmp_path: Path) -> None:
+    from gpuwear.doctor import Doctor
+
+    simulation = parse_scenario({"gpus": [{"product": "jetson-orin"}, {"product": "h100-sxm"}]}, "jetson")
+    doctor = Doctor(Config(state_dir=str(tmp_path)), NvmlBackend(FakeNvmlLibrary(simulation, ManualClock())),
+                    tmp_path / "ledger.sqlite", dev=tmp_path)
+    text = "\n".join(f"{f.ok} {f.what} {f.fix}" for f in doctor.run())
+    assert re.search(r"False GPU 0 Orin \(nvgpu\) \(GPU-[^)]+\): yields no readings; not supported: ", text), text
+    assert "Jetson" in text
+    assert re.search(r"True GPU 1 NVIDIA H100 80GB HBM3 .*fields read", text)
+
+
+def test_docs_tell_operators_to_stop_gpuwear_before_a_gpu_reset() -> None:
+    for path in [*(REPO / "docs").glob("*.md"), REPO / "README.md"]:
+        for paragraph in path.read_text().split("\n\n"):
+            if "nvidia-smi -r" in paragraph:
+                assert "stop gpuwear" in paragraph.lower(), (path, paragraph)
+
+
+def test_fake_process_layout_is_the_drivers_not_the_callers() -> None:
+    """The fake writes the driver's 32-byte records into whatever the caller allocated, bounded by its size."""
+    rig = make_rig(scenario_doc("r535.54", "datacenter"))
+    try:
+        fn = rig.library.nvmlDeviceGetComputeRunningProcesses_v3
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        count = ctypes.c_uint(1)
+        buffer = (ctypes.c_ubyte * 40)()  # room for one 32-byte record and a little more
+        assert fn(h, ctypes.byref(count), buffer) == 0 and count.value == 1
+        assert ProcessInfoCc.from_buffer(buffer).pid == synthetic_pid("matrix-job")
+        assert bytes(buffer[32:]) == bytes(8)
+    finally:
+        rig.backend.close()
+
+
+def test_logs_of_unavailable_readings_name_the_reason(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwear.backends.nvml")
+    rig = make_rig(scenario_doc(NEWEST, "mig-unprivileged"))
+    try:
+        rig.run(2)
+        assert any("processes unavailable (no_permission" in r.getMessage() for r in caplog.records)
+    finally:
+        rig.backend.close()
+
+
+def test_the_readme_states_the_supported_range_that_is_tested() -> None:
+    import importlib.metadata
+
+    readme = (REPO / "README.md").read_text()
+    bindings = re.search(r"nvidia-ml-py \(module `pynvml`\): (\d+(?:\.\d+)+) to (\d+(?:\.\d+)+)", readme)
+    drivers = re.search(r"NVIDIA drivers: R(\d+) to R(\d+)", readme)
+    floor = re.search(r'"nvidia-ml-py>=([\d.]+)"', (REPO / "pyproject.toml").read_text())
+    assert bindings and drivers and floor
+    assert bindings.group(1) == floor.group(1)  # pyproject accepts exactly what the README states
+    assert '"nvidia-ml-py==$floor"' in (REPO / "test.sh").read_text()  # and test.sh runs this file on it
+    assert importlib.metadata.version("nvidia-ml-py") in bindings.groups()  # this run is at one of the two ends
+    assert (f"r{drivers.group(1)}", f"r{drivers.group(2)}") == (nvml_symbols.BRANCHES[0], NEWEST)
+    assert NEWEST == [p.branch for p in PROFILES.values()][-1]
