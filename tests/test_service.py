@@ -140,13 +140,14 @@ def test_without_a_driver_the_fallback_simulates_and_says_so() -> None:
     assert "no usable NVIDIA driver here" in log and "SIMULATED GPUs" in log
 
 
-def test_port_in_use_is_a_clear_error() -> None:
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     port = free_port()
     first = run_daemon("--simulate", "--listen", f"127.0.0.1:{port}")
     try:
         wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_power_watts")
         second = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen",
-                                 f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30, check=False)
+                                 f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "other")],
+                                capture_output=True, text=True, timeout=30, check=False)
         assert second.returncode == 1
         assert f"gpuwear: cannot serve on 127.0.0.1:{port}: Address already in use" in second.stderr
         assert "Traceback" not in second.stderr

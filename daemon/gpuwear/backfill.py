@@ -18,9 +18,12 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.importer import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv
+from gpuwear.ledger import SCHEMA_VERSION as EXPORT_VERSION
 from gpuwear.ledger import Ledger
 from gpuwear.sample import GpuSample, validated
+from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.schema import SchemaError, check_export
 
 
 @dataclass
@@ -116,25 +119,30 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
 
 
 def import_ledger_export(doc: Any, source: str, ledger: Ledger) -> dict[str, int]:
-    """Import a `gpuwear export` document: each part of the card's history becomes an import
-    (skipped when that span is already imported). Returns parts imported and skipped."""
-    if not isinstance(doc, dict) or doc.get("format") != "gpuwear-ledger-export" or not isinstance(
-            doc.get("parts"), list):
-        raise ImportFormatError("not a gpuwear ledger export (gpuwear export UUID)")
+    """Import a `gpuwear export` document, validated whole first (:func:`check_export`: one bad value refuses the
+    file, nothing is written). Each part of the card's history becomes an import unless its time span overlaps
+    history this ledger already holds for the card (its live span, earlier imports, or an earlier part of this
+    file): accumulators cannot be split in time, so an overlapping part is skipped whole and never counted twice.
+    Returns parts imported and skipped."""
+    try:
+        check_export(doc, EXPORT_VERSION, WEAR_SCHEMA)
+    except SchemaError as exc:
+        raise ImportFormatError(str(exc)) from None
     uuid = str(doc["uuid"])
-    spans = ledger.imported_spans(uuid)
+    covered = list(ledger.imported_spans(uuid))
+    live = ledger.live_span(uuid)
+    if live is not None:
+        covered.append(live)
     imports = []
     skipped = 0
     for part in doc["parts"]:
-        try:
-            w = GpuWear.from_json(part, 2.0)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ImportFormatError(f"a part of the export is unreadable: {exc}") from None
-        if w.first_seen is None or w.last_seen is None:
+        first, last = part.get("first_seen"), part.get("last_seen")
+        if first is None or last is None:
             continue
-        if any(a <= w.first_seen and w.last_seen <= b for a, b in spans):
+        if any(first <= b and a <= last for a, b in covered):
             skipped += 1
             continue
-        imports.append((uuid, source, w.first_seen, w.last_seen, 0, part))
+        covered.append((first, last))
+        imports.append((uuid, source, first, last, 0, part))
     ledger.save([], [], imports)
     return {"imported": len(imports), "skipped": skipped}

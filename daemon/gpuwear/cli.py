@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sqlite3
 import sys
 from dataclasses import replace
@@ -13,7 +14,7 @@ from pathlib import Path
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
 from gpuwear.config import Config, ConfigError, load_config, parse_listen
-from gpuwear.ledger import Ledger, LedgerError
+from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError
 from gpuwear.webconfig import WebConfigError
 
 # The scenarios shipped in gpuwear/backends/scenarios/ (a test keeps the list true); named here
@@ -121,6 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     speed = args.speed if args.speed is not None else config.simulation.speed
     simulate = args.simulate if args.simulate != "" else config.simulation.scenario
     limit_malloc_arenas()  # before any thread starts
+    os.umask(0o077)  # the state directory and ledger are the daemon's alone (the unit sets UMask=0077 too)
     try:
         source = open_source(config, simulate, speed, args.simulate_if_no_gpu)
     except NvmlUnavailableError as exc:
@@ -132,6 +134,9 @@ def _run(args: argparse.Namespace) -> int:
     except WebConfigError as exc:
         source.sampler.backend.close()
         return _fail(f"web_config_file: {exc}", EXIT_USAGE)
+    except LedgerError as exc:  # another daemon holds the state directory, or a newer gpuwear wrote the ledger
+        source.sampler.backend.close()
+        return _fail(str(exc), EXIT_FAILURE)
     daemon.handle_signals()
     try:
         daemon.start()
@@ -261,6 +266,9 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_EXPORT_BYTES = 64 << 20
+
+
 def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
     from gpuwear.backfill import import_ledger_export
     from gpuwear.importer import ImportFormatError
@@ -268,8 +276,16 @@ def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
     failed = 0
     for name in args.files:
         try:
+            size = Path(name).stat().st_size
+            if size > MAX_EXPORT_BYTES:
+                raise ImportFormatError(f"{size} bytes: larger than any export gpuwear writes "
+                                        f"({MAX_EXPORT_BYTES >> 20} MiB at most)")
             doc = json.loads(Path(name).read_text(encoding="utf-8"))
             result = import_ledger_export(doc, f"ledger:{name}", ledger)
+        except RecursionError:
+            print(f"gpuwear: {name}: not imported: nested too deeply to be an export", file=sys.stderr)
+            failed += 1
+            continue
         except (OSError, UnicodeDecodeError, ValueError, ImportFormatError, sqlite3.Error) as exc:
             print(f"gpuwear: {name}: not imported: {exc}", file=sys.stderr)
             failed += 1
@@ -280,16 +296,32 @@ def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from gpuwear.service import ledger_path
+
+    config = _ledger_config(args)
+    path = ledger_path(config, args.simulated)
+    try:
+        lock = StateLock.acquire(path.parent)
+    except StateLockedError as exc:  # the daemon's next save would not hold the import: never write under it
+        return _fail(f"{exc}; stop the daemon to import (`systemctl stop gpuwear`), then start it again: it "
+                     "counts the imported history from its next start", EXIT_FAILURE)
+    except (LedgerError, OSError) as exc:
+        return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
+    try:
+        return _import_locked(args, config, path)
+    finally:
+        lock.release()
+
+
+def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     import zoneinfo
 
     from gpuwear.backfill import import_file
     from gpuwear.importer import ImportFormatError
-    from gpuwear.service import ledger_path
 
-    config = _ledger_config(args)
     if args.format == "ledger":
         try:
-            ledger = Ledger.open(ledger_path(config, args.simulated))
+            ledger = Ledger.open(path)
         except (LedgerError, OSError, sqlite3.Error) as exc:
             return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
         try:
@@ -304,7 +336,7 @@ def _import(args: argparse.Namespace) -> int:
             return _fail(f"--timezone: unknown time zone {args.timezone!r}", EXIT_USAGE)
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
     try:
-        ledger = Ledger.open(ledger_path(config, args.simulated))
+        ledger = Ledger.open(path)
     except (LedgerError, OSError, sqlite3.Error) as exc:
         return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
     failed = 0

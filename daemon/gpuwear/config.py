@@ -162,7 +162,7 @@ class WearConfig:
 @dataclass(frozen=True)
 class JobsConfig:
     end_grace_seconds: float = _key(60.0, _number(0, 86400))
-    record_users: bool = _key(True, _boolean)
+    record_users: bool = _key(False, _boolean)
     user_in_metrics: bool = _key(False, _boolean)
 
 

@@ -2,15 +2,21 @@
 
 Every save is one transaction (WAL journal, ``synchronous=FULL``): a crash at any instant
 leaves the previous save or the new one, never a mix. Readers (``gpuwear report``) open
-the file read-only while the daemon writes. A file that cannot be read as a ledger is
-moved aside (never silently replaced) and the move is reported. ``meta.schema_version``
-allows migrations.
+the file read-only while the daemon writes. Every record is validated when the ledger is
+opened (:mod:`gpuwear.wear.schema`): a file that cannot be read as a ledger, or holds one
+record that fails validation, is moved aside (never silently replaced) and the move is
+reported; a ledger written by a newer gpuwear is refused (:class:`LedgerTooNewError`), never
+moved aside. The state directory is the daemon's alone: :class:`StateLock` holds it for the
+daemon's life, it is created 0700 and the ledger 0600, and symbolic links are not followed.
+``meta.schema_version`` allows migrations.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -19,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuwear import __version__
+from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.schema import SchemaError, check_event, check_job, check_wear
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,99 @@ class LedgerError(RuntimeError):
     """The ledger cannot be used; the message names the file and the reason."""
 
 
+class LedgerTooNewError(LedgerError):
+    """The ledger was written by a newer gpuwear: refused, never moved aside (a downgrade must not discard it)."""
+
+
+class StateLockedError(LedgerError):
+    """Another process (a running daemon) holds the state directory."""
+
+
+PID_FILE = "gpuwear.pid"
+
+
+class StateLock:
+    """An exclusive lock on a state directory: ``flock`` on the directory itself (possible even while it is
+    read-only), held until :meth:`release` or the process ends (a kill -9 included: the kernel drops it). The
+    holder's PID is written to ``gpuwear.pid`` beside the ledger where the directory allows, for the message a
+    second process gets."""
+
+    def __init__(self, folder: Path, fd: int) -> None:
+        self.folder = folder
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, folder: Path) -> StateLock:
+        """Lock ``folder`` (created 0700 when missing). Raises :class:`StateLockedError` naming the holder, or
+        OSError when the folder cannot be made or opened."""
+        private_folder(folder)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = _read_pid(folder / PID_FILE)
+            raise StateLockedError(f"the state directory {folder} is locked by another gpuwear"
+                                   + (f" (PID {holder})" if holder else "")
+                                   + ": only one process may write its ledger") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            pid_fd = os.open(folder / PID_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(pid_fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+        except OSError:  # a read-only directory: locked all the same, the holder just goes unnamed
+            pass
+        return cls(folder, fd)
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            if _read_pid(self.folder / PID_FILE) == os.getpid():
+                (self.folder / PID_FILE).unlink()
+        except OSError:
+            pass
+        os.close(self._fd)  # closing the descriptor drops the flock
+        self._fd = -1
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text()[:32].strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def private_folder(folder: Path) -> None:
+    """Create ``folder`` mode 0700 whatever the umask, refusing a symbolic link (but systemd's own: with
+    ``DynamicUser=``, ``/var/lib/gpuwear`` is a link into ``/var/lib/private``)."""
+    if folder.is_symlink() and not os.path.realpath(folder).startswith("/var/lib/private/"):
+        raise LedgerError(f"the state directory {folder} is a symbolic link: refusing to follow it "
+                          "(point state_dir at the real directory)")
+    if not folder.is_dir():
+        folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+    elif folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o077:
+        os.chmod(folder, 0o700)
+
+
+def _private_file(path: Path) -> None:
+    """Create the ledger file mode 0600 (SQLite gives its -wal and -shm files the same mode), refusing links."""
+    for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if candidate.is_symlink():
+            raise LedgerError(f"{candidate} is a symbolic link: refusing to follow it")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class Event:
     """Something that happened to a GPU: a gap, a lost GPU, an XID, a memory-error change."""
@@ -92,21 +194,43 @@ class Ledger:
 
     @classmethod
     def open(cls, path: Path) -> Ledger:
-        """Open or create the ledger; an unreadable file is moved aside with an error log."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open or create the ledger, every record validated; an unreadable file, or one with a bad record, is
+        moved aside with an error log. Raises :class:`LedgerTooNewError` for a ledger of a newer gpuwear,
+        LedgerError for a symbolic link, OSError / sqlite3.Error when the directory cannot be written."""
+        private_folder(path.parent)
+        _private_file(path)
         moved: Path | None = None
         try:
             db = cls._connect(path)
+            try:
+                _verify(db)
+            except BaseException:
+                db.close()
+                raise
+        except LedgerTooNewError:
+            raise
+        except sqlite3.OperationalError as exc:
+            if any(word in str(exc) for word in ("readonly", "unable to open", "disk I/O", "locked")):
+                raise  # the directory or disk, not the file: kept, retried by the caller
+            moved = cls._move_aside(path, exc)
+            db = cls._connect(path)
         except (sqlite3.DatabaseError, LedgerError) as exc:
-            moved = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
-            for suffix in ("", "-wal", "-shm"):
-                src = Path(str(path) + suffix)
-                if src.exists():
-                    src.rename(Path(str(moved) + suffix))
-            log.error("ledger %s cannot be read (%s); moved it aside to %s and started a new ledger: the "
-                      "history it held is not counted until it is repaired", path, exc, moved)
+            moved = cls._move_aside(path, exc)
             db = cls._connect(path)
         return cls(path, db, moved)
+
+    @staticmethod
+    def _move_aside(path: Path, exc: BaseException) -> Path:
+        """Move an unusable ledger (and its WAL) aside, loudly; a new ledger is started at ``path``."""
+        moved = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(path) + suffix)
+            if src.exists():
+                src.rename(Path(str(moved) + suffix))
+        log.error("ledger %s cannot be read (%s); moved it aside to %s and started a new ledger: the "
+                  "history it held is not counted until it is repaired", path, exc, moved)
+        _private_file(path)
+        return moved
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
@@ -125,7 +249,8 @@ class Ledger:
                 db.executescript(_SCHEMA)
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif version > SCHEMA_VERSION:
-                raise LedgerError(f"schema version {version} is newer than this gpuwear's ({SCHEMA_VERSION})")
+                raise LedgerTooNewError(_too_new(path, db, version))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', ?)", (__version__,))
         except BaseException:
             db.close()
             raise
@@ -142,8 +267,15 @@ class Ledger:
         except sqlite3.DatabaseError as exc:
             raise LedgerError(f"{path}: not a readable gpuwear ledger ({exc})") from None
         if version is None or version > SCHEMA_VERSION:
+            message = (_too_new(path, db, version) if version is not None else
+                       f"{path}: not a gpuwear ledger this version can read (no schema version)")
             db.close()
-            raise LedgerError(f"{path}: not a gpuwear ledger this version can read (schema {version})")
+            raise LedgerTooNewError(message) if version is not None else LedgerError(message)
+        try:
+            _verify(db)
+        except (sqlite3.DatabaseError, LedgerError) as exc:
+            db.close()
+            raise LedgerError(f"{path}: {exc} (the daemon moves such a ledger aside at its next start)") from None
         return cls(path, db)
 
     def close(self) -> None:
@@ -155,16 +287,18 @@ class Ledger:
         """Every GPU's accumulators, by UUID."""
         out: dict[str, GpuWear] = {}
         for uuid, text in self._db.execute("SELECT uuid, wear FROM gpus ORDER BY uuid"):
-            try:
-                out[uuid] = GpuWear.from_json(json.loads(text), gate_celsius)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise LedgerError(f"{self.path}: GPU {uuid}: unreadable accumulators ({exc})") from None
+            out[uuid] = GpuWear.from_json(_wear(text, f"{self.path}: GPU {uuid}"), gate_celsius)
         return out
 
     def events(self, uuid: str | None = None, since: float | None = None) -> list[Event]:
         query = "SELECT uuid, wall, kind, detail FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? ORDER BY id"
         rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf")))
         return [Event(u, w, k, json.loads(d)) for u, w, k, d in rows]
+
+    def live_span(self, uuid: str) -> tuple[float, float] | None:
+        """The time span of a GPU's live history (first seen, last seen), None when it has none."""
+        row = self._db.execute("SELECT first_seen, last_seen FROM gpus WHERE uuid = ?", (uuid,)).fetchone()
+        return None if row is None or row[0] is None or row[1] is None else (float(row[0]), float(row[1]))
 
     def imported_spans(self, uuid: str) -> list[tuple[float, float]]:
         """Time spans already imported for a GPU."""
@@ -174,7 +308,7 @@ class Ledger:
         """The history imported from logs, all imports of a GPU merged, by UUID."""
         out: dict[str, GpuWear] = {}
         for uuid, text in self._db.execute("SELECT uuid, wear FROM imports ORDER BY first"):
-            w = GpuWear.from_json(json.loads(text), gate_celsius)
+            w = GpuWear.from_json(_wear(text, f"{self.path}: import of GPU {uuid}"), gate_celsius)
             out[uuid] = out[uuid].merged(w) if uuid in out else GpuWear(uuid, gate_celsius=gate_celsius).merged(w)
         return out
 
@@ -240,6 +374,51 @@ class Ledger:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise
+
+
+def _wear(text: Any, where: str) -> dict[str, Any]:
+    """A stored accumulator document, validated; LedgerError naming the record and the field otherwise."""
+    try:
+        doc = json.loads(text) if isinstance(text, (str, bytes)) else None
+        if doc is None:
+            raise SchemaError("", f"not JSON text but {type(text).__name__}")
+        return check_wear(doc, "", WEAR_SCHEMA)  # type: ignore[no-any-return]
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and SchemaError are ValueErrors
+        raise LedgerError(f"{where}: unreadable accumulators ({exc})") from None
+
+
+def _verify(db: sqlite3.Connection) -> None:
+    """Read every record back and validate it (at open: a bad record moves the ledger aside rather than failing
+    every start, every save or every report later). Raises LedgerError or sqlite3.DatabaseError."""
+    for uuid, name, text in db.execute("SELECT uuid, name, wear FROM gpus"):
+        doc = _wear(text, f"GPU {uuid!r}")
+        if doc["uuid"] != uuid or not isinstance(name, str):
+            raise LedgerError(f"GPU {uuid!r}: the row and its accumulators disagree")
+    for uuid, first, last, rows, text in db.execute("SELECT uuid, first, last, rows, wear FROM imports"):
+        _wear(text, f"import of GPU {uuid!r}")
+        if not (isinstance(first, (int, float)) and isinstance(last, (int, float)) and first <= last
+                and isinstance(rows, int) and rows >= 0):
+            raise LedgerError(f"import of GPU {uuid!r}: bad span or row count")
+    for i, (uuid, wall, kind, detail) in enumerate(db.execute("SELECT uuid, wall, kind, detail FROM events")):
+        try:
+            check_event({"wall": wall, "kind": kind, "detail": json.loads(detail)}, f"events[{i}]")
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise LedgerError(f"event of GPU {uuid!r}: {exc}") from None
+    for record, data in db.execute("SELECT record, data FROM jobs"):
+        try:
+            check_job(json.loads(data), f"job {record!r}"[:80])
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise LedgerError(str(exc)) from None
+
+
+def _too_new(path: Path, db: sqlite3.Connection, version: int) -> str:
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()
+    except sqlite3.Error:
+        row = None
+    by = f"gpuwear {row[0]}" if row else "a newer gpuwear"
+    return (f"{path} was written by {by} (ledger schema {version}); this gpuwear {__version__} reads schema "
+            f"{SCHEMA_VERSION} and older: upgrade gpuwear (the ledger is kept as it is, never replaced)")
 
 
 def _schema_version(db: sqlite3.Connection) -> int | None:

@@ -37,7 +37,7 @@ from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs import JobWatcher, ProcessResolver, SimulatedJobs
-from gpuwear.ledger import FILENAME, Ledger, LedgerError
+from gpuwear.ledger import FILENAME, Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
 from gpuwear.wear.jobs import JobRecord
@@ -302,12 +302,22 @@ class Daemon:
         self.web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
         self.ledger_file = ledger_path(config, source.simulation is not None)
         self.ledger: Ledger | None = None
+        self._lock: StateLock | None = None  # the state directory, held for the daemon's life
+        self._history_loaded = False  # the ledger's history is in the tracker (never merged twice)
         gate = config.wear.cycles.hysteresis_celsius
         wears, imported, running = {}, {}, []
         try:
+            self._lock = StateLock.acquire(self.ledger_file.parent)
             self.ledger = Ledger.open(self.ledger_file)
             wears, imported = self.ledger.load(gate), self.ledger.load_imported(gate)
             running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
+            self._history_loaded = True
+        except (StateLockedError, LedgerTooNewError):  # another daemon, or a newer gpuwear's ledger: refuse to run
+            if self.ledger is not None:
+                self.ledger.close()
+            if self._lock is not None:
+                self._lock.release()
+            raise
         except (OSError, sqlite3.Error, LedgerError) as exc:  # unwritable state directory, I/O error: sample anyway
             log.error("cannot open the wear ledger %s (%s); sampling and serving go on, wear is kept in memory "
                       "and saved as soon as the ledger can be opened", self.ledger_file, exc)
@@ -410,15 +420,22 @@ class Daemon:
             log.error("not pinging the systemd watchdog: %s", problem)
 
     def _reopen_ledger(self) -> Ledger:
-        """Open the ledger that could not be opened at start, and fold what it holds into the
-        history kept in memory since (raises what opening raises)."""
+        """Open the ledger again after a failed save or open (a fresh connection: one opened while the directory
+        was read-only stays read-only), taking the state directory's lock if it could not be taken at start; the
+        history it holds is folded into the one kept in memory unless it was loaded at start (raises what
+        opening raises)."""
+        if self._lock is None:
+            self._lock = StateLock.acquire(self.ledger_file.parent)
         ledger = Ledger.open(self.ledger_file)
+        if self._history_loaded:
+            return ledger
         try:
             gate = self.config.wear.cycles.hysteresis_celsius
             self.tracker.adopt(ledger.load(gate), ledger.load_imported(gate))
         except BaseException:
             ledger.close()
             raise
+        self._history_loaded = True
         log.warning("the wear ledger %s could be opened; its history and the one kept in memory are merged",
                     self.ledger_file)
         return ledger
@@ -440,6 +457,9 @@ class Daemon:
                 self.tracker.give_back(events, jobs)
                 raise
         except (OSError, sqlite3.Error, LedgerError) as exc:
+            if self.ledger is not None:  # the next try opens a fresh connection
+                self.ledger.close()
+                self.ledger = None
             if status.failures == 0 or status.last_success is not False:
                 log.error("cannot save the wear ledger %s (%s); sampling goes on and the save is retried",
                           self.ledger_file, exc)
@@ -560,6 +580,8 @@ class Daemon:
         self.persist()
         if self.ledger is not None:
             self.ledger.close()
+        if self._lock is not None:
+            self._lock.release()
         log.info("gpuwear stopped")
 
     def handle_signals(self) -> None:

@@ -1,0 +1,286 @@
+"""The one validator of everything the ledger reads: a GPU's accumulators (``GpuWear.to_json()``), as stored in
+SQLite or carried in an export file, and the export document around them.
+
+Field by field: types, finite numbers, non-negative durations and counts, timestamps within a sane window, and
+bounded sizes (keys per map, list lengths, string lengths). The first problem raises :class:`SchemaError` naming
+where it is (``parts[1].temperature_seconds.gpu.85``) and what is wrong, so that one bad value refuses the whole
+record or file. Plain code, no library: the accumulators' shape is small and fixed, and a schema library would be
+a dependency of the daemon for one function.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+# Unix times outside [2000-01-01, 2100-01-01) are corrupt, not merely a wrong clock (which the daemon handles at
+# sampling time, where it can tell); no clock is read here.
+EARLIEST_WALL = 946_684_800.0
+LATEST_WALL = 4_102_444_800.0
+MAX_SECONDS = 1e11  # about 3,000 years of seconds: any duration above is corrupt
+MAX_JOULES = 1e15
+MAX_COUNT = 1e12
+MAX_KEYS = 20_000  # per map: 1 °C bins, (range, peak) bins and days stay far below
+MAX_TEXT = 256
+MAX_PARTS = 1_000
+MAX_EVENTS = 200_000
+MAX_FANS = 16
+SENSORS = ("gpu", "memory")
+KINDS = ("job", "idle")
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+_CYCLE = re.compile(r"-?\d{1,3}:-?\d{1,3}")
+_INT = re.compile(r"-?\d{1,6}")
+
+
+class SchemaError(ValueError):
+    """A record or file that does not have the accumulators' shape: ``where`` and ``problem``."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.where, self.problem = where, problem
+
+
+def _join(where: str, key: str | int) -> str:
+    return f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else key
+
+
+def number(value: Any, where: str, low: float = 0.0, high: float = MAX_SECONDS) -> float:
+    """A finite number (not a bool) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(where, f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise SchemaError(where, f"expected a finite number, got {value}")
+    if not low <= value <= high:
+        raise SchemaError(where, f"{value:g} is outside [{low:g}, {high:g}]")
+    return float(value)
+
+
+def integer(value: Any, where: str, low: int = 0, high: float = MAX_COUNT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise SchemaError(where, f"expected a whole number, got {value!r}"[:120])
+    number(value, where, low, high)
+    return int(value)
+
+
+def text(value: Any, where: str, optional: bool = False, limit: int = MAX_TEXT) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise SchemaError(where, f"expected text, got {type(value).__name__}")
+    if len(value) > limit:
+        raise SchemaError(where, f"text of {len(value)} characters (at most {limit})")
+    return value
+
+
+def wall(value: Any, where: str, optional: bool = True) -> float | None:
+    """A Unix time in [2000, 2100)."""
+    if value is None and optional:
+        return None
+    return number(value, where, EARLIEST_WALL, LATEST_WALL)
+
+
+def mapping(value: Any, where: str, keys: Callable[[str], bool] | None = None,
+            values: Callable[[Any, str], Any] | None = None, limit: int = MAX_KEYS) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SchemaError(where, f"expected a mapping, got {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str) or (keys is not None and not keys(key)):
+            raise SchemaError(where, f"unexpected key {key!r}"[:120])
+    if len(value) > limit:
+        raise SchemaError(where, f"{len(value)} keys (at most {limit})")
+    if values is not None:
+        for key, item in value.items():
+            values(item, _join(where, key))
+    return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    return number(value, where)
+
+
+def _histogram(value: Any, where: str) -> dict[str, Any]:
+    """Whole-°C (or whole-%) bin -> seconds."""
+    return mapping(value, where, lambda k: bool(_INT.fullmatch(k)), _seconds)
+
+
+def _per_sensor(bins: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    return lambda value, where: mapping(value, where, lambda k: k in SENSORS, bins)
+
+
+def _cycles(value: Any, where: str) -> dict[str, Any]:
+    return mapping(value, where, lambda k: bool(_CYCLE.fullmatch(k)),
+                   lambda v, w: number(v, w, 0.0, MAX_COUNT))
+
+
+def _rainflow(value: Any, where: str) -> None:
+    mapping(value, where, lambda k: k in ("gate", "stack", "extreme", "direction"))
+    stack = value.get("stack", [])
+    if not isinstance(stack, list) or len(stack) > 10_000:
+        raise SchemaError(_join(where, "stack"), "expected a list of at most 10000 temperatures")
+    for i, t in enumerate(stack):
+        number(t, _join(_join(where, "stack"), i), -100.0, 300.0)
+    if value.get("extreme") is not None:
+        number(value["extreme"], _join(where, "extreme"), -100.0, 300.0)
+    integer(value.get("direction", 0), _join(where, "direction"), -1, 1)
+    number(value.get("gate", 0.0), _join(where, "gate"), 0.0, 100.0)
+
+
+def _fan(value: Any, where: str) -> None:
+    mapping(value, where, lambda k: k in ("on_seconds", "revolutions", "rpm_seconds", "ratio_seconds"), _seconds)
+
+
+def _thermal_day(value: Any, where: str) -> None:
+    if not isinstance(value, list) or len(value) != 3:
+        raise SchemaError(where, "expected [seconds, sum of r, sum of r squared]")
+    number(value[0], _join(where, 0))
+    number(value[1], _join(where, 1), -MAX_SECONDS, MAX_SECONDS)
+    number(value[2], _join(where, 2), 0.0, MAX_SECONDS)
+
+
+def _health_value(value: Any, where: str) -> None:
+    if not isinstance(value, bool):
+        integer(value, where)
+
+
+def _kind(value: Any, where: str) -> None:
+    mapping(value, where, lambda k: k in ("seconds", "energy_joules", "temperature_seconds"))
+    number(value.get("seconds", 0.0), _join(where, "seconds"))
+    number(value.get("energy_joules", 0.0), _join(where, "energy_joules"), 0.0, MAX_JOULES)
+    _histogram(value.get("temperature_seconds", {}), _join(where, "temperature_seconds"))
+
+
+_SECONDS_FIELDS = ("observed_seconds", "down_seconds", "gap_seconds", "energy_counter_seconds",
+                   "energy_integrated_seconds", "power_limit_seconds", "power_seconds")
+_MAPS: dict[str, Callable[[Any, str], Any]] = {
+    "utilization_seconds": _histogram,
+    "temperature_seconds": _per_sensor(_histogram),
+    "cycles": _per_sensor(_cycles),
+    "rainflow": lambda v, w: mapping(v, w, lambda k: k in SENSORS, _rainflow),
+    "throttle_seconds": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, _seconds),
+    "violation_seconds": lambda v, w: mapping(v, w, lambda k: k in ("power", "thermal"), _seconds),
+    "thermal_resistance": lambda v, w: mapping(v, w, lambda k: bool(_DAY.fullmatch(k)), _thermal_day),
+    "thresholds": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: number(x, p, -100.0, 1e5)),
+    "health": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, _health_value),
+    "xids": lambda v, w: mapping(v, w, lambda k: bool(_INT.fullmatch(k)), lambda x, p: integer(x, p)),
+    "last_event": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: wall(x, p, optional=False)),
+    "kinds": lambda v, w: mapping(v, w, lambda k: k in KINDS, _kind),
+}
+_KNOWN = {"schema", "uuid", "name", "serial", "pci_bus_id", "first_seen", "last_seen", "gaps", "lost_events",
+          "energy_joules", "fans", "thermal", "gate_celsius", *_SECONDS_FIELDS, *_MAPS}
+
+
+def check_wear(doc: Any, where: str = "", schema: int = 1) -> Any:
+    """Validate one GPU's accumulators; returns ``doc`` unchanged, raises :class:`SchemaError`."""
+    mapping(doc, where, lambda k: k in _KNOWN, limit=len(_KNOWN))
+    if doc.get("schema") != schema:
+        raise SchemaError(_join(where, "schema"), f"unknown accumulator schema {doc.get('schema')!r} "
+                                                  f"(this gpuwear reads {schema})")
+    text(doc.get("uuid"), _join(where, "uuid"), limit=128)
+    if not doc["uuid"]:
+        raise SchemaError(_join(where, "uuid"), "empty")
+    text(doc.get("name", ""), _join(where, "name"))
+    text(doc.get("serial"), _join(where, "serial"), optional=True)
+    text(doc.get("pci_bus_id"), _join(where, "pci_bus_id"), optional=True, limit=64)
+    first = wall(doc.get("first_seen"), _join(where, "first_seen"))
+    last = wall(doc.get("last_seen"), _join(where, "last_seen"))
+    if first is not None and last is not None and first > last:
+        raise SchemaError(_join(where, "first_seen"), "after last_seen")
+    for key in _SECONDS_FIELDS:
+        number(doc.get(key, 0.0), _join(where, key))
+    number(doc.get("energy_joules", 0.0), _join(where, "energy_joules"), 0.0, MAX_JOULES)
+    integer(doc.get("gaps", 0), _join(where, "gaps"))
+    integer(doc.get("lost_events", 0), _join(where, "lost_events"))
+    for key, check in _MAPS.items():
+        check(doc.get(key, {}), _join(where, key))
+    fans = doc.get("fans", [])
+    if not isinstance(fans, list) or len(fans) > MAX_FANS:
+        raise SchemaError(_join(where, "fans"), f"expected a list of at most {MAX_FANS} fans")
+    for i, fan in enumerate(fans):
+        _fan(fan, _join(_join(where, "fans"), i))
+    thermal = mapping(doc.get("thermal", {}), _join(where, "thermal"),
+                      lambda k: k in ("idle_celsius", "idle_watts"))
+    for key in ("idle_celsius", "idle_watts"):
+        if thermal.get(key) is not None:
+            number(thermal[key], _join(_join(where, "thermal"), key), -100.0, 1e5)
+    number(doc.get("gate_celsius", 2.0), _join(where, "gate_celsius"), 0.0, 100.0)
+    return doc
+
+
+def check_event(doc: Any, where: str) -> Any:
+    mapping(doc, where, lambda k: k in ("wall", "kind", "detail"), limit=3)
+    wall(doc.get("wall"), _join(where, "wall"), optional=False)
+    text(doc.get("kind"), _join(where, "kind"), limit=64)
+    detail = mapping(doc.get("detail", {}), _join(where, "detail"), limit=64)
+    for key, value in detail.items():
+        if not (value is None or isinstance(value, (bool, str)) or (isinstance(value, (int, float))
+                and math.isfinite(value))):
+            raise SchemaError(_join(_join(where, "detail"), key), "expected a number, text or flag")
+    return doc
+
+
+def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, Any]:
+    """Validate a ``gpuwear export`` document: its parts (each a GPU's accumulators, none a duplicate of
+    another) and events. Raises :class:`SchemaError` at the first problem."""
+    if not isinstance(doc, dict) or doc.get("format") != "gpuwear-ledger-export":
+        raise SchemaError("", "not a gpuwear ledger export (gpuwear export UUID)")
+    mapping(doc, "", lambda k: k in ("format", "version", "uuid", "parts", "events"), limit=5)
+    version = integer(doc.get("version"), "version", 1, 10**6)
+    if version > export_version:
+        raise SchemaError("version", f"written by a newer gpuwear (export version {version}; this one reads "
+                                     f"{export_version}): upgrade gpuwear to import it")
+    uuid = text(doc.get("uuid"), "uuid", limit=128)
+    parts = doc.get("parts")
+    if not isinstance(parts, list) or not parts or len(parts) > MAX_PARTS:
+        raise SchemaError("parts", f"expected a list of 1 to {MAX_PARTS} parts")
+    seen: dict[str, int] = {}
+    for i, part in enumerate(parts):
+        check_wear(part, f"parts[{i}]", schema)
+        if part["uuid"] != uuid:
+            raise SchemaError(f"parts[{i}].uuid", f"{part['uuid']!r} is not the export's GPU {uuid!r}")
+        key = repr(sorted(part.items()))
+        if key in seen:
+            raise SchemaError(f"parts[{i}]", f"the same part as parts[{seen[key]}]")
+        seen[key] = i
+    events = doc.get("events", [])
+    if not isinstance(events, list) or len(events) > MAX_EVENTS:
+        raise SchemaError("events", f"expected a list of at most {MAX_EVENTS} events")
+    for i, event in enumerate(events):
+        check_event(event, f"events[{i}]")
+    return doc
+
+
+def _job_gpu(value: Any, where: str) -> None:
+    mapping(value, where, lambda k: k in ("uuid", "start", "end", "wear", "max_celsius", "events"), limit=6)
+    text(value.get("uuid"), _join(where, "uuid"), limit=128)
+    wall(value.get("start"), _join(where, "start"), optional=False)
+    wall(value.get("end"), _join(where, "end"))
+    check_wear(value.get("wear"), _join(where, "wear"))
+    mapping(value.get("max_celsius", {}), _join(where, "max_celsius"), lambda k: k in SENSORS,
+            lambda x, p: number(x, p, -100.0, 300.0))
+    mapping(value.get("events", {}), _join(where, "events"), lambda k: len(k) <= 64, lambda x, p: integer(x, p))
+
+
+def check_job(doc: Any, where: str = "") -> Any:
+    """Validate a job record (``JobRecord.to_json()``): its identity, times and each GPU's accumulators."""
+    mapping(doc, where, lambda k: k in ("record", "kind", "id", "user", "name", "start", "last_seen", "end",
+                                        "gpus"), limit=9)
+    for key in ("record", "kind", "id"):
+        text(doc.get(key), _join(where, key), limit=512)
+    for key in ("user", "name"):
+        text(doc.get(key), _join(where, key), optional=True, limit=512)
+    start = wall(doc.get("start"), _join(where, "start"), optional=False)
+    wall(doc.get("last_seen"), _join(where, "last_seen"), optional=False)
+    end = wall(doc.get("end"), _join(where, "end"))
+    if start is not None and end is not None and end < start:
+        raise SchemaError(_join(where, "end"), "before start")
+    gpus = doc.get("gpus")
+    if not isinstance(gpus, list) or len(gpus) > 64:
+        raise SchemaError(_join(where, "gpus"), "expected a list of at most 64 GPUs")
+    for i, gpu in enumerate(gpus):
+        _job_gpu(gpu, _join(_join(where, "gpus"), i))
+    return doc

@@ -1,0 +1,371 @@
+"""Hostile and unlucky ledgers and exports: each is refused or moved aside, the daemon always starts and serves, no
+figure is ever NaN, infinite, negative or counted twice; one writer per state directory; files that are ours."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwear.cli import main
+from gpuwear.config import Config, WearConfig
+from gpuwear.ledger import Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
+from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.schema import SchemaError, check_export, check_job, check_wear
+from helpers import fetch, free_port, wait_for
+
+UUID = "GPU-0000aaaa-1111-2222-3333-444455556666"
+T0 = 1_750_000_000.0
+
+
+def wear_doc(first: float = T0, seconds: float = 3600.0, uuid: str = UUID) -> dict[str, Any]:
+    w = GpuWear(uuid, name="NVIDIA H100 80GB HBM3", first_seen=first, last_seen=first + seconds)
+    w.observed_seconds = seconds
+    w.temperature_seconds = {"gpu": {"60": seconds / 2, "70": seconds / 2}}
+    w.utilization_seconds = {"95": seconds}
+    w.energy_joules = 500.0 * seconds
+    w.cycles = {"gpu": {"10:70": 3.0}}
+    return w.to_json()
+
+
+def export_doc(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"format": "gpuwear-ledger-export", "version": 1, "uuid": UUID, "parts": list(parts), "events": []}
+
+
+def ledger_with_history(folder: Path) -> Path:
+    path = folder / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    ledger.save([wear_doc()], [])
+    ledger.close()
+    return path
+
+
+def observed(path: Path) -> float:
+    ledger = Ledger.open_read_only(path)
+    try:
+        return sum(w.observed_seconds for w in ledger.load_all(2.0).values())
+    finally:
+        ledger.close()
+
+
+# -- exports: one bad value refuses the whole file, and nothing is written ------------------------------------
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    target: Any = doc
+    keys = path.split(".")
+    for key in keys[:-1]:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    target[keys[-1]] = value
+    return doc
+
+
+HOSTILE_EXPORTS: dict[str, tuple[dict[str, Any] | str, str]] = {
+    "wrong type": (_set(export_doc(wear_doc()), "parts.0.observed_seconds", "3600"),
+                   "parts[0].observed_seconds: expected a number, got str"),
+    "NaN": (_set(export_doc(wear_doc()), "parts.0.energy_joules", math.nan), "parts[0].energy_joules: expected a "
+                                                                              "finite number, got nan"),
+    "Infinity": (_set(export_doc(wear_doc()), "parts.0.temperature_seconds", {"gpu": {"90": math.inf}}),
+                 "parts[0].temperature_seconds.gpu.90: expected a finite number, got inf"),
+    "negative seconds": (_set(export_doc(wear_doc()), "parts.0.gap_seconds", -5.0),
+                         "parts[0].gap_seconds: -5 is outside"),
+    "a part three times": (export_doc(wear_doc(), wear_doc(), wear_doc()), "parts[1]: the same part as parts[0]"),
+    "a part of another GPU": (export_doc(wear_doc(uuid="GPU-other")), "parts[0].uuid: 'GPU-other' is not"),
+    "a time in 2150": (_set(export_doc(wear_doc()), "parts.0.last_seen", 5.7e9), "parts[0].last_seen: "),
+    "an unknown key": (_set(export_doc(wear_doc()), "parts.0.observed_minutes", 1), "unexpected key"),
+    "a bool for a count": (_set(export_doc(wear_doc()), "parts.0.gaps", True), "parts[0].gaps: expected a whole"),
+    "a newer export": (_set(export_doc(wear_doc()), "version", 7), "written by a newer gpuwear"),
+    "truncated": ('{"format": "gpuwear-ledger-export", "version": 1, "parts": [{"schema": 1', "Expecting"),
+    "nesting": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "not an export": ({"hello": "world"}, "not a gpuwear ledger export"),
+    "too many keys": (_set(export_doc(wear_doc()), "parts.0.utilization_seconds",
+                           {str(i): 1.0 for i in range(30_000)}), "30000 keys"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_EXPORTS))
+def test_a_hostile_export_is_refused_whole_with_one_line(case: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    doc, message = HOSTILE_EXPORTS[case]
+    state = tmp_path / "state"
+    path = ledger_with_history(state)
+    before = observed(path)
+    file = tmp_path / "export.json"
+    file.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    assert main(["import", "ledger", str(file), "--state-dir", str(state)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert "Traceback" not in err
+    assert observed(path) == before  # nothing written
+
+
+def test_an_oversized_export_is_refused_before_it_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "export.json"
+    with file.open("wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: no 64 MiB written
+    assert main(["import", "ledger", str(file), "--state-dir", str(tmp_path / "state")]) == 1
+    assert "larger than any export gpuwear writes" in capsys.readouterr().err
+
+
+def test_the_validator_accepts_what_gpuwear_writes() -> None:
+    from conftest import make_rig
+    from gpuwear.wear.tracker import WearTracker
+
+    rig = make_rig("demo")
+    tracker = WearTracker({}, WearConfig())
+    try:
+        for _ in range(300):
+            tracker.observe(rig.run(1), rig.clock.monotonic(), rig.clock.wall())
+    finally:
+        rig.backend.close()
+    wears, _, jobs = tracker.take()
+    for w in wears:
+        check_wear(w)
+    for job in jobs:
+        check_job(job)
+    assert wears and jobs and all(w["observed_seconds"] > 0 for w in wears)
+
+
+def test_schema_errors_name_where_and_what() -> None:
+    with pytest.raises(SchemaError) as err:
+        check_export(_set(export_doc(wear_doc()), "parts.0.fans", [{"on_seconds": -1.0}]), 1)
+    assert str(err.value) == "parts[0].fans[0].on_seconds: -1 is outside [0, 1e+11]"
+
+
+def test_importing_a_boxs_own_export_counts_nothing_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    path = ledger_with_history(state)
+    before = observed(path)
+    file = tmp_path / "own.json"
+    assert main(["export", UUID, "--output", str(file), "--state-dir", str(state)]) == 0
+    assert main(["import", "ledger", str(file), "--state-dir", str(state)]) == 0
+    assert "1 skipped" in capsys.readouterr().out
+    assert observed(path) == before
+    # a part that fills a gap before the live history is taken, once
+    gap = tmp_path / "gap.json"
+    gap.write_text(json.dumps(export_doc(wear_doc(first=T0 - 7200, seconds=1800))))
+    assert main(["import", "ledger", str(gap), "--state-dir", str(state)]) == 0
+    assert main(["import", "ledger", str(gap), "--state-dir", str(state)]) == 0
+    assert observed(path) == before + 1800
+
+
+def test_parts_that_overlap_each_other_count_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "overlap.json"
+    file.write_text(json.dumps(export_doc(wear_doc(first=T0, seconds=3600), wear_doc(first=T0 + 1800, seconds=3600))))
+    assert main(["import", "ledger", str(file), "--state-dir", str(tmp_path / "state")]) == 0
+    assert "1 part(s) imported, 1 skipped" in capsys.readouterr().out
+    assert observed(tmp_path / "state" / "ledger.sqlite") == 3600
+
+
+# -- records inside the SQLite file ------------------------------------------------------------------------------
+
+def _corrupt(path: Path, sql: str, *args: Any) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(sql, args)
+    db.close()
+
+
+BAD_RECORDS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "NaN in a counter": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "energy_joules": math.nan}),)),
+    "a string for seconds": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "observed_seconds": "x"}),)),
+    "bad JSON": ("UPDATE gpus SET wear = ?", ('{"schema": 1, "uuid": ',)),
+    "a flipped byte": ("UPDATE gpus SET wear = replace(wear, '\"observed_seconds\":3600', "
+                       "'\"observed_seconds\":3\x600')", ()),
+    "a number where text was": ("UPDATE gpus SET wear = 12", ()),
+    "a dropped table": ("DROP TABLE jobs", ()),
+    "a bad job record": ("INSERT INTO jobs VALUES ('x@1', 'slurm', 1, NULL, '{\"record\": 5}')", ()),
+    "a bad event": ("INSERT INTO events (uuid, wall, kind, detail) VALUES ('u', 1e300, 'gap', '{}')", ()),
+    "a negative import": ("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
+                          "VALUES ('u', 's', 2, 1, -4, 0, ?)", (json.dumps(wear_doc()),)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_a_bad_record_moves_the_ledger_aside_and_the_daemon_serves(case: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    path = ledger_with_history(state / "simulated")
+    sql, params = BAD_RECORDS[case]
+    _corrupt(path, sql, *params)
+    assert main(["report", "--simulated", "--state-dir", str(state)]) == 1  # a clear line, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith("gpuwear: ") and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--speed", "60", "--listen",
+                             f"127.0.0.1:{port}", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True)
+    try:
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 1.0", 30)
+        assert "gpuwear_ledger_moved_aside 1.0" in body
+        assert "NaN" not in body and "+Inf" not in body.replace('le="+Inf"', "")
+        status, _ = fetch(f"http://127.0.0.1:{port}/healthz")
+        assert status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, log = proc.communicate(timeout=20)
+    assert proc.returncode == 0, log[-2000:]
+    assert "moved it aside" in log
+    assert list(path.parent.glob("ledger.sqlite.unreadable-*"))
+    assert main(["report", "--simulated", "--state-dir", str(state)]) == 0
+
+
+def test_a_ledger_of_a_newer_gpuwear_is_refused_and_kept(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    path = ledger_with_history(state / "simulated")
+    _corrupt(path, "UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    _corrupt(path, "INSERT OR REPLACE INTO meta VALUES ('written_by', '7.0')")
+    with pytest.raises(LedgerTooNewError, match=r"written by gpuwear 7.0 \(ledger schema 9\)"):
+        Ledger.open(path)
+    result = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen",
+                             f"127.0.0.1:{free_port()}", "--state-dir", str(state)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1 and "upgrade gpuwear" in result.stderr.splitlines()[-1]
+    assert not list(path.parent.glob("*.unreadable-*"))  # never moved aside: a downgrade discards nothing
+
+
+# -- files that are ours -------------------------------------------------------------------------------------------
+
+def test_state_directory_and_ledger_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = ledger_with_history(tmp_path / "state")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
+    for file in path.parent.glob("ledger.sqlite*"):
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
+
+
+def test_a_symlinked_ledger_or_state_directory_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "ledger.sqlite").symlink_to(target)
+    with pytest.raises(LedgerError, match="symbolic link"):
+        Ledger.open(tmp_path / "state" / "ledger.sqlite")
+    assert target.read_bytes() == b""  # never turned into a database
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    with pytest.raises(LedgerError, match=r"state directory .* is a symbolic link"):
+        Ledger.open(tmp_path / "linked" / "ledger.sqlite")
+
+
+def test_user_names_are_not_recorded_unless_asked() -> None:
+    assert Config().jobs.record_users is False
+
+
+# -- one writer -------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def running_daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, int]]:
+    state = tmp_path / "state"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--speed", "60", "--listen",
+                             f"127.0.0.1:{port}", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 1.0", 30)
+        yield proc, state, port
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=20)
+
+
+def test_a_second_daemon_on_one_state_directory_refuses_at_once(
+        running_daemon: tuple[subprocess.Popen[str], Path, int]) -> None:
+    proc, state, _ = running_daemon
+    start = time.monotonic()
+    second = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen",
+                             f"127.0.0.1:{free_port()}", "--state-dir", str(state)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert second.returncode == 1 and time.monotonic() - start < 15
+    assert f"locked by another gpuwear (PID {proc.pid})" in second.stderr.splitlines()[-1]
+
+
+def test_an_import_while_the_daemon_runs_is_refused_and_lost_never(
+        running_daemon: tuple[subprocess.Popen[str], Path, int], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    proc, state, _ = running_daemon
+    simulated = state / "simulated" / "ledger.sqlite"
+    file = tmp_path / "gap.json"
+    old = wear_doc(first=T0 - 86400 * 30, seconds=1800)
+    file.write_text(json.dumps(export_doc(old)))
+    assert main(["import", "ledger", str(file), "--simulated", "--state-dir", str(state)]) == 1
+    err = capsys.readouterr().err
+    assert f"PID {proc.pid}" in err and "stop the daemon to import" in err
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=20)
+    assert main(["import", "ledger", str(file), "--simulated", "--state-dir", str(state)]) == 0
+    ledger = Ledger.open_read_only(simulated)
+    try:
+        assert ledger.imported_spans(UUID) == [(old["first_seen"], old["last_seen"])]
+    finally:
+        ledger.close()
+
+
+def test_the_lock_names_its_holder_and_goes_with_it(tmp_path: Path) -> None:
+    lock = StateLock.acquire(tmp_path / "state")
+    with pytest.raises(StateLockedError, match=f"PID {os.getpid()}"):
+        StateLock.acquire(tmp_path / "state")
+    lock.release()
+    StateLock.acquire(tmp_path / "state").release()
+    killed = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, 'daemon'); "
+                               "from gpuwear.ledger import StateLock; from pathlib import Path; "
+                               f"StateLock.acquire(Path({str(tmp_path / 'state')!r})); print('held', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert killed.stdout is not None and killed.stdout.readline().strip() == "held"
+    with pytest.raises(StateLockedError):
+        StateLock.acquire(tmp_path / "state")
+    killed.kill()  # kill -9: the kernel drops the lock
+    killed.wait()
+    StateLock.acquire(tmp_path / "state").release()
+
+
+# -- recovery that recovers ---------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to run the daemon as another user (permissions do not bind root)")
+def test_a_read_only_state_directory_at_start_is_written_once_it_allows(tmp_path: Path) -> None:
+    """A late mount: the state directory is read-only for the daemon's user at start; once it is writable, the
+    whole history since start is saved."""
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own folders are root's alone
+    try:
+        os.chmod(base, 0o755)
+        state = base / "state"
+        folder = state / "simulated"
+        ledger_with_history(folder)
+        for p in (state, folder, *folder.iterdir()):
+            os.chown(p, 65534, 65534)
+        os.chmod(folder, 0o500)  # read-only for its owner
+        port = free_port()
+        proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                 "-m", "gpuwear", "run", "--simulate", "--speed", "60", "--listen",
+                                 f"127.0.0.1:{port}", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "HOME": str(base)})
+        try:
+            body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 0.0", 30)
+            time.sleep(2.0)  # two minutes of simulated history held in memory only
+            os.chmod(folder, 0o700)
+            body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 1.0", 30)
+            served = float(next(line.split()[-1] for line in body.splitlines()
+                                if line.startswith('gpuwear_lifetime_observed_seconds_total{gpu="0"')))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, log = proc.communicate(timeout=20)
+        assert proc.returncode == 0, log[-2000:]
+        saved = observed(folder / "ledger.sqlite")
+        assert served > 100  # simulated seconds of GPU 0 since start, most of them while nothing could be saved
+        assert saved >= 3600 + served  # the old GPU's hour once, and GPU 0's history since start (GPU 1's too)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
