@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from gpuwear.backends.fakenvml import FakeNvmlLibrary
-from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlDriverError, NvmlUnavailableError
+from gpuwear.backends.nvml import (
+    GpuLostError,
+    NvmlBackend,
+    NvmlDriverError,
+    NvmlUnavailableError,
+    NvmlVersionMismatchError,
+)
 from gpuwear.backends.simulated import Simulation, load_scenario, parse_scenario
 from gpuwear.clock import ManualClock
 from gpuwear.sampler import Sampler, Snapshot
@@ -58,7 +64,8 @@ def make_rig(scenario: str | dict[str, object], slow_interval: float = 30.0) -> 
     library = FakeNvmlLibrary(sim, clock)
     backend = NvmlBackend(library)
     sampler = Sampler(backend, clock, slow_interval, (GpuLostError,), timer=StepTimer(),
-                      driver_errors=(NvmlDriverError,), unavailable_errors=(NvmlUnavailableError,))
+                      driver_errors=(NvmlDriverError,), unavailable_errors=(NvmlUnavailableError,),
+                      fatal_errors=(NvmlVersionMismatchError,))
     sampler.open()
     return Rig(sim, clock, library, backend, sampler)
 

@@ -411,7 +411,7 @@ def test_daemonset_pod() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 9941}
     for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+        assert container[probe]["httpGet"] == {"path": "/livez", "port": "metrics"}, probe
     assert container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"},
                                       "limits": {"cpu": "200m", "memory": "256Mi"}}
     security = container["securityContext"]

@@ -150,6 +150,8 @@ class _Gpu:
     energy_last: float | None = None
     energy_at: float = 0.0  # monotonic time of energy_last
     energy_reset_expected: bool = False  # the driver came back: its counter restarted from zero
+    energy_doubt: tuple[float, float] | None = None  # the first of the readings rejected in a row: (value, at)
+    energy_doubts: int = 0  # readings rejected in a row, each continuing from the one before
     energy_total: float | None = None
     unavailable: Mapping[str, str] = field(default_factory=dict)
     readings: int = -1  # -1 before the first read
@@ -198,6 +200,8 @@ class Sampler:
         self.reopen_interval = 5.0  # seconds between tries to get the driver back
         self._active = 0  # the first this many GPUs are the backend's; the rest are gone
         self._reader: _Reader | None = None
+        self._opened = False  # the backend opened once in this process (a mismatch after that is fatal)
+        self.waiting: str | None = None  # why there are no GPUs yet: NVML not usable at start, retried
         self._reads = threading.Condition()
         self._stuck: dict[int, tuple[_Batch, int]] = {}  # GPU index -> the batch and position of its stuck read
 
@@ -208,6 +212,14 @@ class Sampler:
             self._gpus = [_Gpu(identity) for identity in identities]
             self._active = len(self._gpus)
             self._system = self.backend.system_info()
+            self._opened = True
+            self._publish()
+
+    def wait_for_driver(self, reason: str) -> None:
+        """Start with no GPU while NVML cannot be used yet (a driver upgrade waiting for its module): every
+        ``reopen_interval`` the backend is opened again, and the GPUs appear once it opens."""
+        with self._lock:
+            self._gpus, self._active, self._driver_gone, self.waiting = [], 0, True, reason
             self._publish()
 
     def start_events(self, wait_ms: int = 500) -> None:
@@ -254,8 +266,12 @@ class Sampler:
         for i, gpu in enumerate(self._gpus[:self._active]):
             stuck = self._stuck.get(i)
             if stuck is not None and stuck[1] not in stuck[0].results:
-                self._stall(gpu)
-                continue
+                batch = stuck[0]
+                if not (batch.finished and batch.failure is not None):
+                    self._stall(gpu)
+                    continue
+                self._stuck.pop(i)  # the stuck read ended by raising: raised here, as a read that is not stuck
+                raise batch.failure
             self._stuck.pop(i, None)
             items.append((i, self._slow_due(gpu, now)))
         while items:
@@ -308,8 +324,8 @@ class Sampler:
         try:
             identities = self.backend.reopen()
         except self.unavailable_errors + self.driver_errors as exc:
-            if isinstance(exc, self.fatal_errors):
-                raise
+            if isinstance(exc, self.fatal_errors) and self._opened:
+                raise  # the library this process loaded worked, and never will again
             log.debug("NVML still unavailable: %s", exc)
             return
         with self._lock:
@@ -325,7 +341,7 @@ class Sampler:
             self._gpus = back + list(by_uuid.values())
             self._active = len(back)
             self._stuck.clear()
-            self._driver_gone = False
+            self._driver_gone, self._opened, self.waiting = False, True, None
         log.warning("NVML is back: %d GPU(s) (%s)", len(back), ", ".join(g.identity.uuid for g in back))
 
     def _stall(self, gpu: _Gpu) -> None:
@@ -365,8 +381,8 @@ class Sampler:
             return
         values = self._validated(gpu, reading.values)
         energy = values.get("energy_joules")
-        if energy is not None and not self._plausible_energy(gpu, energy, now, values):
-            self._drop(gpu, "energy_joules", energy)
+        if energy is not None and not self._energy(gpu, energy, now, values):
+            self._drop(gpu, "energy_joules", energy, "implausible next to the counter's last value")
             values["energy_joules"] = None
         if slow:  # a slow read holds every field; fast reads reuse its slow ones
             gpu.last_slow = now
@@ -392,48 +408,72 @@ class Sampler:
                 gpu.errors.update(reading.errors)
             if readings == 0:
                 gpu.errors["no_readings"] += 1
-            self._account_energy(gpu, sample.energy_joules, now)
+            if sample.energy_joules is not None:
+                gpu.energy_total = gpu.energy_offset + sample.energy_joules
 
     def _validated(self, gpu: _Gpu, values: dict[str, Any]) -> dict[str, Any]:
         clean, dropped = validated(values)
         for name in dropped:
-            self._drop(gpu, name, values[name])
+            self._drop(gpu, name, values[name], f"outside the physical range {PHYSICAL_RANGES[name]}")
         return clean
 
-    def _drop(self, gpu: _Gpu, name: str, value: Any) -> None:
+    def _drop(self, gpu: _Gpu, name: str, value: Any, why: str) -> None:
         with self._lock:
             gpu.dropped[name] += 1
         if (gpu.identity.index, name) not in self._logged_drops:
             self._logged_drops.add((gpu.identity.index, name))
-            log.warning("GPU %d (%s): dropped %s=%r, outside the physical range %s (logged once)",
-                        gpu.identity.index, gpu.identity.uuid, name, value, PHYSICAL_RANGES[name])
+            log.warning("GPU %d (%s): dropped %s=%r, %s (logged once)",
+                        gpu.identity.index, gpu.identity.uuid, name, value, why)
 
     ENERGY_SLACK_JOULES = 1000.0
     MAX_POWER_WATTS = 5000.0  # the physical range of power_watts: the limit when the card does not say its own
 
-    def _plausible_energy(self, gpu: _Gpu, energy: float, now: float, values: dict[str, Any]) -> bool:
-        """Whether an energy counter reading can be true: since the last one, the counter moved forward by no more
-        than the card could draw (twice its power limit), or restarted from zero (a driver reload: the new value
-        is no more than the card could have drawn since). Anything else is a glitch."""
-        if gpu.energy_last is None or gpu.energy_reset_expected:
-            return True
+    CONFIRMING_READINGS = 2  # a counter that went back is believed once the next reading continues from it
+    REBASING_READINGS = 3  # a counter that jumped forward, once this many readings continue from the jump
+
+    def _energy(self, gpu: _Gpu, energy: float, now: float, values: dict[str, Any]) -> bool:
+        """Whether to keep an energy counter reading, continuing ``energy_offset`` across real resets.
+
+        Since the last kept reading the counter may move forward by what the card can draw (twice its power limit
+        over the time since, and a little); anything else is doubted and dropped. A reset is believed at once
+        after the driver came back, else once the reading after a lower one continues from it (one backwards
+        glitch is dropped, never taken for a reset that would count the whole counter again). A forward jump is
+        rebased on (not counted) once several readings continue from it. The dropped intervals' energy is
+        integrated from power by the accumulators, so lifetime energy loses nothing either way."""
         limit = values.get("power_limit_watts") or gpu.slow_values.get("power_limit_watts") or self.MAX_POWER_WATTS
-        most = 2.0 * limit * max(0.0, now - gpu.energy_at) + self.ENERGY_SLACK_JOULES
-        if energy >= gpu.energy_last:
-            return energy - gpu.energy_last <= most
-        return energy <= most
+
+        def continues(frm: float, at: float) -> bool:
+            return frm <= energy <= frm + 2.0 * limit * max(0.0, now - at) + self.ENERGY_SLACK_JOULES
+
+        last = gpu.energy_last
+        if last is None or gpu.energy_reset_expected or continues(last, gpu.energy_at):
+            if last is not None and energy < last:  # the driver came back: its counter restarted
+                gpu.energy_offset += last
+            self._energy_kept(gpu, energy, now)
+            return True
+        doubt = gpu.energy_doubt
+        if doubt is not None and continues(*doubt):
+            gpu.energy_doubts += 1
+        else:
+            gpu.energy_doubt, gpu.energy_doubts = (energy, now), 1
+            doubt = gpu.energy_doubt
+        if doubt[0] < last and gpu.energy_doubts >= self.CONFIRMING_READINGS:
+            log.warning("GPU %d (%s): energy counter restarted (%.0f J -> %.0f J); continuing from the last value",
+                        gpu.identity.index, gpu.identity.uuid, last, doubt[0])
+            gpu.energy_offset += last
+        elif doubt[0] > last and gpu.energy_doubts >= self.REBASING_READINGS:
+            log.warning("GPU %d (%s): energy counter jumped (%.0f J -> %.0f J); counting from there on",
+                        gpu.identity.index, gpu.identity.uuid, last, doubt[0])
+            gpu.energy_offset -= doubt[0] - last
+        else:
+            return False
+        self._energy_kept(gpu, energy, now)
+        return True
 
     @staticmethod
-    def _account_energy(gpu: _Gpu, energy: float | None, now: float) -> None:
-        """Continue the energy counter across its resets (a driver reload zeroes it); glitches were dropped."""
-        if energy is None:
-            return
-        if gpu.energy_last is not None and energy < gpu.energy_last:
-            log.warning("GPU %d (%s): energy counter restarted (%.0f J -> %.0f J, driver reload); continuing "
-                        "from the last value", gpu.identity.index, gpu.identity.uuid, gpu.energy_last, energy)
-            gpu.energy_offset += gpu.energy_last
+    def _energy_kept(gpu: _Gpu, energy: float, now: float) -> None:
         gpu.energy_last, gpu.energy_at, gpu.energy_reset_expected = energy, now, False
-        gpu.energy_total = gpu.energy_offset + energy
+        gpu.energy_doubt, gpu.energy_doubts = None, 0
 
     def _publish(self) -> None:
         self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,

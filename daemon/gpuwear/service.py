@@ -124,8 +124,13 @@ def _open_waiting(sampler: Sampler, wait_seconds: float, override: float | None 
         try:
             sampler.open()
             return
+        except NvmlVersionMismatchError as exc:  # exiting would restart into the same mismatch: wait, serving
+            log.error("%s; gpuwear serves without GPUs and opens NVML again every %.0f s", exc,
+                      sampler.reopen_interval)
+            sampler.wait_for_driver(str(exc))
+            return
         except NvmlUnavailableError as exc:
-            if isinstance(exc, NvmlVersionMismatchError) or time.monotonic() + DRIVER_RETRY_SECONDS > deadline:
+            if time.monotonic() + DRIVER_RETRY_SECONDS > deadline:
                 raise
             log.warning("NVML not available yet (%s); retrying for up to %.0f s more", exc,
                         deadline - time.monotonic())
@@ -158,7 +163,7 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     clock = ScaledClock(speed) if speed != 1.0 else SystemClock()
     backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
     sampler = _sampler(backend, clock, config)
-    sampler.open()
+    _open_waiting(sampler, 0.0)  # as on real GPUs: a driver upgrade not finished is waited for, serving
     log.warning("SIMULATED GPUs (scenario %r, %d GPUs, speed x%g): these are not real hardware",
                 simulation.name, len(simulation.gpus), speed)
     return Source(sampler, clock, _info("simulated", simulation.name), speed, simulation)
@@ -181,8 +186,8 @@ class _Handler(BaseHTTPRequestHandler):
             _, content_type = choose_encoder(self.headers.get("Accept", ""))  # the format asked for; encode writes it
             openmetrics = content_type.startswith("application/openmetrics-text")
             self._reply(200, content_type, self.server.exposition.render(openmetrics))
-        elif path == "/healthz":
-            problem = self.server.health()
+        elif path in ("/healthz", "/livez"):  # healthz: the daemon and every GPU's readings; livez: the loop only
+            problem = self.server.health() if path == "/healthz" else self.server.alive()
             self._reply(503 if problem else 200, "text/plain; charset=utf-8", (problem or "ok").encode() + b"\n")
         elif path == "/":
             self._reply(200, "text/html; charset=utf-8",
@@ -210,11 +215,12 @@ class _MetricsServer(ThreadingHTTPServer):
     request_queue_size = 128  # the listen backlog: a burst of connections waits, not drops
 
     def __init__(self, address: tuple[str, int], exposition: Exposition, web: WebConfig,
-                 health: Callable[[], str | None]) -> None:
+                 health: Callable[[], str | None], alive: Callable[[], str | None]) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
         self.exposition = exposition
         self.web = web
         self.health = health  # None when healthy, else what is wrong
+        self.alive = alive  # the same for the sampling loop alone (a restart can cure it)
         self._tls = web.ssl_context()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
@@ -369,8 +375,8 @@ class Daemon:
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
                 self._tick_failures = 0
             except NvmlVersionMismatchError as exc:  # only a restart loads the new library: exit non-zero
-                log.error("%s", exc)
-                self.fatal = str(exc)
+                self.fatal = f"{exc}; exiting so that gpuwear is started again with the library installed now"
+                log.error("%s", self.fatal)
                 self._wake.set()
             except Exception as exc:  # a bug in one tick must not end the sampling
                 log.exception("sampling tick failed")
@@ -399,12 +405,14 @@ class Daemon:
 
     def health_problem(self) -> str | None:
         """What /healthz reports: a stuck or failing sampling loop, or a GPU that yields no readings (lost, stalled,
-        failing every read, or answering nothing at all), named. The watchdog looks at the loop only
-        (:meth:`sampling_problem`): a restart cannot bring back a GPU's readings, and a watchdog kill skips the
-        final save of the ledger."""
+        failing every read, or answering nothing at all), named. The watchdog and /livez (Kubernetes' probes) look
+        at the loop only (:meth:`sampling_problem`): a restart cannot bring back a GPU's readings (a lost GPU is
+        not even listed after one) and a watchdog kill skips the final save of the ledger."""
         problem = self.sampling_problem()
         if problem is not None or self.source.sampler.snapshot.ticks == 0:
             return problem
+        if self.source.sampler.waiting is not None:
+            return f"no GPU: {self.source.sampler.waiting}"
         silent = [f"GPU {g.identity.index} ({g.identity.uuid}) "
                   + ("is lost" if not g.up else "gave no sample (stalled, or the driver is gone)" if g.sample is None
                      else "yields no readings" + (" (every reading unavailable)" if g.unavailable else ""))
@@ -497,7 +505,8 @@ class Daemon:
         self._tick()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
-        self._server = _MetricsServer((host, port), self.exposition, self.web, self.health_problem)
+        self._server = _MetricsServer((host, port), self.exposition, self.web, self.health_problem,
+                                      self.sampling_problem)
         self._server.start()
         wall_interval = self._intervals(self.config)[0]
         loops: list[tuple[str, Callable[[], float], Callable[[], object]]] = [

@@ -68,6 +68,8 @@ FI_ECC_SBE_AGG_TOTAL = 5
 FI_ECC_DBE_AGG_TOTAL = 6
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY_CONSUMPTION = 83
+FI_PERF_POLICY_POWER = 74  # ns, the counters of nvmlDeviceGetViolationStatus as field values
+FI_PERF_POLICY_THERMAL = 75
 FI_NVLINK_LINK_COUNT = 91
 FI_PCIE_REPLAY_COUNTER = 94
 FI_NVLINK_THROUGHPUT_DATA_TX = 138
@@ -221,8 +223,6 @@ class FakeNvmlLibrary:
             self.calls[name] += 1
             if name != "nvmlErrorString" and not driver.loaded():
                 return ERROR_DRIVER_NOT_LOADED
-            if name not in ("nvmlErrorString", "nvmlShutdown") and driver.simulation.driver_upgraded:
-                return ERROR_LIB_RM_VERSION_MISMATCH
             if needs_init and driver.init_count == 0:
                 return ERROR_UNINITIALIZED
             try:
@@ -318,6 +318,8 @@ class SimulatedDriver:
     # Each returns an nvmlReturn_t. Exceptions _LostError/_InvalidError/_UnsupportedError map to codes.
 
     def nvmlInitWithFlags(self, flags: Any) -> int:
+        if self.simulation.driver_upgraded:  # the kernel module is another release than this library
+            return ERROR_LIB_RM_VERSION_MISMATCH
         with self._lock:
             self.init_count += 1
         return SUCCESS
@@ -843,6 +845,11 @@ class SimulatedDriver:
             if p.architecture < 9 or "recovery_action" in s.unsupported:  # Hopper and newer drivers only
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_INT, s.recovery_action
+        if field_id in (FI_PERF_POLICY_POWER, FI_PERF_POLICY_THERMAL):
+            if p.fans or "violation" in s.unsupported:  # GeForce boards report no violation counters
+                raise _UnsupportedError()
+            ns = s.violation_power_ns if field_id == FI_PERF_POLICY_POWER else s.violation_thermal_ns
+            return VALUE_TYPE_UNSIGNED_LONG_LONG, int(ns)
         if field_id == FI_NVLINK_LINK_COUNT:
             links = {"h100-sxm": 18, "gh200": 18, "a100-sxm": 12}.get(p.key)
             if links is None:
@@ -919,6 +926,8 @@ class SimulatedDriver:
         with self._lock:  # sleeps on a condition woken when faults fire: no polling
             while True:
                 self._now()
+                if any(self.simulation.gpus[index].state.lost for index in registered):
+                    return ERROR_GPU_IS_LOST  # a GPU of the set fell off the bus: the set delivers nothing else
                 for index, mask in registered.items():
                     pending = self.simulation.gpus[index].state.pending_xids
                     if mask & EVENT_XID and pending:
@@ -928,8 +937,6 @@ class SimulatedDriver:
                         out.eventData = pending.pop(0)
                         out.gpuInstanceId = out.computeInstanceId = 0xFFFFFFFF
                         return SUCCESS
-                if any(self.simulation.gpus[index].state.lost for index in registered):
-                    return ERROR_GPU_IS_LOST  # a GPU of the set fell off the bus: the set answers nothing else
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return ERROR_TIMEOUT

@@ -64,7 +64,7 @@ UNAVAILABLE_REASONS = {
 UNKNOWN_FIELD = "unknown_field"  # nvmlFieldValue_t.nvmlReturn INVALID_ARGUMENT: a field id newer than the driver
 BINDING_ERROR = "binding_error"  # the binding raised something other than NVMLError (a bug, or a mismatch)
 MODULE_SCOPE = "module_scope"  # a Grace superchip's energy counter counts the module (CPU included), not the GPU
-PERMANENT_REASONS = frozenset({"function_not_found", UNKNOWN_FIELD, MODULE_SCOPE})  # cannot change in-process
+PERMANENT_REASONS = frozenset({"function_not_found", MODULE_SCOPE})  # what the loaded library can never change
 REASONS = ("not_supported", "no_permission", "function_not_found", UNKNOWN_FIELD, BINDING_ERROR, MODULE_SCOPE)
 # Grace superchips (GH200, GB200): NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION is the module's, the Grace CPU's draw
 # included, while nvmlDeviceGetPowerUsage is the GPU's; their GPU energy is integrated from power instead.
@@ -86,14 +86,14 @@ class NvmlDriverError(Exception):
 
 
 class NvmlVersionMismatchError(NvmlUnavailableError):
-    """NVML_ERROR_LIB_RM_VERSION_MISMATCH: the kernel module is not the one the loaded libnvidia-ml was built for
-    (the driver was upgraded under a running process). The library already loaded can never match again: the
-    process must restart to load the new one."""
+    """NVML_ERROR_LIB_RM_VERSION_MISMATCH: the kernel module is another driver release than the loaded
+    libnvidia-ml (a driver upgrade: the new library is installed, the module loaded is another). A process that
+    had the old library working must restart to load the new one; one that starts with the new library waits
+    for the new module (a reboot, or a driver reload)."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"the NVIDIA kernel module no longer matches the loaded NVML library ({detail}): the "
-                         "driver was upgraded; gpuwear exits so that it is restarted with the new library "
-                         "(reboot if `nvidia-smi` says the same)")
+        super().__init__(f"the NVIDIA kernel module and the NVML library are different driver releases ({detail}): "
+                         "a driver upgrade is not finished (reboot, or reload the driver)")
 
 
 _DRIVER_GONE = (pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
@@ -409,7 +409,7 @@ FIELD_VALUES: tuple[FieldValue, ...] = (
     (5, "ecc_corrected_aggregate", 1.0, True),  # NVML_FI_DEV_ECC_SBE_AGG_TOTAL
     (6, "ecc_uncorrected_aggregate", 1.0, True),  # NVML_FI_DEV_ECC_DBE_AGG_TOTAL
     (94, "pcie_replays", 1.0, True),  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
-    (230, "recovery_action", 1.0, True),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (unknown to drivers before R570)
+    (230, "recovery_action", 1.0, True),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (unknown to drivers before R565)
 )
 # Where nvmlDeviceGetViolationStatus is gone (deprecated in NVML 13): its counters as field values, ns.
 VIOLATION_FIELDS: tuple[FieldValue, ...] = (
@@ -552,7 +552,7 @@ class NvmlBackend:
     def _stop_events(self) -> None:
         self._events_stop.set()
         if self._events_thread is not None:
-            self._events_thread.join(timeout=2.0)
+            self._events_thread.join(timeout=self._wait_ms / 1000.0 + 2.0)  # a wait in progress ends first
             self._events_thread = None
 
     def close(self) -> None:
@@ -663,13 +663,13 @@ class NvmlBackend:
         a reason (recorded, logged on change), or an error of this tick (counted)."""
         if not isinstance(exc, pynvml.NVMLError):
             reason = BINDING_ERROR
-            if (dev.identity.index, key) not in self._logged_bugs:
+            if (dev.identity.index, key) not in self._logged_bugs:  # logged and counted once, not at each re-ask
                 self._logged_bugs.add((dev.identity.index, key))
                 log.error("GPU %d (%s): reading %s raised %s: %s (nvidia-ml-py %s does not fit this driver?); "
                           "the reading is left out and counted, the others go on (logged once)",
                           dev.identity.index, dev.identity.uuid, key, type(exc).__name__, exc,
                           getattr(pynvml, "__version__", "?"), exc_info=exc)
-            out.errors.append(BINDING_ERROR)
+                out.errors.append(BINDING_ERROR)
         elif exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise GpuLostError(str(exc)) from None
         elif exc.value == pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
@@ -745,22 +745,26 @@ class NvmlBackend:
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None:
         """Listen for XID (critical error) events on a thread of its own; ``on_xid(gpu, xid)``.
 
-        The event set holds the GPUs that answer; one that is lost (the wait answers GPU_IS_LOST) is left out of
-        a new set at once, so that the other GPUs' XIDs of that very incident are still counted, and tried again
-        every EVENT_REBUILD_SECONDS. With no GPU to listen to, the thread sleeps instead of waiting on an empty
-        set."""
+        The event set holds the GPUs that answer; when the wait answers GPU_IS_LOST, a new set is built at once
+        without the GPUs that are lost (or, when none says so, without those whose registration fails), so that
+        the other GPUs' XIDs of that very incident are still counted; the left-out GPUs are tried again every
+        EVENT_REBUILD_SECONDS. With no GPU to listen to, the thread sleeps instead of waiting on an empty set.
+        Each listener has a stop event of its own: one still leaving never shares a flag with its successor."""
         self._on_xid, self._wait_ms = on_xid, wait_ms
-        self._events_stop.clear()
-        self._events_thread = threading.Thread(target=self._listen, args=(on_xid, wait_ms), name="nvml-events",
-                                               daemon=True)
+        self._events_stop = stop = threading.Event()
+        self._events_thread = threading.Thread(target=self._listen, args=(on_xid, wait_ms, stop),
+                                               name="nvml-events", daemon=True)
         self._events_thread.start()
 
     def _event_set(self, skip: set[int], logged: set[int]) -> tuple[Any, dict[int, int]] | None:
-        """A new event set with every GPU not in ``skip`` that supports XID events; (set, handle address -> GPU)."""
+        """A new event set with every GPU not in ``skip`` that supports XID events; (set, handle address -> GPU).
+        A GPU whose registration answers GPU_IS_LOST is added to ``skip``. None when no set can be created."""
         try:
             event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as exc:
-            log.warning("NVML events unavailable (%s); XIDs will not be counted", exc)
+            if -1 not in logged:
+                log.warning("NVML events unavailable (%s); XIDs are not counted until a set can be made", exc)
+            logged.add(-1)
             return None
         by_address: dict[int, int] = {}
         for i, dev in enumerate(self._devices):
@@ -794,24 +798,29 @@ class NvmlBackend:
                     lost.add(i)
         return lost
 
-    def _listen(self, on_xid: Callable[[int, int], None], wait_ms: int) -> None:
-        stop = self._events_stop
+    def _listen(self, on_xid: Callable[[int, int], None], wait_ms: int, stop: threading.Event) -> None:
         logged: set[int] = set()
         skip: set[int] = set()  # GPUs left out of the set: lost when it was built
         event_set: Any = None
         by_address: dict[int, int] = {}
-        rebuild_at = 0.0
+        rebuild_at = 0.0  # when to build the set (again): at once at first
+        backoff = 1.0
         failing = False
         while not stop.is_set():
-            if event_set is None or (skip and time.monotonic() >= rebuild_at):
+            if event_set is None or time.monotonic() >= rebuild_at:
                 if event_set is not None:
                     self._free(event_set)
-                    skip = self._lost_handles()
+                    event_set = None
+                skip = self._lost_handles()
                 built = self._event_set(skip, logged)
-                if built is None:
-                    return
+                if built is None:  # retried with a growing pause, never given up
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, self.EVENT_REBUILD_SECONDS)
+                    rebuild_at = 0.0
+                    continue
                 event_set, by_address = built
-                rebuild_at = time.monotonic() + self.EVENT_REBUILD_SECONDS
+                backoff = 1.0
+                rebuild_at = time.monotonic() + self.EVENT_REBUILD_SECONDS if skip else float("inf")
             if not by_address:  # nothing to wait on: sleep (until a left-out GPU may be back), never spin
                 stop.wait(max(0.0, rebuild_at - time.monotonic()) if skip else None)
                 continue
@@ -820,12 +829,15 @@ class NvmlBackend:
             except pynvml.NVMLError as exc:
                 if exc.value == pynvml.NVML_ERROR_TIMEOUT:
                     continue
-                lost = self._lost_handles() if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST else set()
-                if lost:  # a new set without the lost GPU(s), at once: the others' XIDs of this incident count
-                    log.warning("NVML event wait: GPU %s lost (%s); listening to the others, and to it again "
-                                "once it answers", ", ".join(str(self._devices[i].identity.index)
-                                                             for i in sorted(lost)), exc)
-                    skip, rebuild_at = lost, 0.0
+                if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:  # a new set without the lost GPU(s), at once
+                    lost = self._lost_handles()
+                    log.warning("NVML event wait: %s (%s); listening to the other GPUs, and to it again once it "
+                                "answers", "GPU " + ", ".join(str(self._devices[i].identity.index)
+                                                              for i in sorted(lost)) + " lost" if lost else
+                                "a GPU is lost", exc)
+                    if not lost:  # none says which: rebuilt without those whose registration fails, at most 1/s
+                        stop.wait(1.0)
+                    rebuild_at = 0.0
                     continue
                 if not failing:
                     log.warning("NVML event wait failed: %s (retrying quietly)", exc)

@@ -395,8 +395,11 @@ class Simulation:
                     self.driver_loaded = True
                     for gpu in self.gpus:
                         gpu.apply(Fault(fault.at, gpu.index, "driver_reload", {}))
-                elif fault.kind == "driver_upgrade":  # a new kernel module under the loaded library
-                    self.driver_upgraded = True
+                elif fault.kind == "driver_upgrade":  # the module swapped for another release's: sessions end,
+                    self.driver_upgraded = True  # and nvmlInit of the library loaded before answers a mismatch
+                    self.driver_generation += 1
+                    for gpu in self.gpus:
+                        gpu.apply(Fault(fault.at, gpu.index, "driver_reload", {}))
                 elif 0 <= fault.gpu < len(self.gpus):
                     self.gpus[fault.gpu].apply(fault)
             for gpu in self.gpus:
