@@ -369,3 +369,118 @@ def test_a_read_only_state_directory_at_start_is_written_once_it_allows(tmp_path
         assert saved >= 3600 + served  # the old GPU's hour once, and GPU 0's history since start (GPU 1's too)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- time that jumps ------------------------------------------------------------------------------------------------
+
+TEN_YEARS = 10 * 365 * 86400.0
+
+
+def _observe(tracker: Any, rig: Any, seconds: int) -> None:
+    for _ in range(seconds):
+        tracker.observe(rig.run(1), rig.clock.monotonic(), rig.clock.wall())
+
+
+def _restart(tracker: Any) -> Any:
+    from gpuwear.wear.tracker import WearTracker
+
+    wears, _, _ = tracker.take()
+    return WearTracker({w["uuid"]: GpuWear.from_json(check_wear(w), 2.0) for w in wears}, WearConfig())
+
+
+def test_a_restart_ten_years_ahead_then_corrected_leaves_coverage_right() -> None:
+    from conftest import make_rig
+    from gpuwear.wear.tracker import WearTracker
+
+    rig = make_rig("demo")
+    try:
+        tracker = WearTracker({}, WearConfig())
+        _observe(tracker, rig, 100)
+        true_wall = rig.clock.wall()
+        tracker = _restart(tracker)
+        rig.clock.set_wall(true_wall + TEN_YEARS)  # a restart with the clock 10 years ahead
+        _observe(tracker, rig, 100)
+        tracker = _restart(tracker)
+        rig.clock.set_wall(true_wall + 300)  # the clock corrected before the next start
+        _observe(tracker, rig, 100)
+        w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
+        assert w is not None and w.last_seen is not None
+        assert w.last_seen <= rig.clock.wall() + 1  # never left in the future
+        assert w.gap_seconds < 400  # not 3e8: the lead counted at the ahead start is taken back
+        assert w.coverage() is not None and w.coverage() > 0.5  # type: ignore[operator]
+        assert 295 <= w.observed_seconds <= 300
+    finally:
+        rig.backend.close()
+
+
+def test_a_clock_set_while_sampling_is_neither_observed_nor_unobserved() -> None:
+    from conftest import make_rig
+    from gpuwear.wear.tracker import WearTracker
+
+    rig = make_rig("demo")
+    try:
+        tracker = WearTracker({}, WearConfig())
+        _observe(tracker, rig, 60)
+        rig.clock.set_wall(rig.clock.wall() + TEN_YEARS)
+        _observe(tracker, rig, 60)
+        w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
+        assert w is not None and w.gap_seconds == 0 and w.coverage() == pytest.approx(1.0, abs=0.05)
+        rig.clock.set_wall(rig.clock.wall() - TEN_YEARS)
+        _observe(tracker, rig, 60)
+        assert w.gap_seconds == 0 and w.coverage() == pytest.approx(1.0, abs=0.05)
+        assert w.last_seen is not None and w.last_seen <= rig.clock.wall()
+        _, events, _ = tracker.take()
+        assert sum(e.kind == "clock_jump" for e in events) == 2 * 2  # each jump, on each GPU
+    finally:
+        rig.backend.close()
+
+
+def test_an_unset_clock_holds_accounting_until_it_is_set(tmp_path: Path) -> None:
+    from conftest import make_rig
+    from gpuwear.wear.tracker import WearTracker
+
+    rig = make_rig("demo")
+    try:
+        real = rig.clock.wall()
+        rig.clock.set_wall(12.0)  # 1970: no battery-backed clock, before NTP
+        tracker = WearTracker({}, WearConfig())
+        _observe(tracker, rig, 30)
+        assert tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid) is None
+        rig.clock.set_wall(real)
+        _observe(tracker, rig, 30)
+        wears, _, jobs = tracker.take()
+        ledger = Ledger.open(tmp_path / "ledger.sqlite")
+        ledger.save(wears, [], jobs=jobs)
+        ledger.close()
+        assert Ledger.open(tmp_path / "ledger.sqlite").moved_aside is None  # every record valid
+    finally:
+        rig.backend.close()
+
+
+# -- retention --------------------------------------------------------------------------------------------------
+
+def test_old_job_records_are_forgotten_and_lifetime_figures_stay_whole(tmp_path: Path) -> None:
+    from gpuwear.config import JobsConfig
+    from gpuwear.service import Daemon, open_source
+
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path),
+                    jobs=JobsConfig(retention_days=0.01))  # 14.4 simulated minutes
+    daemon = Daemon(config, open_source(config, "demo", 600.0, False))
+    daemon.start()
+    counts = []
+    try:
+        for _ in range(8):  # 8 wall seconds: 80 simulated minutes
+            time.sleep(1.0)
+            assert daemon.persist()
+            assert daemon.ledger is not None
+            counts.append(daemon.ledger._db.execute("SELECT count(*), min(end) FROM jobs WHERE end IS NOT NULL")
+                          .fetchone())
+        kinds = {u: w.kinds for u, w in daemon.ledger.load(2.0).items()}
+        wall = daemon.source.clock.wall()
+    finally:
+        daemon.stop()
+    _, oldest = counts[-1]
+    assert oldest is not None and oldest >= wall - 0.01 * 86400 - 700  # none older than the retention and a save
+    assert counts[-1][0] <= max(c for c, _ in counts[:4]), counts  # bounded, not growing with the run
+    for gpu_kinds in kinds.values():  # the job / idle split of each GPU still holds the whole run
+        assert sum(k["seconds"] for k in gpu_kinds.values()) > 4000

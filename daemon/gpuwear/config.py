@@ -164,6 +164,7 @@ class JobsConfig:
     end_grace_seconds: float = _key(60.0, _number(0, 86400))
     record_users: bool = _key(False, _boolean)
     user_in_metrics: bool = _key(False, _boolean)
+    retention_days: float = _key(90.0, _number(0, 36500))
 
 
 @dataclass(frozen=True)

@@ -341,10 +341,11 @@ class Ledger:
 
     def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
              imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = (),
-             jobs: Iterable[dict[str, Any]] = ()) -> None:
+             jobs: Iterable[dict[str, Any]] = (), forget_jobs_before: float | None = None) -> None:
         """Write accumulators (``GpuWear.to_json()`` dicts), events, imports (uuid, source,
-        first, last, rows, wear) and job records in one transaction. Raises ``sqlite3.Error``
-        (disk full, read-only directory) with nothing written."""
+        first, last, rows, wear) and job records in one transaction, removing the job records that ended before
+        ``forget_jobs_before`` (retention: each GPU's own record keeps its lifetime figures). Raises
+        ``sqlite3.Error`` (disk full, read-only directory) with nothing written."""
         now = time.time()
         with self._transaction() as db:
             for w in wears:
@@ -363,6 +364,8 @@ class Ledger:
             db.executemany("INSERT OR REPLACE INTO jobs (record, kind, start, end, data) VALUES (?, ?, ?, ?, ?)",
                            [(j["record"], j["kind"], j["start"], j["end"], json.dumps(j, separators=(",", ":")))
                             for j in jobs])
+            if forget_jobs_before is not None:
+                db.execute("DELETE FROM jobs WHERE end IS NOT NULL AND end < ?", (forget_jobs_before,))
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

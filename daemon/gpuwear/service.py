@@ -460,7 +460,9 @@ class Daemon:
                 self.ledger = self._reopen_ledger()
             wears, events, jobs = self.tracker.take()
             try:
-                self.ledger.save(wears, events, jobs=jobs)
+                days = self.config.jobs.retention_days
+                self.ledger.save(wears, events, jobs=jobs,
+                                 forget_jobs_before=self.source.clock.wall() - days * 86400 if days else None)
             except BaseException:
                 self.tracker.give_back(events, jobs)
                 raise

@@ -106,6 +106,8 @@ class GpuWear:
     down_seconds: float = 0.0  # the daemon ran but the GPU was lost
     gap_seconds: float = 0.0  # not observed: daemon stopped, GPU missing, samples too far apart
     gaps: int = 0
+    start_gap: float = 0.0  # the part of gap_seconds counted at the latest start (taken back if its clock was ahead)
+    skipped_seconds: float = 0.0  # wall-clock jumps forward while observed: neither observed nor unobserved
     utilization_seconds: dict[str, float] = field(default_factory=dict)  # GPU util % (0..100) -> s
     temperature_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> whole °C -> s
     cycles: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> 'range:peak' -> count
@@ -329,9 +331,10 @@ class GpuWear:
 
     def coverage(self) -> float | None:
         """Observed share of the wall time since the GPU was first seen (None before 1 s)."""
-        if self.first_seen is None or self.last_seen is None or self.last_seen - self.first_seen < 1:
+        span = (self.last_seen or 0.0) - (self.first_seen or 0.0) - self.skipped_seconds
+        if self.first_seen is None or self.last_seen is None or span < 1:
             return None
-        return min(1.0, self.observed_seconds / (self.last_seen - self.first_seen))
+        return min(1.0, self.observed_seconds / span)
 
     def merged(self, other: GpuWear) -> GpuWear:
         """A new accumulator holding this one's history plus ``other``'s (an imported log).
@@ -346,7 +349,7 @@ class GpuWear:
         out.last_seen = max(last) if last else None
         for key in ("observed_seconds", "down_seconds", "gap_seconds", "gaps", "energy_joules",
                     "energy_counter_seconds", "energy_integrated_seconds", "power_limit_seconds", "power_seconds",
-                    "lost_events"):
+                    "lost_events", "skipped_seconds"):
             setattr(out, key, getattr(out, key) + getattr(other, key))
         for key in ("utilization_seconds", "throttle_seconds", "violation_seconds"):
             for k, v in getattr(other, key).items():
@@ -389,7 +392,8 @@ class GpuWear:
             "pci_bus_id": self.pci_bus_id,
             "first_seen": self.first_seen, "last_seen": self.last_seen,
             "observed_seconds": self.observed_seconds, "down_seconds": self.down_seconds,
-            "gap_seconds": self.gap_seconds, "gaps": self.gaps,
+            "gap_seconds": self.gap_seconds, "gaps": self.gaps, "start_gap": self.start_gap,
+            "skipped_seconds": self.skipped_seconds,
             "utilization_seconds": self.utilization_seconds, "temperature_seconds": self.temperature_seconds,
             "cycles": self.cycles, "rainflow": {k: v.to_json() for k, v in self.rainflow.items()},
             "energy_joules": self.energy_joules, "energy_counter_seconds": self.energy_counter_seconds,
@@ -413,7 +417,8 @@ class GpuWear:
         for key in ("first_seen", "last_seen"):
             setattr(w, key, d.get(key))
         for key in ("observed_seconds", "down_seconds", "gap_seconds", "energy_joules", "energy_counter_seconds",
-                    "energy_integrated_seconds", "power_limit_seconds", "power_seconds"):
+                    "energy_integrated_seconds", "power_limit_seconds", "power_seconds", "start_gap",
+                    "skipped_seconds"):
             setattr(w, key, float(d.get(key, 0.0)))
         w.gaps, w.lost_events = int(d.get("gaps", 0)), int(d.get("lost_events", 0))
         for key in ("utilization_seconds", "temperature_seconds", "cycles", "throttle_seconds", "violation_seconds",

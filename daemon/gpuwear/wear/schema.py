@@ -155,7 +155,8 @@ def _kind(value: Any, where: str) -> None:
 
 
 _SECONDS_FIELDS = ("observed_seconds", "down_seconds", "gap_seconds", "energy_counter_seconds",
-                   "energy_integrated_seconds", "power_limit_seconds", "power_seconds")
+                   "energy_integrated_seconds", "power_limit_seconds", "power_seconds", "start_gap",
+                   "skipped_seconds")
 _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "utilization_seconds": _histogram,
     "temperature_seconds": _per_sensor(_histogram),

@@ -6,6 +6,7 @@ the accumulators (as JSON) and the pending events out for the ledger.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.jobs import JobAccounts, JobRecord
 from gpuwear.wear.models import estimates, resistance_trend, thermal_aging_hours, verdict
+from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL
+
+log = logging.getLogger(__name__)
+CLOCK_JUMP_SECONDS = 120.0  # wall minus monotonic moving by more: the wall clock was set, not slewed
 
 ABOVE_CELSIUS = tuple(range(40, 100, 5))  # "time at or above" series exported per sensor
 CYCLE_RANGES = ((2, 5), (5, 10), (10, 20), (20, 40), (40, 1000))  # °C, [lo, hi)
@@ -121,6 +126,8 @@ class WearTracker:
         self._last_event_wall = 0.0
         self._views: Mapping[str, WearView] | None = MappingProxyType({})
         self._present: tuple[str, ...] = ()  # the GPUs of the last snapshot
+        self._wall_offset: float | None = None  # wall minus monotonic at the last observation
+        self._clock_unset = False  # the wall clock is outside [2000, 2100): nothing is accounted until it is set
 
     @property
     def views(self) -> Mapping[str, WearView]:
@@ -160,11 +167,57 @@ class WearTracker:
         whose processes run on each GPU (by UUID) in that snapshot."""
         jobs = jobs or {}
         with self._lock:
+            if not self._sane_clock(monotonic, wall):
+                return
             for status in snap.gpus:
                 self._observe(status, monotonic, wall, jobs.get(status.identity.uuid, []))
             self.jobs.expire(wall)
             self._present = tuple(s.identity.uuid for s in snap.gpus)
             self._views = None  # derived when next asked
+
+    def _sane_clock(self, monotonic: float, wall: float) -> bool:
+        """Hold accounting while the wall clock is unset (a board without a battery-backed clock boots in 1970), and
+        detect the wall clock being set while sampling: intervals are measured on the monotonic clock anyway,
+        but a jump back takes back what the clock's lead had added (``last_seen``, the gap counted at start) and
+        a jump forward is recorded as skipped, never as unobserved time."""
+        if not EARLIEST_WALL <= wall < LATEST_WALL:
+            if not self._clock_unset:
+                log.warning("the wall clock reads %.0f, not a time between 2000 and 2100: nothing is accounted "
+                            "(ledger, jobs) until it is set; metrics are still served", wall)
+            self._clock_unset = True
+            return False
+        if self._clock_unset:
+            log.warning("the wall clock is set: accounting resumes")
+            self._clock_unset = False
+        offset = wall - monotonic
+        jump = 0.0 if self._wall_offset is None else offset - self._wall_offset
+        self._wall_offset = offset
+        if abs(jump) > CLOCK_JUMP_SECONDS:
+            log.warning("the wall clock was set %+.0f s while sampling; observed time follows the monotonic clock, "
+                        "the jump is counted as neither observed nor unobserved", jump)
+            for uuid in self._seen:
+                w = self._wears[uuid]
+                self._event(w, wall, "clock_jump", {"seconds": jump})
+                if jump > 0:
+                    w.skipped_seconds += jump
+                else:
+                    self._clock_behind(w, wall)
+        return True
+
+    @staticmethod
+    def _clock_behind(w: GpuWear, wall: float) -> None:
+        """The wall clock reads earlier than the GPU's last sight: its times were ahead. ``last_seen`` comes back
+        to now, and the gap counted at the latest start, as far as the lead made it, is taken back."""
+        if w.last_seen is None or w.last_seen <= wall:
+            return
+        lead = w.last_seen - wall
+        back = min(w.start_gap, lead)
+        w.gap_seconds -= back
+        w.start_gap -= back
+        w.skipped_seconds = max(0.0, w.skipped_seconds - (lead - back))
+        w.last_seen = wall
+        if w.first_seen is not None and w.first_seen > wall:
+            w.first_seen = wall
 
     def _shown(self, uuid: str) -> GpuWear:
         w = self._wears[uuid]
@@ -182,7 +235,15 @@ class WearTracker:
             seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids))
             if w.last_seen is not None and wall > w.last_seen:
                 w.gap(wall - w.last_seen)
+                w.start_gap = wall - w.last_seen
                 self._event(w, wall, "gap", {"seconds": wall - w.last_seen, "reason": "not observed (daemon stopped?)"})
+            elif w.last_seen is not None and wall < w.last_seen - CLOCK_JUMP_SECONDS:
+                log.warning("GPU %s: the wall clock reads %.0f s before the ledger's last sight of it: the clock was "
+                            "ahead when that was recorded; that lead is taken back", ident.uuid, w.last_seen - wall)
+                self._event(w, wall, "clock_jump", {"seconds": wall - w.last_seen})
+                self._clock_behind(w, wall)
+            else:
+                w.start_gap = 0.0
         self._xids(w, seen, status, wall)
         if not status.up:
             if seen.up:
