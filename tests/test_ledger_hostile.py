@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,13 @@ BAD_RECORDS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "a bad event": ("INSERT INTO events (uuid, wall, kind, detail) VALUES ('u', 1e300, 'gap', '{}')", ()),
     "a negative import": ("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
                           "VALUES ('u', 's', 2, 1, -4, 0, ?)", (json.dumps(wear_doc()),)),
+    "a log row not compressed": ("INSERT INTO wear_log (deltas) VALUES (x'00ff')", ()),
+    "a log row that inflates to 17 MiB": ("INSERT INTO wear_log (deltas) VALUES (?)",
+                                         (zlib.compress(b"{" + b" " * (17 << 20) + b"}", 9),)),
+    "a logged change of no GPU": ("INSERT INTO wear_log (deltas) VALUES (?)",
+                                  (zlib.compress(json.dumps({"GPU-x": {"gaps": 1}}).encode()),)),
+    "NaN through the log": ("INSERT INTO wear_log (deltas) VALUES (?)",
+                            (zlib.compress(json.dumps({UUID: {"energy_joules": math.nan}}).encode()),)),
 }
 
 
@@ -484,3 +492,58 @@ def test_old_job_records_are_forgotten_and_lifetime_figures_stay_whole(tmp_path:
     assert counts[-1][0] <= max(c for c, _ in counts[:4]), counts  # bounded, not growing with the run
     for gpu_kinds in kinds.values():  # the job / idle split of each GPU still holds the whole run
         assert sum(k["seconds"] for k in gpu_kinds.values()) > 4000
+
+
+# -- lean writes -------------------------------------------------------------------------------------------------
+
+def test_saves_write_what_changed_and_read_back_exactly(tmp_path: Path) -> None:
+    """Each save appends each GPU's changes to the wear log; every COMPACT_AFTER saves the records are rewritten
+    whole and the log emptied. What a reader reads back is, at every save, exactly what the daemon holds."""
+    from gpuwear.backends.fakenvml import FakeNvmlLibrary
+    from gpuwear.backends.nvml import NvmlBackend
+    from gpuwear.backends.simulated import load_scenario
+    from gpuwear.clock import ManualClock
+    from gpuwear.ledger import COMPACT_AFTER, _compact
+    from gpuwear.metrics import DaemonInfo
+    from gpuwear.service import Daemon, Source, _sampler
+
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+    simulation = load_scenario("demo")
+    clock = ManualClock()
+    sampler = _sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
+    sampler.open()
+    daemon = Daemon(config, Source(sampler, clock, DaemonInfo("t", "3", "simulated", "demo"), 1.0, simulation))
+    log_rows = []
+    try:
+        for save in range(COMPACT_AFTER + 10):
+            for _ in range(60):
+                clock.advance(1.0)
+                daemon._tick()
+            assert daemon.persist() and daemon.ledger is not None
+            log_rows.append(daemon.ledger._db.execute("SELECT count(*) FROM wear_log").fetchone()[0])
+            if save % 17 == 0 or save == COMPACT_AFTER:
+                reader = Ledger.open_read_only(daemon.ledger_file)
+                try:
+                    stored = {u: _compact(w.to_json()) for u, w in reader.load(2.0).items()}
+                finally:
+                    reader.close()
+                held = {u: _compact(json.loads(json.dumps(daemon.tracker.wear(u).to_json())))  # type: ignore[union-attr]
+                        for u in stored}
+                assert stored == held, save
+    finally:
+        daemon.stop()
+    assert max(log_rows) <= COMPACT_AFTER * 2 + 2 and min(log_rows[COMPACT_AFTER:]) < 10  # emptied, bounded
+
+
+def test_a_schema_1_ledger_is_read_and_migrated(tmp_path: Path) -> None:
+    path = ledger_with_history(tmp_path / "state")
+    _corrupt(path, "DROP TABLE wear_log")
+    _corrupt(path, "UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    assert observed(path) == 3600  # read as it is (report before the daemon's first start)
+    ledger = Ledger.open(path)  # the daemon migrates it
+    try:
+        ledger.save([{**wear_doc(), "observed_seconds": 3700.0}], [])
+        assert ledger._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    finally:
+        ledger.close()
+    assert observed(path) == 3700

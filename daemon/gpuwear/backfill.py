@@ -18,8 +18,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.importer import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv
-from gpuwear.ledger import SCHEMA_VERSION as EXPORT_VERSION
-from gpuwear.ledger import Ledger
+from gpuwear.ledger import EXPORT_VERSION, Ledger
 from gpuwear.sample import GpuSample, validated
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear

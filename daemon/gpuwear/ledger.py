@@ -19,6 +19,7 @@ import logging
 import os
 import sqlite3
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -32,7 +33,11 @@ from gpuwear.wear.schema import SchemaError, check_event, check_job, check_wear
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the wear log (saves write what changed)
+EXPORT_VERSION = 1  # the `gpuwear export` document
+PAGE_SIZE = 1024
+COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
+MAX_LOG_ROW_BYTES = 16 << 20  # a wear-log row inflates to no more than this (a larger one is corrupt)
 FILENAME = "ledger.sqlite"
 
 _SCHEMA = """
@@ -72,7 +77,15 @@ CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one
     data TEXT NOT NULL                 -- JobRecord.to_json()
 );
 CREATE INDEX IF NOT EXISTS jobs_by_start ON jobs (start);
+CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' records, applied in id order
+    id INTEGER PRIMARY KEY,
+    deltas BLOB NOT NULL               -- zlib of JSON {uuid: changed keys (nested maps by key; null: removed)}
+);
 """
+# Schema migrations: from version N to N + 1.
+_MIGRATIONS = {
+    1: "CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL);",
+}
 
 
 class LedgerError(RuntimeError):
@@ -189,6 +202,8 @@ class Ledger:
         self.path = path
         self._db = connection
         self.moved_aside = moved_aside  # where an unreadable ledger was moved at open, if it was
+        self._saved: dict[str, dict[str, Any]] | None = None  # each GPU's record as committed (base + log)
+        self._log_rows = 0
 
     # -- opening ------------------------------------------------------------------------
 
@@ -239,6 +254,10 @@ class Ledger:
             ok = db.execute("PRAGMA quick_check").fetchone()
             if not ok or ok[0] != "ok":
                 raise LedgerError(f"integrity check failed: {ok[0] if ok else 'no answer'}")
+            if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+                # 1 KiB pages for a new ledger: a save appends a few KiB to the wear log, and every page it
+                # touches is written whole (twice: the WAL, then the checkpoint)
+                db.execute(f"PRAGMA page_size={PAGE_SIZE}")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             # a 256 KiB page cache, not the default 2 MiB: the ledger is written once a minute and read at start,
@@ -250,6 +269,12 @@ class Ledger:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif version > SCHEMA_VERSION:
                 raise LedgerTooNewError(_too_new(path, db, version))
+            while version is not None and version < SCHEMA_VERSION:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute(_MIGRATIONS[version])
+                version += 1
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+                db.execute("COMMIT")
             db.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', ?)", (__version__,))
         except BaseException:
             db.close()
@@ -285,10 +310,8 @@ class Ledger:
 
     def load(self, gate_celsius: float) -> dict[str, GpuWear]:
         """Every GPU's accumulators, by UUID."""
-        out: dict[str, GpuWear] = {}
-        for uuid, text in self._db.execute("SELECT uuid, wear FROM gpus ORDER BY uuid"):
-            out[uuid] = GpuWear.from_json(_wear(text, f"{self.path}: GPU {uuid}"), gate_celsius)
-        return out
+        return {uuid: GpuWear.from_json(_checked(doc, f"{self.path}: GPU {uuid}"), gate_celsius)
+                for uuid, doc in sorted(_read_docs(self._db).items())}
 
     def events(self, uuid: str | None = None, since: float | None = None) -> list[Event]:
         query = "SELECT uuid, wall, kind, detail FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? ORDER BY id"
@@ -297,8 +320,10 @@ class Ledger:
 
     def live_span(self, uuid: str) -> tuple[float, float] | None:
         """The time span of a GPU's live history (first seen, last seen), None when it has none."""
-        row = self._db.execute("SELECT first_seen, last_seen FROM gpus WHERE uuid = ?", (uuid,)).fetchone()
-        return None if row is None or row[0] is None or row[1] is None else (float(row[0]), float(row[1]))
+        doc = _read_docs(self._db).get(uuid)
+        if doc is None or doc.get("first_seen") is None or doc.get("last_seen") is None:
+            return None
+        return float(doc["first_seen"]), float(doc["last_seen"])
 
     def imported_spans(self, uuid: str) -> list[tuple[float, float]]:
         """Time spans already imported for a GPU."""
@@ -315,12 +340,12 @@ class Ledger:
     def export(self, uuid: str) -> dict[str, Any]:
         """One GPU's history (live and imported, and its events) as a document another box's
         ledger can import: the ledger follows the card."""
-        row = self._db.execute("SELECT wear FROM gpus WHERE uuid = ?", (uuid,)).fetchone()
+        live = _read_docs(self._db).get(uuid)
         imports = [json.loads(w) for (w,) in self._db.execute("SELECT wear FROM imports WHERE uuid = ?", (uuid,))]
-        if row is None and not imports:
+        if live is None and not imports:
             raise LedgerError(f"{self.path}: no GPU {uuid}")
-        parts = ([json.loads(row[0])] if row else []) + imports
-        return {"format": "gpuwear-ledger-export", "version": SCHEMA_VERSION, "uuid": uuid, "parts": parts,
+        parts = ([live] if live else []) + imports
+        return {"format": "gpuwear-ledger-export", "version": EXPORT_VERSION, "uuid": uuid, "parts": parts,
                 "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail} for e in self.events(uuid)]}
 
     def load_all(self, gate_celsius: float) -> dict[str, GpuWear]:
@@ -347,25 +372,46 @@ class Ledger:
         ``forget_jobs_before`` (retention: each GPU's own record keeps its lifetime figures). Raises
         ``sqlite3.Error`` (disk full, read-only directory) with nothing written."""
         now = time.time()
+        if self._saved is None:  # what is committed, to write only what changed
+            self._saved = _read_docs(self._db)
+            self._log_rows = self._db.execute("SELECT count(*) FROM wear_log").fetchone()[0]
+        saved = self._saved
+        # a copy as JSON reads it back: to_json() hands out the live accumulators' own maps, which go on changing
+        docs = {w["uuid"]: json.loads(json.dumps(_compact(w), separators=(",", ":"))) for w in wears}
+        compact = self._log_rows >= COMPACT_AFTER
+        whole = [d for u, d in docs.items() if compact or u not in saved]
+        changed = {u: _diff(saved[u], d) for u, d in docs.items() if not compact and u in saved}
+        deltas = {u: d for u, d in changed.items() if d}
+        if compact:
+            whole += [d for u, d in saved.items() if u not in docs]
         with self._transaction() as db:
-            for w in wears:
+            for d in whole:
                 db.execute("INSERT INTO gpus (uuid, name, serial, first_seen, last_seen, saved, wear) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET name = excluded.name, "
                            "serial = excluded.serial, first_seen = excluded.first_seen, "
                            "last_seen = excluded.last_seen, saved = excluded.saved, wear = excluded.wear",
-                           (w["uuid"], w["name"], w["serial"], w["first_seen"], w["last_seen"], now,
-                            json.dumps(w, separators=(",", ":"))))
+                           (d["uuid"], d.get("name", ""), d.get("serial"), d.get("first_seen"), d.get("last_seen"),
+                            now, json.dumps(d, separators=(",", ":"))))
+            if compact:
+                db.execute("DELETE FROM wear_log")
+            if deltas:  # one row a save: its GPUs' changes compressed together (their keys repeat)
+                db.execute("INSERT INTO wear_log (deltas) VALUES (?)",
+                           (zlib.compress(json.dumps(deltas, separators=(",", ":")).encode(), 6),))
             db.executemany("INSERT INTO events (uuid, wall, kind, detail) VALUES (?, ?, ?, ?)",
                            [(e.uuid, e.wall, e.kind, json.dumps(e.detail)) for e in events])
             db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           [(u, src, a, b, n, now, json.dumps(w, separators=(",", ":")))
-                            for u, src, a, b, n, w in imports])
-            db.executemany("INSERT OR REPLACE INTO jobs (record, kind, start, end, data) VALUES (?, ?, ?, ?, ?)",
-                           [(j["record"], j["kind"], j["start"], j["end"], json.dumps(j, separators=(",", ":")))
+                           [(u, src, a, b, n, now, _dump(w)) for u, src, a, b, n, w in imports])
+            db.executemany("INSERT INTO jobs (record, kind, start, end, data) VALUES (?, ?, ?, ?, ?) "
+                           "ON CONFLICT (record) DO UPDATE SET end = excluded.end, data = excluded.data",
+                           [(j["record"], j["kind"], j["start"], j["end"],
+                             json.dumps({**j, "gpus": [{**g, "wear": _compact(g["wear"])} for g in j["gpus"]]},
+                                        separators=(",", ":")))
                             for j in jobs])
             if forget_jobs_before is not None:
                 db.execute("DELETE FROM jobs WHERE end IS NOT NULL AND end < ?", (forget_jobs_before,))
+        saved.update(docs)  # committed
+        self._log_rows = 0 if compact else self._log_rows + bool(deltas)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -377,6 +423,87 @@ class Ledger:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise
+
+
+_KEPT = frozenset({"schema", "uuid", "name"})
+
+
+def _compact(w: dict[str, Any]) -> dict[str, Any]:
+    """An accumulator document without its zero, empty and null values (``GpuWear.from_json`` and the validator
+    read a missing key as its default): a third smaller, and so fewer pages written at each save."""
+    return {k: v for k, v in w.items() if k in _KEPT or (v is not None and v != 0 and v != {} and v != [])}
+
+
+def _dump(w: dict[str, Any]) -> str:
+    return json.dumps(_compact(w), separators=(",", ":"))
+
+
+_ABSENT = object()
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What turns ``old`` into ``new``: changed keys, nested maps by their changed keys, null for a removed key
+    (the records hold no null values: :func:`_compact`, and nested nulls read as absent)."""
+    out: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key, _ABSENT)
+        if before == value:
+            continue
+        out[key] = _diff(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
+    for key in old:
+        if key not in new:
+            out[key] = None
+    return out
+
+
+def _apply(doc: dict[str, Any], delta: dict[str, Any]) -> None:
+    for key, value in delta.items():
+        if value is None:
+            doc.pop(key, None)
+        elif isinstance(value, dict) and isinstance(doc.get(key), dict):
+            _apply(doc[key], value)
+        else:
+            doc[key] = value
+
+
+def _read_docs(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
+    """Each GPU's record: its row with the wear log applied. LedgerError for text that is not a JSON object."""
+    docs: dict[str, dict[str, Any]] = {}
+    for uuid, text in db.execute("SELECT uuid, wear FROM gpus"):
+        docs[uuid] = _json_object(text, f"GPU {uuid!r}")
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'wear_log'").fetchone() is None:
+        return docs  # a schema-1 ledger read before the daemon migrated it
+    for row, blob in db.execute("SELECT id, deltas FROM wear_log ORDER BY id"):
+        where = f"wear log row {row}"
+        try:
+            inflater = zlib.decompressobj()
+            text = inflater.decompress(blob, MAX_LOG_ROW_BYTES)
+            if inflater.unconsumed_tail:
+                raise LedgerError(f"{where}: inflates past {MAX_LOG_ROW_BYTES >> 20} MiB")
+        except (zlib.error, TypeError) as exc:
+            raise LedgerError(f"{where}: not a compressed log row ({exc})") from None
+        for uuid, delta in _json_object(text, where).items():
+            if uuid not in docs or not isinstance(delta, dict):
+                raise LedgerError(f"{where}: a change of {uuid!r}, which is not a GPU record")
+            _apply(docs[uuid], delta)
+    return docs
+
+
+def _json_object(text: Any, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text) if isinstance(text, (str, bytes)) else None
+    except (ValueError, RecursionError) as exc:
+        raise LedgerError(f"{where}: unreadable ({exc})") from None
+    if not isinstance(doc, dict):
+        raise LedgerError(f"{where}: not a JSON object")
+    return doc
+
+
+def _checked(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    try:
+        return check_wear(doc, "", WEAR_SCHEMA)  # type: ignore[no-any-return]
+    except SchemaError as exc:
+        raise LedgerError(f"{where}: unreadable accumulators ({exc})") from None
 
 
 def _wear(text: Any, where: str) -> dict[str, Any]:
@@ -393,9 +520,10 @@ def _wear(text: Any, where: str) -> dict[str, Any]:
 def _verify(db: sqlite3.Connection) -> None:
     """Read every record back and validate it (at open: a bad record moves the ledger aside rather than failing
     every start, every save or every report later). Raises LedgerError or sqlite3.DatabaseError."""
-    for uuid, name, text in db.execute("SELECT uuid, name, wear FROM gpus"):
-        doc = _wear(text, f"GPU {uuid!r}")
-        if doc["uuid"] != uuid or not isinstance(name, str):
+    names = dict(db.execute("SELECT uuid, name FROM gpus"))
+    for uuid, doc in _read_docs(db).items():
+        _checked(doc, f"GPU {uuid!r}")
+        if doc["uuid"] != uuid or not isinstance(names.get(uuid), str):
             raise LedgerError(f"GPU {uuid!r}: the row and its accumulators disagree")
     for uuid, first, last, rows, text in db.execute("SELECT uuid, first, last, rows, wear FROM imports"):
         _wear(text, f"import of GPU {uuid!r}")

@@ -448,17 +448,21 @@ class Daemon:
                     self.ledger_file)
         return ledger
 
-    def persist(self) -> bool:
-        """Save the accumulators, events and jobs in one transaction; on failure keep them for the next try."""
-        with self._persist_lock:  # the schedule, a stop and a caller may ask at once; one connection
-            return self._persist()
+    RUNNING_JOBS_EVERY_SECONDS = 600.0  # a running job's record is saved this often, and when it ends
 
-    def _persist(self) -> bool:
+    def persist(self, final: bool = False) -> bool:
+        """Save the accumulators, events and jobs in one transaction; on failure keep them for the next try. A
+        running job's record is saved every RUNNING_JOBS_EVERY_SECONDS (a crash loses at most that of its
+        detail; each GPU's own figures are saved every time), every one at the ``final`` save of a stop."""
+        with self._persist_lock:  # the schedule, a stop and a caller may ask at once; one connection
+            return self._persist(0.0 if final else self.RUNNING_JOBS_EVERY_SECONDS)
+
+    def _persist(self, running_jobs_every: float) -> bool:
         status = self._ledger_status
         try:
             if self.ledger is None:
                 self.ledger = self._reopen_ledger()
-            wears, events, jobs = self.tracker.take()
+            wears, events, jobs = self.tracker.take(running_jobs_every)
             try:
                 days = self.config.jobs.retention_days
                 self.ledger.save(wears, events, jobs=jobs,
@@ -588,7 +592,7 @@ class Daemon:
         if self._tick_lock.acquire(timeout=1.0):
             self._tick_lock.release()
         self.source.sampler.close()
-        self.persist()
+        self.persist(final=True)
         if self.ledger is not None:
             self.ledger.close()
         if self._lock is not None:

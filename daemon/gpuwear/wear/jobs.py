@@ -8,6 +8,7 @@ the GPU's still-open rainflow residue belongs to nobody yet). No clock and no I/
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,7 @@ class JobAccounts:
         self.active: dict[str, JobRecord] = {}  # job key -> record
         self.idle: dict[str, JobRecord] = {}  # GPU uuid -> open idle line
         self._dirty: dict[str, JobRecord] = {}
+        self._written: dict[str, float] = {}  # running record -> its last_seen when last taken for a save
         self._last_wall: dict[str, float] = {}  # GPU uuid -> end of its last accounted interval
         for rec in running or []:
             if rec.idle:
@@ -160,10 +162,21 @@ class JobAccounts:
         rec.end = max(end, rec.start)
         self._dirty[rec.record] = rec
 
-    def take(self) -> list[dict[str, Any]]:
-        """The records changed since the last take, as JSON, for the ledger."""
-        dirty, self._dirty = self._dirty, {}
-        return [rec.to_json() for rec in dirty.values()]
+    def take(self, running_every: float = 0.0) -> list[dict[str, Any]]:
+        """The records changed since the last take, as JSON, for the ledger; a running record only when it was not
+        taken in the last ``running_every`` seconds of its own time (it changes at every tick: a save of every
+        running job at every save was most of what the ledger wrote). Ended records always."""
+        taken = []
+        for key, rec in list(self._dirty.items()):
+            if rec.end is None and rec.last_seen - self._written.get(key, -math.inf) < running_every:
+                continue
+            taken.append(rec)
+            del self._dirty[key]
+            if rec.end is None:
+                self._written[key] = rec.last_seen
+            else:
+                self._written.pop(key, None)
+        return [rec.to_json() for rec in taken]
 
     def give_back(self, records: list[dict[str, Any]]) -> None:
         for d in records:

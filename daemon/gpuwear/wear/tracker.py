@@ -303,13 +303,13 @@ class WearTracker:
         self._last_event_wall = max(self._last_event_wall, wall)
         self._events.append(Event(w.uuid, self._last_event_wall, kind, detail))
 
-    def take(self) -> tuple[list[dict[str, Any]], list[Event], list[dict[str, Any]]]:
+    def take(self, running_jobs_every: float = 0.0) -> tuple[list[dict[str, Any]], list[Event], list[dict[str, Any]]]:
         """Accumulators (as JSON) of every GPU, the events since the last take and the job
-        records changed since, for a save. Hand events and jobs back with :meth:`give_back`
-        when the save fails."""
+        records changed since (a running one at most every ``running_jobs_every`` seconds), for a save. Hand
+        events and jobs back with :meth:`give_back` when the save fails."""
         with self._lock:
             events, self._events = self._events, []
-            return [w.to_json() for w in self._wears.values()], events, self.jobs.take()
+            return [w.to_json() for w in self._wears.values()], events, self.jobs.take(running_jobs_every)
 
     def give_back(self, events: list[Event], jobs: list[dict[str, Any]]) -> None:
         with self._lock:
