@@ -547,3 +547,54 @@ def test_a_schema_1_ledger_is_read_and_migrated(tmp_path: Path) -> None:
     finally:
         ledger.close()
     assert observed(path) == 3700
+
+
+# -- coverage as intervals ---------------------------------------------------------------------------------------
+
+def _smi_log(path: Path, uuid: str, start: float, seconds: int) -> Path:
+    """An `nvidia-smi --query-gpu=timestamp,uuid,temperature.gpu,power.draw --format=csv -l 1` log (UTC)."""
+    import datetime
+
+    lines = ["timestamp, uuid, temperature.gpu, power.draw [W]"]
+    for i in range(seconds + 1):
+        t = datetime.datetime.fromtimestamp(start + i, datetime.timezone.utc)
+        lines.append(f"{t:%Y/%m/%d %H:%M:%S}.000, {uuid}, {60 + i % 7}, {300 + i % 11}.00 W")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_log_of_time_the_daemon_sampled_counts_once_and_a_log_of_its_gap_is_taken(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import make_rig
+    from gpuwear.wear.tracker import WearTracker
+
+    rig = make_rig("demo")
+    try:
+        start = rig.clock.wall()
+        tracker = WearTracker({}, WearConfig())
+        _observe(tracker, rig, 600)  # the daemon sampled [start, start + 600]
+        rig.clock.set_wall(rig.clock.wall() + 3600)  # stopped for an hour, then sampled 600 s more
+        tracker = _restart(tracker)
+        _observe(tracker, rig, 600)
+        wears, _, _ = tracker.take()
+        uuid = rig.sampler.snapshot.gpus[0].identity.uuid
+    finally:
+        rig.backend.close()
+    state = tmp_path / "state"
+    ledger = Ledger.open(state / "ledger.sqlite")
+    ledger.save(wears, [])
+    ledger.close()
+    before = observed(state / "ledger.sqlite")
+    overlapping = _smi_log(tmp_path / "overlap.csv", uuid, start + 300, 2400)  # 300 s sampled, 2100 s not
+    assert main(["import", "nvidia-smi", str(overlapping), "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    added = observed(state / "ledger.sqlite") - before
+    assert 2000 <= added <= 2101, (added, out)  # only the rows of the daemon's gap
+    assert "skipped (already imported)" in out
+    again = observed(state / "ledger.sqlite")
+    assert main(["import", "nvidia-smi", str(overlapping), "--state-dir", str(state)]) == 0
+    assert observed(state / "ledger.sqlite") == again  # twice: nothing more
+    rest = _smi_log(tmp_path / "rest.csv", uuid, start + 2600, 1700)  # the rest of the gap, overlapping both sides
+    assert main(["import", "nvidia-smi", str(rest), "--state-dir", str(state)]) == 0
+    total = observed(state / "ledger.sqlite") - before
+    assert 3400 <= total <= 3601  # the hour the daemon missed, once

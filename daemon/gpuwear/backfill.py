@@ -4,8 +4,9 @@ Each file's rows are accumulated per GPU in an accumulator of their own and stor
 import (a separate table): the live history is never rewritten, and reports merge both.
 A GPU is the UUID in the log; else the ledger GPU last seen at the log's PCI bus id; else
 (index only) an "imported:" key made of the GPU name and index, or the UUID given with
-``--gpu``. Rows inside a span already imported for that GPU are skipped, so importing a
-file twice (or an overlapping longer log) never counts twice.
+``--gpu``. Rows inside a time interval the ledger already observed for that GPU, live or
+imported (``Ledger.covered``), are skipped, so importing a file twice, an overlapping longer
+log, or a log of time the daemon itself sampled never counts twice; a log of a gap is taken.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
             uuid = resolved[item.gpu, item.name] = _resolve(item, known, gpu)
         g = gpus.get(uuid)
         if g is None:
-            g = gpus[uuid] = _Gpu(uuid, GpuWear(uuid, gate_celsius=gate), ledger.imported_spans(uuid))
+            g = gpus[uuid] = _Gpu(uuid, GpuWear(uuid, gate_celsius=gate), ledger.covered(uuid))
         if g.spans and any(a <= item.timestamp <= b for a, b in g.spans):
             g.skipped += 1
+            g.previous = None  # the next row after covered time starts afresh: no interval across it
             continue
         values, dropped = validated(item.values)
         g.dropped += len(dropped)
@@ -128,20 +130,18 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger) -> dict[str, int
     except SchemaError as exc:
         raise ImportFormatError(str(exc)) from None
     uuid = str(doc["uuid"])
-    covered = list(ledger.imported_spans(uuid))
-    live = ledger.live_span(uuid)
-    if live is not None:
-        covered.append(live)
+    covered = ledger.covered(uuid)
     imports = []
     skipped = 0
     for part in doc["parts"]:
         first, last = part.get("first_seen"), part.get("last_seen")
         if first is None or last is None:
             continue
-        if any(first <= b and a <= last for a, b in covered):
+        mine = [(float(a), float(b)) for a, b in part.get("covered", {}).items()] or [(first, last)]
+        if any(a <= d and c <= b for a, b in covered for c, d in mine):
             skipped += 1
             continue
-        covered.append((first, last))
+        covered += mine
         imports.append((uuid, source, first, last, 0, part))
     ledger.save([], [], imports)
     return {"imported": len(imports), "skipped": skipped}

@@ -318,12 +318,21 @@ class Ledger:
         rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf")))
         return [Event(u, w, k, json.loads(d)) for u, w, k, d in rows]
 
-    def live_span(self, uuid: str) -> tuple[float, float] | None:
-        """The time span of a GPU's live history (first seen, last seen), None when it has none."""
-        doc = _read_docs(self._db).get(uuid)
-        if doc is None or doc.get("first_seen") is None or doc.get("last_seen") is None:
-            return None
-        return float(doc["first_seen"]), float(doc["last_seen"])
+    def covered(self, uuid: str) -> list[tuple[float, float]]:
+        """The wall-clock intervals this ledger's history of a GPU observed, live and imported, sorted: what an
+        import must not count again. A record from before intervals were kept counts as its whole span."""
+        out: list[tuple[float, float]] = []
+        docs = [_read_docs(self._db).get(uuid)]
+        docs += [_json_object(text, f"import of GPU {uuid!r}")
+                 for (text,) in self._db.execute("SELECT wear FROM imports WHERE uuid = ?", (uuid,))]
+        for doc in docs:
+            if not doc:
+                continue
+            if doc.get("covered"):
+                out += [(float(a), float(b)) for a, b in doc["covered"].items()]
+            elif doc.get("first_seen") is not None and doc.get("last_seen") is not None:
+                out.append((float(doc["first_seen"]), float(doc["last_seen"])))
+        return sorted(out)
 
     def imported_spans(self, uuid: str) -> list[tuple[float, float]]:
         """Time spans already imported for a GPU."""

@@ -34,6 +34,17 @@ def _add(d: dict[str, float], key: str, value: float) -> None:
     d[key] = d.get(key, 0.0) + value
 
 
+def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
+    """Sorted, overlapping (or within a second) intervals joined, as {"start": end} items (start to the ms)."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1] + 1.0:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(f"{a:.3f}", b) for a, b in out]
+
+
 @functools.lru_cache(maxsize=256)
 def _reasons(mask: int) -> tuple[str, ...]:
     """The clock-event reasons set in an NVML bitmask (a GPU shows a handful of masks: cached)."""
@@ -107,6 +118,9 @@ class GpuWear:
     gap_seconds: float = 0.0  # not observed: daemon stopped, GPU missing, samples too far apart
     gaps: int = 0
     start_gap: float = 0.0  # the part of gap_seconds counted at the latest start (taken back if its clock was ahead)
+    # the wall-clock intervals this history observed, {"start": end} (a map, so that a save writes the one interval
+    # that grew): what an import must not count again
+    covered: dict[str, float] = field(default_factory=dict)
     skipped_seconds: float = 0.0  # wall-clock jumps forward while observed: neither observed nor unobserved
     utilization_seconds: dict[str, float] = field(default_factory=dict)  # GPU util % (0..100) -> s
     temperature_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # sensor -> whole °C -> s
@@ -152,6 +166,25 @@ class GpuWear:
         self.thermal.idle_run = self.thermal.load_run = 0.0
         self.thermal.last_celsius = None
 
+    def cover(self, start: float, end: float) -> None:
+        """Note ``[start, end]`` (wall seconds) as observed: it extends the latest interval when it follows on
+        (within a second), else the intervals are joined again."""
+        if self.covered:
+            key = next(reversed(self.covered))
+            first, last = float(key), self.covered[key]
+            if first <= start <= last + 1.0:
+                if end > last:
+                    self.covered[key] = end
+                return
+        self.covered = dict(_merged_intervals([*self.intervals(), (start, end)]))
+
+    def intervals(self) -> list[tuple[float, float]]:
+        """The observed wall-clock intervals, sorted."""
+        return sorted((float(k), v) for k, v in self.covered.items())
+
+    def overlaps(self, start: float, end: float) -> bool:
+        return any(a <= end and start <= b for a, b in self.intervals())
+
     def down(self, seconds: float) -> None:
         """The GPU was lost for ``seconds`` while the daemon ran."""
         self.down_seconds += max(0.0, seconds)
@@ -172,6 +205,7 @@ class GpuWear:
             return baseline
         interval = self._measure(s, dt, cycles)
         self.apply(interval)
+        self.cover(s.timestamp - dt, s.timestamp)
         self._cooling(s, dt)
         self._baselines(s)
         return interval
@@ -382,6 +416,7 @@ class GpuWear:
                 _add(into["temperature_seconds"], t, sec)
         out.name = self.name or other.name
         out.serial = self.serial or other.serial
+        out.covered = dict(_merged_intervals([*self.intervals(), *other.intervals()]))
         return out
 
     # -- persistence -------------------------------------------------------------------
@@ -393,6 +428,7 @@ class GpuWear:
             "first_seen": self.first_seen, "last_seen": self.last_seen,
             "observed_seconds": self.observed_seconds, "down_seconds": self.down_seconds,
             "gap_seconds": self.gap_seconds, "gaps": self.gaps, "start_gap": self.start_gap,
+            "covered": self.covered,
             "skipped_seconds": self.skipped_seconds,
             "utilization_seconds": self.utilization_seconds, "temperature_seconds": self.temperature_seconds,
             "cycles": self.cycles, "rainflow": {k: v.to_json() for k, v in self.rainflow.items()},
@@ -424,6 +460,7 @@ class GpuWear:
         for key in ("utilization_seconds", "temperature_seconds", "cycles", "throttle_seconds", "violation_seconds",
                     "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event"):
             setattr(w, key, d.get(key, {}))
+        w.covered = {k: float(v) for k, v in d.get("covered", {}).items()}
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]
         thermal = d.get("thermal", {})

@@ -27,6 +27,7 @@ MAX_TEXT = 256
 MAX_PARTS = 1_000
 MAX_EVENTS = 200_000
 MAX_FANS = 16
+MAX_INTERVALS = 100_000  # observed intervals of one GPU: one per start or gap
 SENSORS = ("gpu", "memory")
 KINDS = ("job", "idle")
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -170,6 +171,8 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "xids": lambda v, w: mapping(v, w, lambda k: bool(_INT.fullmatch(k)), lambda x, p: integer(x, p)),
     "last_event": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: wall(x, p, optional=False)),
     "kinds": lambda v, w: mapping(v, w, lambda k: k in KINDS, _kind),
+    "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
+                                    limit=MAX_INTERVALS),
 }
 _KNOWN = {"schema", "uuid", "name", "serial", "pci_bus_id", "first_seen", "last_seen", "gaps", "lost_events",
           "energy_joules", "fans", "thermal", "gate_celsius", *_SECONDS_FIELDS, *_MAPS}
@@ -253,6 +256,13 @@ def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, An
     for i, event in enumerate(events):
         check_event(event, f"events[{i}]")
     return doc
+
+
+def _is_wall_key(key: str) -> bool:
+    try:
+        return EARLIEST_WALL <= float(key) < LATEST_WALL
+    except ValueError:
+        return False
 
 
 def _job_gpu(value: Any, where: str) -> None:
