@@ -598,3 +598,19 @@ def test_a_log_of_time_the_daemon_sampled_counts_once_and_a_log_of_its_gap_is_ta
     assert main(["import", "nvidia-smi", str(rest), "--state-dir", str(state)]) == 0
     total = observed(state / "ledger.sqlite") - before
     assert 3400 <= total <= 3601  # the hour the daemon missed, once
+
+
+def test_doctor_points_at_a_ledger_moved_aside(tmp_path: Path) -> None:
+    from gpuwear.backends.fakenvml import FakeNvmlLibrary
+    from gpuwear.backends.nvml import NvmlBackend
+    from gpuwear.backends.simulated import load_scenario
+    from gpuwear.clock import ManualClock
+    from gpuwear.doctor import Doctor
+
+    path = ledger_with_history(tmp_path / "state")
+    _corrupt(path, "UPDATE gpus SET wear = 12")
+    Ledger.open(path).close()  # what the daemon does at its start
+    doctor = Doctor(Config(state_dir=str(tmp_path / "state")),
+                    NvmlBackend(FakeNvmlLibrary(load_scenario("demo"), ManualClock())), path, dev=tmp_path)
+    bad = [f for f in doctor.run() if not f.ok]
+    assert any("was moved aside: " in f.what and "restore it from a backup" in f.fix for f in bad), bad

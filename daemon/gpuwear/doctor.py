@@ -89,6 +89,11 @@ class Doctor:
 
     def _ledger(self) -> None:
         folder = self.ledger_file.parent
+        for moved in sorted(folder.glob(f"{self.ledger_file.name}.unreadable-*")):
+            if not moved.name.endswith(("-wal", "-shm")):
+                self.check(False, f"a ledger the daemon could not read was moved aside: {moved}",
+                           "its history is not counted: restore it from a backup, or delete it once it is not "
+                           "needed (the daemon's log at that time says which record was bad)")
         if not self.ledger_file.exists():
             existing = next(p for p in (folder, *folder.parents) if p.exists())
             writable = os.access(existing, os.W_OK)
