@@ -24,6 +24,15 @@ from gpuwear.sampler import Sampler, Snapshot
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`pytest -m gpu` (the device machine's check) collects test_gpu.py alone: the other modules import test-only
+    packages (hypothesis, rainflow, the pynvml clients) that machine may lack, and their tests are not GPU tests."""
+    if config.getoption("markexpr", "") == "gpu" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_") and collection_path.name != "test_gpu.py":
+        return True
+    return None
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite tests/golden/*.prom from the current output instead of comparing")
