@@ -219,7 +219,8 @@ def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_
     assert doc["gpus"][0]["observed_seconds"] >= observed - 0.001  # type: ignore[index]
 
 
-def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path) -> None:
+def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     with demo_daemon(tmp_path) as daemon:
         time.sleep(1.0)
         assert daemon.persist() is True
@@ -233,8 +234,8 @@ def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path) -
                 break
         else:
             pytest.fail("the ledger never filled up")
-        assert daemon.ledger is None  # the failed connection is closed: the next save opens a fresh one
-        assert daemon.persist() is True  # (without the full connection's page limit: the disk has room again)
+        assert daemon.persist() is True, caplog.text[-3000:]  # the failed connection closed, a fresh one opened
+        assert daemon.ledger is not None and daemon.ledger._db is not db  # (without the full one's page limit)
     ledger = Ledger.open_read_only(tmp_path / "simulated" / "ledger.sqlite")
     assert ledger.load(2.0)  # never a broken ledger
     ledger.close()

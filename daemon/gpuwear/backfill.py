@@ -137,11 +137,12 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger) -> dict[str, int
         first, last = part.get("first_seen"), part.get("last_seen")
         if first is None or last is None:
             continue
-        mine = [(float(a), float(b)) for a, b in part.get("covered", {}).items()] or [(first, last)]
-        if any(a <= d and c <= b for a, b in covered for c, d in mine):
+        # the part's whole span, not the intervals it says it observed: a file cannot talk its way past what the
+        # ledger holds, and a part cannot be split in time anyway
+        if any(a <= last and first <= b for a, b in covered):
             skipped += 1
             continue
-        covered += mine
+        covered.append((first, last))
         imports.append((uuid, source, first, last, 0, part))
     ledger.save([], [], imports)
     return {"imported": len(imports), "skipped": skipped}

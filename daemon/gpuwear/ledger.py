@@ -224,12 +224,9 @@ class Ledger:
                 raise
         except LedgerTooNewError:
             raise
-        except sqlite3.OperationalError as exc:
-            if any(word in str(exc) for word in ("readonly", "unable to open", "disk I/O", "locked")):
-                raise  # the directory or disk, not the file: kept, retried by the caller
-            moved = cls._move_aside(path, exc)
-            db = cls._connect(path)
         except (sqlite3.DatabaseError, LedgerError) as exc:
+            if isinstance(exc, sqlite3.Error) and environment_error(exc):
+                raise  # the disk or the directory, not the file: kept as it is, retried by the caller
             moved = cls._move_aside(path, exc)
             db = cls._connect(path)
         return cls(path, db, moved)
@@ -270,6 +267,8 @@ class Ledger:
             elif version > SCHEMA_VERSION:
                 raise LedgerTooNewError(_too_new(path, db, version))
             while version is not None and version < SCHEMA_VERSION:
+                if version not in _MIGRATIONS:
+                    raise LedgerError(f"no migration from ledger schema {version}")
                 db.execute("BEGIN IMMEDIATE")
                 db.execute(_MIGRATIONS[version])
                 version += 1
@@ -387,6 +386,14 @@ class Ledger:
         saved = self._saved
         # a copy as JSON reads it back: to_json() hands out the live accumulators' own maps, which go on changing
         docs = {w["uuid"]: json.loads(json.dumps(_compact(w), separators=(",", ":"))) for w in wears}
+        jobs = list(jobs)
+        try:  # never write what the next open would refuse: that would move the whole ledger aside
+            for uuid, doc in docs.items():
+                check_wear(doc, f"GPU {uuid}", WEAR_SCHEMA)
+            for job in jobs:
+                check_job(job, f"job {job.get('record')!r}")
+        except SchemaError as exc:
+            raise LedgerError(f"refusing to save a record that would not read back: {exc}") from None
         compact = self._log_rows >= COMPACT_AFTER
         whole = [d for u, d in docs.items() if compact or u not in saved]
         changed = {u: _diff(saved[u], d) for u, d in docs.items() if not compact and u in saved}
@@ -476,7 +483,19 @@ def _apply(doc: dict[str, Any], delta: dict[str, Any]) -> None:
 
 
 def _read_docs(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
-    """Each GPU's record: its row with the wear log applied. LedgerError for text that is not a JSON object."""
+    """Each GPU's record: its row with the wear log applied, both read in one snapshot (a reader beside the daemon
+    never sees a base from before a compaction with the log from after it). LedgerError for text that is not a
+    JSON object."""
+    if db.in_transaction:
+        return _read_docs_now(db)
+    db.execute("BEGIN")
+    try:
+        return _read_docs_now(db)
+    finally:
+        db.execute("COMMIT")
+
+
+def _read_docs_now(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
     docs: dict[str, dict[str, Any]] = {}
     for uuid, text in db.execute("SELECT uuid, wear FROM gpus"):
         docs[uuid] = _json_object(text, f"GPU {uuid!r}")
@@ -561,6 +580,18 @@ def _too_new(path: Path, db: sqlite3.Connection, version: int) -> str:
             f"{SCHEMA_VERSION} and older: upgrade gpuwear (the ledger is kept as it is, never replaced)")
 
 
+# SQLite result codes that say the disk, the directory or another process stood in the way, not that the file is
+# bad: PERM, BUSY, LOCKED, NOMEM, READONLY, IOERR, FULL, CANTOPEN, PROTOCOL.
+_ENVIRONMENT_CODES = frozenset({3, 5, 6, 7, 8, 10, 13, 14, 15})
+
+
+def environment_error(exc: sqlite3.Error) -> bool:
+    """Whether an SQLite error is the environment's (a full disk, a read-only directory, a lock), after which the
+    file must be kept as it is, rather than the file's own (corrupt, not a database, tables missing)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _ENVIRONMENT_CODES
+
+
 def _schema_version(db: sqlite3.Connection) -> int | None:
     with closing(db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'meta'")) as cur:
         if cur.fetchone() is None:
@@ -569,4 +600,9 @@ def _schema_version(db: sqlite3.Connection) -> int | None:
                 raise LedgerError("the file holds an SQLite database that is not a gpuwear ledger")
             return None
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else None
+    if row is None:
+        return None
+    text = row[0]
+    if not isinstance(text, str) or not text.isdigit() or int(text) < 1:
+        raise LedgerError(f"meta.schema_version is {text!r}, not a schema version")
+    return int(text)

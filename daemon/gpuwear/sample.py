@@ -152,6 +152,17 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "utilization_gpu_ratio": (0.0, 1.0),
     "utilization_memory_ratio": (0.0, 1.0),
     "memory_used_bytes": (0.0, 1e14),
+    # counters: NVML_VALUE_NOT_AVAILABLE (2**64 - 1) or garbage must never reach the ledger's records
+    "ecc_corrected_volatile": (0, 1e12),
+    "ecc_uncorrected_volatile": (0, 1e12),
+    "ecc_corrected_aggregate": (0, 1e12),
+    "ecc_uncorrected_aggregate": (0, 1e12),
+    "retired_pages_single_bit": (0, 1e6),
+    "retired_pages_double_bit": (0, 1e6),
+    "remapped_rows_corrected": (0, 1e6),
+    "remapped_rows_uncorrected": (0, 1e6),
+    "pcie_replays": (0, 1e12),
+    "recovery_action": (0, 100),
 }
 
 

@@ -465,8 +465,11 @@ class Daemon:
             wears, events, jobs = self.tracker.take(running_jobs_every)
             try:
                 days = self.config.jobs.retention_days
-                self.ledger.save(wears, events, jobs=jobs,
-                                 forget_jobs_before=self.source.clock.wall() - days * 86400 if days else None)
+                # no retention on a clock that jumped in this process, or that starts further from the ledger's last
+                # sight than the retention itself (a clock ahead at start): one save would forget every record
+                trusted = not self.tracker.clock_jumped and self.tracker.largest_start_gap < days * 86400
+                forget = self.source.clock.wall() - days * 86400 if days and trusted else None
+                self.ledger.save(wears, events, jobs=jobs, forget_jobs_before=forget)
             except BaseException:
                 self.tracker.give_back(events, jobs)
                 raise

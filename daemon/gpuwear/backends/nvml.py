@@ -310,6 +310,7 @@ def _remapped_rows(h: Any, api: Api) -> Values:
 
 
 _NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE: usedGpuMemory under Windows WDDM
+_NOT_AVAILABLE = frozenset({_NOT_AVAILABLE_ULL, 2**32 - 1})  # ...as an unsigned long long, or an unsigned int
 
 
 def _processes(h: Any, api: Api) -> Values:
@@ -709,6 +710,8 @@ class NvmlBackend:
                 continue
             self._available(dev, name)
             raw = getattr(fv.value, _VALUE_MEMBERS.get(fv.valueType, "ullVal"))
+            if raw in _NOT_AVAILABLE:  # NVML_VALUE_NOT_AVAILABLE: no value this time
+                continue
             out.values[name] = int(raw) if name in _INTEGER_FIELDS else raw * scale
 
     def _read_fans(self, dev: _Device, key: str, api: Api, out: Reading) -> None:

@@ -42,7 +42,7 @@ def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, f
             out[-1][1] = max(out[-1][1], b)
         else:
             out.append([a, b])
-    return [(f"{a:.3f}", b) for a, b in out]
+    return [(f"{math.floor(a * 1000) / 1000:.3f}", b) for a, b in out]  # never later than the interval's start
 
 
 @functools.lru_cache(maxsize=256)
@@ -205,7 +205,9 @@ class GpuWear:
             return baseline
         interval = self._measure(s, dt, cycles)
         self.apply(interval)
-        self.cover(s.timestamp - dt, s.timestamp)
+        # within the record's span: wall and monotonic clocks part by a little (a read's duration, a slewing clock)
+        first, last = self.first_seen or s.timestamp, self.last_seen or s.timestamp
+        self.cover(max(s.timestamp - dt, first), min(s.timestamp, last))
         self._cooling(s, dt)
         self._baselines(s)
         return interval

@@ -153,6 +153,17 @@ class JobAccounts:
                 del self.active[key]
                 self._close(rec, rec.last_seen)
 
+    def clock_set_back(self, wall: float) -> None:
+        """The wall clock was ahead and is now ``wall``: running records seen later than now come back to now (a
+        job last seen "in the future" would otherwise never pass its grace period)."""
+        for rec in [*self.active.values(), *self.idle.values()]:
+            if rec.last_seen > wall:
+                rec.last_seen = max(rec.start, wall)
+                for gpu in rec.gpus.values():
+                    gpu.end = max(gpu.start, min(gpu.end, wall))
+        for uuid, last in self._last_wall.items():
+            self._last_wall[uuid] = min(last, wall)
+
     def stop_gpu(self, uuid: str, wall: float) -> None:
         """A gap on a GPU (lost, daemon stopping): its idle line ends."""
         if uuid in self.idle:

@@ -212,6 +212,10 @@ def check_wear(doc: Any, where: str = "", schema: int = 1) -> Any:
         if thermal.get(key) is not None:
             number(thermal[key], _join(_join(where, "thermal"), key), -100.0, 1e5)
     number(doc.get("gate_celsius", 2.0), _join(where, "gate_celsius"), 0.0, 100.0)
+    for start, end in doc.get("covered", {}).items():  # observed intervals: ordered, inside the record's span
+        if end < float(start) or (first is not None and float(start) < first - 1.0) \
+                or (last is not None and end > last + 1.0):
+            raise SchemaError(_join(_join(where, "covered"), start), "an interval outside the record's span")
     return doc
 
 

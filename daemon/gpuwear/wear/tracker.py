@@ -127,6 +127,8 @@ class WearTracker:
         self._views: Mapping[str, WearView] | None = MappingProxyType({})
         self._present: tuple[str, ...] = ()  # the GPUs of the last snapshot
         self._wall_offset: float | None = None  # wall minus monotonic at the last observation
+        self.clock_jumped = False  # the wall clock was set (or found behind the ledger) in this process
+        self.largest_start_gap = 0.0  # the longest time since a GPU's last sight, counted at this start
         self._clock_unset = False  # the wall clock is outside [2000, 2100): nothing is accounted until it is set
 
     @property
@@ -193,6 +195,7 @@ class WearTracker:
         jump = 0.0 if self._wall_offset is None else offset - self._wall_offset
         self._wall_offset = offset
         if abs(jump) > CLOCK_JUMP_SECONDS:
+            self.clock_jumped = True
             log.warning("the wall clock was set %+.0f s while sampling; observed time follows the monotonic clock, "
                         "the jump is counted as neither observed nor unobserved", jump)
             for uuid in self._seen:
@@ -202,6 +205,8 @@ class WearTracker:
                     w.skipped_seconds += jump
                 else:
                     self._clock_behind(w, wall)
+            if jump < 0:
+                self.jobs.clock_set_back(wall)
         return True
 
     @staticmethod
@@ -218,6 +223,7 @@ class WearTracker:
         w.last_seen = wall
         if w.first_seen is not None and w.first_seen > wall:
             w.first_seen = wall
+        w.covered = {k: min(end, wall) for k, end in w.covered.items() if float(k) <= wall}  # none in the future
 
     def _shown(self, uuid: str) -> GpuWear:
         w = self._wears[uuid]
@@ -235,15 +241,15 @@ class WearTracker:
             seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids))
             if w.last_seen is not None and wall > w.last_seen:
                 w.gap(wall - w.last_seen)
-                w.start_gap = wall - w.last_seen
+                w.start_gap += wall - w.last_seen  # gaps counted at starts: what a clock found ahead can take back
+                self.largest_start_gap = max(self.largest_start_gap, wall - w.last_seen)
                 self._event(w, wall, "gap", {"seconds": wall - w.last_seen, "reason": "not observed (daemon stopped?)"})
             elif w.last_seen is not None and wall < w.last_seen - CLOCK_JUMP_SECONDS:
                 log.warning("GPU %s: the wall clock reads %.0f s before the ledger's last sight of it: the clock was "
                             "ahead when that was recorded; that lead is taken back", ident.uuid, w.last_seen - wall)
                 self._event(w, wall, "clock_jump", {"seconds": wall - w.last_seen})
                 self._clock_behind(w, wall)
-            else:
-                w.start_gap = 0.0
+                self.clock_jumped = True
         self._xids(w, seen, status, wall)
         if not status.up:
             if seen.up:
