@@ -544,7 +544,7 @@ def test_logs_of_unavailable_readings_name_the_reason(caplog: pytest.LogCaptureF
     rig = make_rig(scenario_doc(NEWEST, "mig-unprivileged"))
     try:
         rig.run(2)
-        assert any("processes unavailable (no_permission" in r.getMessage() for r in caplog.records)
+        assert any("processes (no_permission)" in r.getMessage() for r in caplog.records)
     finally:
         rig.backend.close()
 

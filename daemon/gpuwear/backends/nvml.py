@@ -107,6 +107,7 @@ class Reading:
     values: Values = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
+    newly: list[tuple[str, str]] = field(default_factory=list)  # (key, reason) that became unavailable in this read
 
 
 def error_kind(exc: pynvml.NVMLError) -> str:
@@ -653,6 +654,9 @@ class NvmlBackend:
         for key in fans:
             self._read_fans(dev, key, api, out)
         out.unavailable.update(dev.unavailable)
+        if out.newly:  # one line per GPU and read, not one per reading
+            log.info("GPU %d (%s): unavailable: %s (asked again on the slow interval, but what the library lacks)",
+                     dev.identity.index, dev.identity.uuid, ", ".join(f"{k} ({r})" for k, r in out.newly))
         return out
 
     def _available(self, dev: _Device, key: str) -> None:
@@ -683,9 +687,7 @@ class NvmlBackend:
             out.errors.append(error_kind(exc))
             return
         if dev.mark(key, reason):
-            again = "" if reason in PERMANENT_REASONS else "; asked again on the slow interval"
-            log.info("GPU %d (%s): %s unavailable (%s: %s)%s", dev.identity.index, dev.identity.uuid, key,
-                     reason, exc, again)
+            out.newly.append((key, reason))
 
     def _read_fields(self, dev: _Device, wanted: list[FieldValue], out: Reading) -> None:
         if not wanted:
@@ -702,8 +704,7 @@ class NvmlBackend:
             ret = fv.nvmlReturn
             if ret == pynvml.NVML_ERROR_INVALID_ARGUMENT:  # a field id this driver does not know
                 if dev.mark(name, UNKNOWN_FIELD):
-                    log.info("GPU %d (%s): %s unavailable (field %d unknown to this driver)",
-                             dev.identity.index, dev.identity.uuid, name, fv.fieldId)
+                    out.newly.append((name, UNKNOWN_FIELD))
                 continue
             if ret != pynvml.NVML_SUCCESS:
                 self._failed(dev, name, pynvml.NVMLError(ret), out)
