@@ -707,3 +707,24 @@ def test_an_export_cannot_talk_its_way_past_the_ledger(tmp_path: Path, capsys: p
                                               "covered": {f"{T0 - 7200:.3f}": T0 + 100}})))
     assert main(["import", "ledger", str(outside), "--state-dir", str(state)]) == 1
     assert "an interval outside the record's span" in capsys.readouterr().err
+
+
+def test_what_a_save_takes_does_not_change_under_the_next_tick() -> None:
+    """The save serializes copies taken under the tracker's lock: a tick that runs meanwhile (the sampling thread
+    does not wait for saves) never makes a record inconsistent, e.g. an observed interval newer than the span
+    beside it, which the save would refuse as a record that would not read back."""
+    from conftest import make_rig
+    from gpuwear.wear.tracker import WearTracker
+
+    rig = make_rig("demo")
+    try:
+        tracker = WearTracker({}, WearConfig())
+        _observe(tracker, rig, 120)
+        wears, _, jobs = tracker.take()
+        taken = json.dumps([wears, jobs])
+        _observe(tracker, rig, 5)  # ticks between the take and the save's serialization
+        assert json.dumps([wears, jobs]) == taken
+        for w in wears:
+            check_wear(w)
+    finally:
+        rig.backend.close()

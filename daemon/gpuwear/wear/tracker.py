@@ -6,6 +6,7 @@ the accumulators (as JSON) and the pending events out for the ledger.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -315,7 +316,10 @@ class WearTracker:
         events and jobs back with :meth:`give_back` when the save fails."""
         with self._lock:
             events, self._events = self._events, []
-            return [w.to_json() for w in self._wears.values()], events, self.jobs.take(running_jobs_every)
+            # copies, made under the lock: to_json() hands out the live maps, which the next tick goes on changing
+            # while the save serializes them (a histogram or an interval newer than the scalars beside it)
+            return (json.loads(json.dumps([w.to_json() for w in self._wears.values()])), events,
+                    json.loads(json.dumps(self.jobs.take(running_jobs_every))))
 
     def give_back(self, events: list[Event], jobs: list[dict[str, Any]]) -> None:
         with self._lock:
