@@ -176,6 +176,7 @@ def _gpustat() -> tuple[Any, list[str]]:
         for name, value in saved.items():
             setattr(pynvml, name, value)
     out, err = io.StringIO(), io.StringIO()
+    sigpipe = signal.getsignal(signal.SIGPIPE)  # gpustat's main sets SIG_DFL: a later EPIPE would kill pytest
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pynvml, "_nvmlGetFunctionPointer", patches._nvmlGetFunctionPointer)
         mp.setattr(pynvml, "nvmlDeviceGetMemoryInfo", patches.nvmlDeviceGetMemoryInfo)
@@ -185,6 +186,8 @@ def _gpustat() -> tuple[Any, list[str]]:
             except SystemExit as exc:
                 if exc.code not in (None, 0):
                     raise RuntimeError(f"gpustat --json exited {exc.code}: {err.getvalue().strip()}") from exc
+            finally:
+                signal.signal(signal.SIGPIPE, sigpipe)
     return json.loads(out.getvalue()), []
 
 

@@ -104,8 +104,7 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert time.monotonic() - start < 2 and peak < 20 * 2**20
-    assert any(p.startswith("a: unknown key") for p in info.value.problems)
-    assert any(p.startswith("sampling: expected a mapping") for p in info.value.problems)
+    assert info.value.problems == [f"{bomb}: aliases expand to more than 100000 values (an alias bomb?)"]
 
 
 def test_a_huge_config_file_is_refused(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -108,3 +110,141 @@ def test_plain_http_by_default_on_loopback() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+
+def test_no_mix_of_clients_keeps_a_scraper_out_and_sigterm_stops_within_two_seconds(tls: Path, tmp_path: Path) -> None:
+    """TLS + basic auth, default limits, attackers in processes of their own (bench/attack.py). Held at once:
+    300 silent connections (over the 256 limit), 40 trickling a ClientHello a byte a second, 20 trickling
+    header lines a line a second after their handshake, wrong passwords and connect-and-reset floods (50/s
+    each). Before: HTTPS (and /healthz) stayed dead as long as one silent socket was open; SIGTERM took 5-10 s."""
+    port = free_port()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"web_config_file: {tls / 'web.yml'}\nstate_dir: {tmp_path / 'state'}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--config", str(config),
+                             "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+    context = ssl.create_default_context(cafile=str(tls / "tls.crt"))
+    base = f"https://127.0.0.1:{port}"
+    attack = Path(__file__).resolve().parent.parent / "bench" / "attack.py"
+    attackers: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(100):
+            try:
+                if get(base + "/healthz", context)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        assert get(base + "/metrics", context, "prometheus:s3cret")[0] == 200  # the scraper's credential
+        for kind, extra in (("silent", ["--count", "300"]), ("hello", ["--count", "40"]),
+                            ("headers", ["--count", "20"]), ("passwords", ["--rate", "50"]),
+                            ("resets", ["--rate", "50"])):
+            attackers.append(subprocess.Popen([sys.executable, str(attack), str(port), kind, "--cafile",
+                                               str(tls / "tls.crt"), *extra], stdout=subprocess.PIPE, text=True))
+        time.sleep(2.0)  # the attack builds up
+        latencies = []
+        end = time.monotonic() + 12.0
+        while time.monotonic() < end:
+            start = time.monotonic()
+            status, body = get(base + "/metrics", context, "prometheus:s3cret")
+            latencies.append(time.monotonic() - start)
+            assert status == 200 and "gpuwear_temperature_celsius" in body
+            assert get(base + "/healthz", context)[0] == 200
+            time.sleep(0.5)
+        assert max(latencies) < 5.0, f"scrapes under attack: worst {max(latencies):.2f} s"
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # under attack still
+        proc.wait(timeout=10)
+        stopped = time.monotonic() - start
+        assert proc.returncode == 0 and stopped < 2.0, f"SIGTERM took {stopped:.2f} s"
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()
+        for attacker in attackers:
+            attacker.terminate()
+        reports = [json.loads(attacker.communicate(timeout=10)[0]) for attacker in attackers]
+        by_kind = {r["kind"]: r for r in reports}
+        assert by_kind["silent"]["opened"] > 300  # evicted, and back
+        assert by_kind["passwords"].get("429", 0) + by_kind["passwords"].get("401", 0) > 100
+    finally:
+        for attacker in attackers:
+            if attacker.poll() is None:
+                attacker.kill()
+                attacker.wait()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _alias_bomb() -> str:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [{', '.join(['*' + prev] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+BOMBS = {"aliases": _alias_bomb(), "depth": "a: " + "[" * 50000 + "]" * 50000 + "\n",
+         "size": "# padding\n" * 200_000}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_web_config_bomb_is_refused_at_start_and_by_check_config(tmp_path: Path, bomb: str) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(BOMBS[bomb])
+    config = tmp_path / "config.yaml"
+    config.write_text(f"web_config_file: {web}\nstate_dir: {tmp_path / 'state'}\n")
+    for args in (["run", "--simulate", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}"],
+                 ["check-config", str(config)]):
+        start = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "gpuwear", *args], capture_output=True, text=True, timeout=30)
+        assert time.monotonic() - start < 5.0
+        errors = [line for line in result.stderr.splitlines() if "web_config_file" in line]
+        assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-500:]
+        assert str(web) in errors[0] and ("alias" in errors[0] or "deeper" in errors[0] or "larger" in errors[0])
+
+
+def test_a_bomb_sent_with_sighup_never_stops_the_daemon(tls: Path, tmp_path: Path) -> None:
+    """Before: a reloaded config nested deeply killed the daemon (RecursionError, no final save)."""
+    port = free_port()
+    web = tmp_path / "web.yml"
+    web.write_text((tls / "web.yml").read_text().replace("tls.crt", str(tls / "tls.crt"))
+                   .replace("tls.key", str(tls / "tls.key")))
+    config = tmp_path / "config.yaml"
+    good = f"web_config_file: {web}\nstate_dir: {tmp_path / 'state'}\n"
+    config.write_text(good)
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--config", str(config),
+                             "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+    context = ssl.create_default_context(cafile=str(tls / "tls.crt"))
+    base = f"https://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if get(base + "/healthz", context)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        for name, bomb in sorted(BOMBS.items()):
+            config.write_text(bomb)  # the config itself
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.5)
+            assert proc.poll() is None, f"config {name} bomb"
+            assert get(base + "/metrics", context, "prometheus:s3cret")[0] == 200
+            config.write_text(good)
+            web_text = web.read_text()
+            web.write_text(bomb)  # the web config it names
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.5)
+            assert proc.poll() is None, f"web config {name} bomb"
+            assert get(base + "/metrics", context, "prometheus:s3cret")[0] == 200  # the old web config kept
+            web.write_text(web_text)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        assert proc.returncode == 0
+        assert proc.stderr is not None
+        log = proc.stderr.read()
+        assert "Traceback" not in log
+        assert log.count("refused, keeping the running config") == 3
+        assert log.count("refused, keeping the running one") == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

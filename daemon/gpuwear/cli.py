@@ -150,7 +150,16 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    load_config(args.file)
+    config = load_config(args.file)
+    if config.web_config_file:  # and the web config it names, with its certificates, as the daemon reads them
+        from gpuwear.webconfig import load_web_config
+
+        try:
+            load_web_config(config.web_config_file)
+        except WebConfigError as exc:
+            return _fail(f"web_config_file: {exc}", EXIT_USAGE)
+        print(f"{args.file}: valid (web config {config.web_config_file}: valid)")
+        return 0
     print(f"{args.file}: valid")
     return 0
 

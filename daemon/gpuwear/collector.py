@@ -11,12 +11,16 @@ prometheus_client's encoders write for them (tested), at a fraction of the cost:
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -111,9 +115,10 @@ _GPU_FAMILIES = tuple(_Family.of(m, GPU_LABELS) for m in GPU_METRICS)
 _WEAR_FAMILIES = tuple(_Family.of(m, GPU_LABELS) for m in WEAR_METRICS)
 
 
-def encode(pub: Published, openmetrics: bool) -> bytes:
+def encode(pub: Published, openmetrics: bool, extra: bytes = b"") -> bytes:
     """The exposition of one published state: Prometheus text 0.0.4, or OpenMetrics 1.0.0. Encoded family by
-    family: the lines of the whole body at once (about 6,000 at 64 GPUs) took four times its size at the peak."""
+    family: the lines of the whole body at once (about 6,000 at 64 GPUs) took four times its size at the peak.
+    ``extra``: families encoded elsewhere (the process metrics), in the same format, placed before OpenMetrics' EOF."""
     body = bytearray()
     lines: list[str] = []
     gpus = [(s, [str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)])
@@ -127,29 +132,48 @@ def encode(pub: Published, openmetrics: bool) -> bytes:
             family.write(lines, sources)
             body += "".join(lines).encode()
             lines.clear()
+    body += extra
     if openmetrics:
         body += b"# EOF\n"
     return bytes(body)
 
 
 class Exposition:
-    """Renders /metrics, once per published state and format: scrapes between two ticks
-    (several Prometheus servers, retries, a dashboard) get the same bytes without re-rendering."""
+    """Renders /metrics, once per published state, format and encoding: scrapes between two ticks
+    (several Prometheus servers, retries, a dashboard) get the same bytes without re-rendering.
 
-    def __init__(self, published: Callable[[], Published]) -> None:
+    The body ends with the standard ``process_*`` metrics (CPU, RSS, open fds, start time; from
+    /proc by prometheus_client's ProcessCollector, about 0.1 ms), as fresh as the render."""
+
+    def __init__(self, published: Callable[[], Published], process: bool = True) -> None:
         self._published = published
         self._lock = threading.Lock()
-        self._cache: dict[bool, tuple[tuple[object, ...], bytes]] = {}  # per format: (state, body)
+        # (openmetrics, gzip) -> (state, body)
+        self._cache: dict[tuple[bool, bool], tuple[tuple[object, ...], bytes]] = {}
+        self._process = CollectorRegistry(auto_describe=False)
+        if process:
+            ProcessCollector(registry=self._process)
         self.renders = 0
 
-    def render(self, openmetrics: bool) -> bytes:
+    def render(self, openmetrics: bool, gzipped: bool = False) -> bytes:
+        """The body for one format (OpenMetrics or Prometheus text), gzip-compressed if asked."""
         pub = self._published()
         key = (id(pub.snapshot), id(pub.wear), pub.ledger)
         with self._lock:
-            cached = self._cache.get(openmetrics)
-            if cached is not None and cached[0] == key:
-                return cached[1]
-            body = encode(pub, openmetrics)
+            return self._render(pub, key, openmetrics, gzipped)
+
+    def _render(self, pub: Published, key: tuple[object, ...], openmetrics: bool, gzipped: bool) -> bytes:
+        cached = self._cache.get((openmetrics, gzipped))
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if gzipped:
+            body = gzip.compress(self._render(pub, key, openmetrics, False), compresslevel=6, mtime=0)
+        else:
+            if openmetrics:
+                process = openmetrics_latest(self._process).removesuffix(b"# EOF\n")  # type: ignore[no-untyped-call]
+            else:
+                process = generate_latest(self._process)
+            body = encode(pub, openmetrics, process)
             self.renders += 1
-            self._cache[openmetrics] = (key, body)
-            return body
+        self._cache[(openmetrics, gzipped)] = (key, body)
+        return body

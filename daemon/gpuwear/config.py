@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpuwear.yamlsafe import YamlError, load_yaml, short_repr
 
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -30,9 +30,9 @@ class ConfigError(ValueError):
 def _number(lo: float, hi: float) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return f"expected a number, got {v!r}"
+            return f"expected a number, got {short_repr(v)}"
         if not lo <= v <= hi:
-            return f"must be between {lo:g} and {hi:g}, got {v!r}"
+            return f"must be between {lo:g} and {hi:g}, got {short_repr(v)}"
         return None
 
     return check
@@ -41,9 +41,9 @@ def _number(lo: float, hi: float) -> Callable[[Any], str | None]:
 def _integer(lo: int, hi: int) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
         if isinstance(v, bool) or not isinstance(v, int):
-            return f"expected an integer, got {v!r}"
+            return f"expected an integer, got {short_repr(v)}"
         if not lo <= v <= hi:
-            return f"must be between {lo} and {hi}, got {v!r}"
+            return f"must be between {lo} and {hi}, got {short_repr(v)}"
         return None
 
     return check
@@ -51,38 +51,44 @@ def _integer(lo: int, hi: int) -> Callable[[Any], str | None]:
 
 def _choice(*options: str) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
-        return None if v in options else f"expected one of {', '.join(options)}, got {v!r}"
+        return None if v in options else f"expected one of {', '.join(options)}, got {short_repr(v)}"
 
     return check
 
 
 def _boolean(v: Any) -> str | None:
-    return None if isinstance(v, bool) else f"expected true or false, got {v!r}"
+    return None if isinstance(v, bool) else f"expected true or false, got {short_repr(v)}"
 
 
 def _string(v: Any) -> str | None:
-    return None if isinstance(v, str) else f"expected a string, got {v!r}"
+    return None if isinstance(v, str) else f"expected a string, got {short_repr(v)}"
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """'HOST:PORT' (IPv6 as '[::1]:PORT') to (host, port); ValueError names the problem."""
+    """'HOST:PORT' (IPv6 as '[::1]:PORT') to (host, port); ':PORT' is every interface (host ''), as Go
+    exporters read it. ValueError names the problem."""
     host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if not sep:
+        raise ValueError(f"expected HOST:PORT or :PORT, got {short_repr(value)}")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"port must be 1-65535, got {port_text!r}")
+        raise ValueError(f"port must be 1-65535, got {short_repr(port_text)}")
     return host, int(port_text)
 
 
 def _listen(v: Any) -> str | None:
     if not isinstance(v, str):
-        return f"expected HOST:PORT, got {v!r}"
+        return f"expected HOST:PORT, got {short_repr(v)}"
     try:
         parse_listen(v)
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def _key_text(key: Any) -> str:
+    """A mapping key as it goes into a message: itself when a short printable string, else abbreviated."""
+    return key if isinstance(key, str) and key.isprintable() and len(key) <= 60 else short_repr(key)
 
 
 def _key(default: Any, check: Callable[[Any], str | None]) -> Any:
@@ -212,7 +218,7 @@ def _build(cls: Any, data: Any, path: str, problems: list[str], base: Any = None
     known = {f.name: f for f in fields(cls)}
     for key in data:
         if key not in known:
-            problems.append(f"{path}{key}: unknown key (known: {', '.join(known)})")
+            problems.append(f"{path}{_key_text(key)}: unknown key (known: {', '.join(known)})")
     values: dict[str, Any] = {}
     for name, f in known.items():
         if name not in data:
@@ -247,17 +253,14 @@ def load_config(path: str | Path | None) -> Config:
         return Config()
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError([f"{p}: larger than {MAX_CONFIG_BYTES} bytes; not a gpuwear config"])
-        text = p.read_bytes().decode("utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # no more than one byte past the limit, whatever the file
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError([f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{p}: invalid YAML: {' '.join(str(exc).split())}"]) from None
+        data = load_yaml(raw, str(p), max_bytes=MAX_CONFIG_BYTES)
+    except YamlError as exc:
+        raise ConfigError([str(exc)]) from None
     return parse_config(data)
 
 

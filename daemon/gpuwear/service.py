@@ -6,7 +6,6 @@ import ctypes
 import logging
 import math
 import os
-import selectors
 import signal
 import socket
 import sqlite3
@@ -16,13 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
 from gpuwear import __version__
 from gpuwear.backends.nvml import (
@@ -42,7 +39,8 @@ from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
 from gpuwear.wear.jobs import JobRecord
 from gpuwear.wear.tracker import WearTracker
-from gpuwear.webconfig import WebConfig, load_web_config
+from gpuwear.web import FrontDoor, Limits
+from gpuwear.webconfig import WebConfig, WebConfigError, load_web_config
 
 if TYPE_CHECKING:
     from gpuwear.backends.simulated import Simulation
@@ -169,124 +167,6 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     return Source(sampler, clock, _info("simulated", simulation.name), speed, simulation)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _MetricsServer
-    timeout = 10.0  # a client that sends nothing for this long is dropped (slow-loris)
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            if not self.server.web.authorized(self.headers.get("Authorization")):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="gpuwear"')
-                self.send_header("Content-Length", "13")
-                self.end_headers()
-                self.wfile.write(b"unauthorized\n")
-                return
-            _, content_type = choose_encoder(self.headers.get("Accept", ""))  # the format asked for; encode writes it
-            openmetrics = content_type.startswith("application/openmetrics-text")
-            self._reply(200, content_type, self.server.exposition.render(openmetrics))
-        elif path in ("/healthz", "/livez"):  # healthz: the daemon and every GPU's readings; livez: the loop only
-            problem = self.server.health() if path == "/healthz" else self.server.alive()
-            self._reply(503 if problem else 200, "text/plain; charset=utf-8", (problem or "ok").encode() + b"\n")
-        elif path == "/":
-            self._reply(200, "text/html; charset=utf-8",
-                        b"<html><head><title>gpuwear</title></head><body><h1>gpuwear</h1>"
-                        b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
-        else:
-            self._reply(404, "text/plain; charset=utf-8", b"not found\n")
-
-    def _reply(self, code: int, content_type: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http: " + format, *args)
-
-
-class _MetricsServer(ThreadingHTTPServer):
-    """/metrics, /healthz and / over HTTP or HTTPS, one thread per connection."""
-
-    daemon_threads = True
-    max_connections = 64  # more at once are answered 503 and closed, so threads stay bounded
-    request_queue_size = 128  # the listen backlog: a burst of connections waits, not drops
-
-    def __init__(self, address: tuple[str, int], exposition: Exposition, web: WebConfig,
-                 health: Callable[[], str | None], alive: Callable[[], str | None]) -> None:
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        self.exposition = exposition
-        self.web = web
-        self.health = health  # None when healthy, else what is wrong
-        self.alive = alive  # the same for the sampling loop alone (a restart can cure it)
-        self._tls = web.ssl_context()
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
-        self._wake_read, self._wake_write = os.pipe()  # written once by close(): ends serve()
-        self._thread = threading.Thread(target=self.serve, name="http", daemon=True)
-
-    def start(self) -> None:
-        """Serve on a thread of its own until :meth:`close`."""
-        self._thread.start()
-
-    def serve(self) -> None:
-        """Accept connections until :meth:`close`. Blocks in select with no timeout: socketserver's
-        ``serve_forever`` wakes every ``poll_interval`` to look for a shutdown request, which cost an
-        idle daemon about as much CPU as sampling one GPU."""
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.socket, selectors.EVENT_READ)
-            selector.register(self._wake_read, selectors.EVENT_READ)
-            while True:
-                ready = {key.fd for key, _ in selector.select()}
-                if self._wake_read in ready:
-                    return
-                self._handle_request_noblock()  # type: ignore[attr-defined]  # what serve_forever calls; untyped
-
-    def close(self) -> None:
-        """End :meth:`serve`, then close the listening socket."""
-        os.write(self._wake_write, b"x")
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
-        self.server_close()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def get_request(self) -> tuple[Any, Any]:
-        conn, address = super().get_request()
-        if self._tls is not None:  # the handshake happens in the connection's own thread
-            conn = self._tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-        return conn, address
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self._tls is not None:
-            try:
-                request.settimeout(_Handler.timeout)
-                request.do_handshake()
-            except (OSError, ssl.SSLError) as exc:
-                log.debug("TLS handshake with %s failed: %s", client_address, exc)
-                return
-        super().finish_request(request, client_address)
-
-
 def ledger_path(config: Config, simulated: bool) -> Path:
     """The ledger file; simulated GPUs keep theirs apart, so a real ledger never holds them."""
     folder = config.resolved_state_dir()
@@ -301,8 +181,9 @@ class Daemon:
     """
 
     def __init__(self, config: Config, source: Source, registry: CollectorRegistry | None = None,
-                 config_path: str | None = None) -> None:
+                 config_path: str | None = None, limits: Limits | None = None) -> None:
         self.config = config
+        self.limits = limits or Limits()  # what one HTTP client may take
         self.config_path = config_path  # re-read on SIGHUP
         self.source = source
         self.web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
@@ -355,12 +236,12 @@ class Daemon:
         self._tick_failures = 0  # ticks that raised in a row
         self._tick_failure = ""  # what the last one raised
         self.fatal: str | None = None  # why the daemon must exit non-zero (a new process is the only cure)
-        self._server: _MetricsServer | None = None
+        self._server: FrontDoor | None = None
 
     @property
     def port(self) -> int:
         assert self._server is not None
-        return int(self._server.server_address[1])
+        return self._server.port
 
     def _tick(self) -> None:
         with self._tick_lock:
@@ -514,8 +395,8 @@ class Daemon:
         self._tick()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
-        self._server = _MetricsServer((host, port), self.exposition, self.web, self.health_problem,
-                                      self.sampling_problem)
+        self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,
+                                  self.limits)
         self._server.start()
         wall_interval = self._intervals(self.config)[0]
         loops: list[tuple[str, Callable[[], float], Callable[[], object]]] = [
@@ -527,13 +408,17 @@ class Daemon:
         for name, seconds, action in loops:
             threading.Thread(target=self._every, args=(seconds, action), name=name, daemon=True).start()
         sd_notify(f"READY=1\nSTATUS=sampling {len(sampler.snapshot.gpus)} GPU(s)")
-        if not self.config.listen_is_loopback and not (self.web.users and self.web.cert_file):
+        if not self.config.listen_is_loopback and not (self.web.users and self.web.tls):
             log.warning("serving /metrics on a non-loopback address %s without TLS and basic auth "
                         "(web_config_file)", self.config.listen)
-        log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); ledger %s; serving "
-                 "%s://%s:%d/metrics", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
+        for note in self.web.notes:
+            log.info("web config: %s", note)
+        where = f"{host}:{self.port}" if host and ":" not in host else f"[{host}]:{self.port}" if host else \
+            f"every interface, port {self.port}"
+        log.info("gpuwear %s: %d GPU(s), backend %s; sampling every %gs (wall %gs); ledger %s; serving %s /metrics "
+                 "on %s%s", __version__, len(sampler.snapshot.gpus), self.source.info.backend,
                  self.config.sampling.interval_seconds, wall_interval, self.ledger_file,
-                 "https" if self.web.cert_file else "http", host, self.port)
+                 "HTTPS" if self.web.tls else "HTTP", where, " with basic auth" if self.web.users else "")
 
     def published(self) -> Published:
         """What a scrape reads now: each part an immutable object, read by reference."""
@@ -554,17 +439,51 @@ class Daemon:
                 max(config.wear.persist_interval_seconds / speed, MIN_PERSIST_SECONDS))
 
     def reload(self) -> bool:
-        """Re-read the config file (SIGHUP): sampling intervals, thresholds and model parameters
-        apply at once, without losing state; an invalid file is refused and the old config kept."""
+        """Re-read the config file and the web config file it names (SIGHUP): sampling intervals,
+        thresholds, model parameters, TLS, users and headers apply at once, without losing state; an
+        invalid file is refused and the old one kept (the log says which). True when both were taken."""
         if self.config_path is None:
             log.warning("SIGHUP: no --config file to reload")
             return False
         sd_notify("RELOADING=1")
         try:
-            new = load_config(self.config_path)
+            config_ok = self._reload_config(self.config_path)
+            web_ok = self._reload_web()
+        except Exception:  # nothing a file holds may stop the daemon
+            log.exception("SIGHUP: reload failed; keeping the running configuration")
+            config_ok = web_ok = False
+        sd_notify("READY=1")
+        return config_ok and web_ok
+
+    def _reload_web(self) -> bool:
+        path = self.config.web_config_file
+        if not path:
+            if self.web.path is not None and self._server is not None:
+                log.warning("SIGHUP: web_config_file removed: plain HTTP without basic auth from now on")
+                self.web = WebConfig()
+                self._server.configure(self.web)
+            return True
+        try:
+            web = load_web_config(path)
+            if self._server is not None:
+                self._server.configure(web)
+        except (WebConfigError, OSError, ssl.SSLError) as exc:
+            log.error("SIGHUP: web config %s refused, keeping the running one: %s", path, exc)
+            return False
+        if (web.tls is None) != (self.web.tls is None):
+            log.warning("SIGHUP: web config %s: new connections use %s", path, "HTTPS" if web.tls else "plain HTTP")
+        self.web = web
+        for note in web.notes:
+            log.info("web config: %s", note)
+        log.info("SIGHUP: reloaded web config %s (%s, %d basic auth user(s))", path,
+                 "TLS" if web.tls else "no TLS", len(web.users))
+        return True
+
+    def _reload_config(self, config_path: str) -> bool:
+        try:
+            new = load_config(config_path)
         except ConfigError as exc:
-            log.error("SIGHUP: %s refused, keeping the running config: %s", self.config_path, exc)
-            sd_notify("READY=1")
+            log.error("SIGHUP: %s refused, keeping the running config: %s", config_path, exc)
             return False
         for key in ("listen", "state_dir"):
             if getattr(new, key) != getattr(self.config, key):
@@ -577,8 +496,7 @@ class Daemon:
         self.config = new
         with self._timers:  # the sampling and persist loops take their new intervals
             self._timers.notify_all()
-        log.info("SIGHUP: reloaded %s (sampling every %gs)", self.config_path, new.sampling.interval_seconds)
-        sd_notify("READY=1")
+        log.info("SIGHUP: reloaded %s (sampling every %gs)", config_path, new.sampling.interval_seconds)
         return True
 
     def stop(self) -> None:

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpuwear.yamlsafe import MAX_BYTES, YamlError, load_yaml, short_repr
 
 # NVML clock-event (throttle) reason bits, from nvml.h (nvmlClocksEventReason*).
 REASON_GPU_IDLE = 0x1
@@ -417,7 +417,7 @@ def builtin_scenarios() -> list[str]:
 def load_scenario(name_or_path: str, seed: int = 1) -> Simulation:
     """Build a :class:`Simulation` from a built-in scenario name or a YAML file path."""
     if name_or_path in builtin_scenarios():
-        text = (resources.files("gpuwear.backends") / "scenarios" / f"{name_or_path}.yaml").read_text()
+        text: str | bytes = (resources.files("gpuwear.backends") / "scenarios" / f"{name_or_path}.yaml").read_bytes()
         name = name_or_path
     else:
         path = Path(name_or_path)
@@ -425,20 +425,21 @@ def load_scenario(name_or_path: str, seed: int = 1) -> Simulation:
             raise ScenarioError(f"scenario {name_or_path!r}: no such file and not a built-in "
                                 f"scenario (built-in: {', '.join(builtin_scenarios())})")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            with path.open("rb") as f:
+                text = f.read(MAX_BYTES + 1)  # no more than one byte past the limit
+        except OSError as exc:
             raise ScenarioError(f"scenario {name_or_path}: cannot read: {exc}") from exc
         name = path.stem
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"scenario {name}: invalid YAML: {exc}") from exc
+        doc = load_yaml(text, f"scenario {name}")
+    except YamlError as exc:
+        raise ScenarioError(str(exc)) from None
     return parse_scenario(doc, name, seed)
 
 
 def _number(value: Any, where: str, minimum: float = 0.0, maximum: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ScenarioError(f"{where}: expected a number, got {value!r}")
+        raise ScenarioError(f"{where}: expected a number, got {short_repr(value)}")
     if not minimum <= value <= maximum:
         raise ScenarioError(f"{where}: {value} is outside [{minimum}, {maximum}]")
     return float(value)
@@ -449,7 +450,7 @@ def _phase(spec: Any, where: str) -> Phase:
         raise ScenarioError(f"{where}: expected a mapping like {{kind: train, seconds: 600}}")
     kind = spec.get("kind")
     if kind not in PHASE_KINDS:
-        raise ScenarioError(f"{where}.kind: expected one of {', '.join(PHASE_KINDS)}, got {kind!r}")
+        raise ScenarioError(f"{where}.kind: expected one of {', '.join(PHASE_KINDS)}, got {short_repr(kind)}")
     default_util = {"idle": 0.0, "train": 0.95, "stress": 1.0}[kind]
     known = {"kind", "seconds", "utilization", "eval_every", "eval_seconds", "eval_utilization", "job", "pids"}
     for key in spec:
@@ -471,7 +472,7 @@ def _job_name(value: Any, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > 64:
-        raise ScenarioError(f"{where}: expected a job name (1 to 64 characters), got {value!r}")
+        raise ScenarioError(f"{where}: expected a job name (1 to 64 characters), got {short_repr(value)}")
     return value
 
 
@@ -487,10 +488,11 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
 
     driver = doc.get("driver", NEWEST)
     if driver not in PROFILES:
-        raise ScenarioError(f"scenario {name}: driver: expected one of {', '.join(PROFILES)}, got {driver!r}")
+        raise ScenarioError(f"scenario {name}: driver: expected one of {', '.join(PROFILES)}, "
+                            f"got {short_repr(driver)}")
     privileged = doc.get("privileged", True)
     if not isinstance(privileged, bool):
-        raise ScenarioError(f"scenario {name}: privileged: expected true or false, got {privileged!r}")
+        raise ScenarioError(f"scenario {name}: privileged: expected true or false, got {short_repr(privileged)}")
     ambient = _number(doc.get("ambient_celsius", 25), f"scenario {name}: ambient_celsius", -20, 60)
     gpu_specs = doc.get("gpus")
     if not isinstance(gpu_specs, list) or not gpu_specs:
@@ -503,7 +505,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         product = PRODUCTS.get(spec.get("product", ""))
         if product is None:
             raise ScenarioError(f"{where}.product: expected one of {', '.join(PRODUCTS)}, "
-                                f"got {spec.get('product')!r}")
+                                f"got {short_repr(spec.get('product'))}")
         schedule_spec = spec.get("schedule", [{"kind": "idle", "seconds": 3600}])
         if not isinstance(schedule_spec, list) or not schedule_spec:
             raise ScenarioError(f"{where}.schedule: expected a non-empty list of phases")
@@ -519,7 +521,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         mig = spec.get("mig", False)
         if not isinstance(mig, bool) or (mig and not product.mig_capable):
             raise ScenarioError(f"{where}.mig: expected true or false, and true only for a MIG-capable product, "
-                                f"got {mig!r}")
+                                f"got {short_repr(mig)}")
         gpu = SimGpu(i, product, schedule, offset, ambient, seed, cooling)
         gpu.state.mig_enabled = mig
         for fld in spec.get("unsupported", []) or []:
