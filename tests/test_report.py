@@ -108,12 +108,17 @@ def test_report_errors(tmp_path: Path,
 
 
 def test_import_real_traces_once(tmp_path: Path) -> None:
-    files = sorted(str(p) for p in TRACES.glob("*.csv"))
-    first = gpuwear("import", "nvidia-smi", *files, "--state-dir", str(tmp_path), "--timezone", "UTC")
-    assert "22637 row(s) imported" in first.stdout and "4333 row(s) imported" in first.stdout
+    files = sorted(TRACES.glob("*.csv"))
+
+    def import_all() -> str:  # the traces name no GPU (no uuid column): one --gpu each
+        return "".join(gpuwear("import", "nvidia-smi", str(f), "--gpu", f"GPU-trace-{f.name.split('_')[0]}",
+                               "--state-dir", str(tmp_path), "--timezone", "UTC").stdout for f in files)
+
+    first = import_all()
+    assert "22637 row(s) imported" in first and "4333 row(s) imported" in first
     doc = report(tmp_path)
-    again = gpuwear("import", "nvidia-smi", *files, "--state-dir", str(tmp_path), "--timezone", "UTC")
-    assert "0 row(s) imported, 22637 skipped (already imported)" in again.stdout
+    again = import_all()
+    assert "0 row(s) imported, 22637 skipped (already imported)" in again
     assert report(tmp_path) == doc  # nothing counted twice
     laptop = next(g for g in doc["gpus"] if g["name"] == "NVIDIA GeForce RTX 4060 Laptop GPU")
     # SOURCES.md: 376 min, 43-74 °C; the first 191 samples are 0.5 s apart

@@ -12,6 +12,8 @@ log, or a log of time the daemon itself sampled never counts twice; a log of a g
 from __future__ import annotations
 
 import datetime
+import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,32 @@ from gpuwear.ledger import EXPORT_VERSION, Ledger
 from gpuwear.sample import GpuSample, validated
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.plausibility import SpikeFilter, above_shutdown
 from gpuwear.wear.schema import SchemaError, check_export
+
+CADENCE_INTERVALS = 200  # a GPU's first intervals in a file, whose median is the log's cadence
+GAP_CADENCE_MULTIPLE = 5.0  # a pause longer than this many sampling intervals is a gap, not observed time
+MAX_IMPORT_GAP_SECONDS = 3600.0  # ... but never more than an hour, however sparse the log
+_NOT_READINGS = ("threshold_", "power_limit_watts", "power_default_limit_watts", "_max_hz")
+
+
+def gap_threshold(cadence: float | None, live_max_gap: float) -> float:
+    """The longest pause between two rows that still counts as observed time: GAP_CADENCE_MULTIPLE times the
+    log's median interval, at least the live daemon's ``max_gap_seconds`` and at most MAX_IMPORT_GAP_SECONDS.
+    A log kept with ``nvidia-smi -l 60`` integrates its 60 s intervals; a 1 s log keeps the live 30 s."""
+    if cadence is None:
+        return live_max_gap
+    return min(max(live_max_gap, GAP_CADENCE_MULTIPLE * cadence), max(live_max_gap, MAX_IMPORT_GAP_SECONDS))
+
+
+@dataclass
+class _Reading:
+    """A row on its way into the accumulator, or a break in the series (``kind``)."""
+
+    timestamp: float
+    values: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    kind: str = "reading"  # or "gap" (time not observed before the next reading) or "covered" (counted elsewhere)
 
 
 @dataclass
@@ -31,21 +58,33 @@ class _Gpu:
     uuid: str
     wear: GpuWear
     spans: list[tuple[float, float]]
+    max_gap: float | None  # the gap threshold: given, or found from the cadence
+    live_max_gap: float  # the live daemon's, the least a threshold found from the cadence can be
+    buffered: list[_Reading] = field(default_factory=list)  # held until the cadence is known
+    intervals: list[float] = field(default_factory=list)
+    cadence: float | None = None
+    spike: SpikeFilter[_Reading] = field(default_factory=SpikeFilter)
+    last_time: float | None = None  # the last row taken (duplicates, order)
+    previous: float | None = None  # the last reading integrated
+    gap_from: float | None = None  # a break: the time from here to the next reading is not observed
     first: float | None = None
     last: float | None = None
     rows: int = 0
     skipped: int = 0
     dropped: int = 0
-    previous: float | None = None
+    excluded: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
 class FileResult:
-    """What one file gave: per GPU UUID, rows imported and rows skipped as already imported."""
+    """What one file gave, per GPU UUID: rows imported, rows skipped as already imported, rows and readings
+    not believed (by reason), and the cadence found with the gap threshold used."""
 
     path: Path
     imported: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
+    excluded: dict[str, Counter[str]] = field(default_factory=dict)
+    cadence: dict[str, tuple[float | None, float]] = field(default_factory=dict)
     problems: int = 0
     dropped: int = 0
 
@@ -62,14 +101,84 @@ def _resolve(row: ImportedRow, known: dict[str, GpuWear], gpu: str | None) -> st
             if w.pci_bus_id and w.pci_bus_id.lower() == str(bus).lower():
                 return w.uuid
         return f"imported:{bus}"
-    return f"imported:{row.name or 'GPU'}:{row.identity.get('index', 0)}"
+    raise ImportFormatError("the log does not say which GPU it is of (no uuid or pci.bus_id column): pass --gpu "
+                            "with the GPU's UUID (`nvidia-smi -L` on the box that wrote it; `gpuwear report` lists "
+                            "the known ones), so that logs of different cards are never merged")
+
+
+def _has_readings(values: dict[str, Any]) -> bool:
+    return any(v is not None and not any(part in k for part in _NOT_READINGS) for k, v in values.items())
+
+
+def _integrate(g: _Gpu, r: _Reading, spike: bool) -> None:
+    if r.kind != "reading":
+        g.previous = None
+        g.gap_from = g.last if r.kind == "gap" else None
+        return
+    values = r.values
+    if spike:
+        values = {**values, "temperature_gpu_celsius": None}
+        g.excluded["spike"] += 1
+    assert g.max_gap is not None
+    if g.previous is None:
+        if g.gap_from is not None:
+            g.wear.gap(r.timestamp - g.gap_from)
+        dt = 0.0
+    else:
+        dt = r.timestamp - g.previous
+        if dt > g.max_gap:
+            g.wear.gap(dt)
+            dt = 0.0
+    g.gap_from = None
+    g.wear.add(GpuSample.of(r.timestamp, r.timestamp, values), dt)
+    g.wear.name = g.wear.name or r.name
+    g.previous = r.timestamp
+    g.first = r.timestamp if g.first is None else g.first
+    g.last = r.timestamp
+    g.rows += 1
+
+
+def _feed(g: _Gpu, r: _Reading) -> None:
+    """The cadence stage (rows held until the gap threshold is known), then the spike stage (one late)."""
+    if g.max_gap is None:
+        if r.kind == "reading" and g.buffered and g.buffered[-1].kind == "reading":
+            g.intervals.append(r.timestamp - g.buffered[-1].timestamp)
+        g.buffered.append(r)
+        if len(g.intervals) >= CADENCE_INTERVALS:
+            _settle(g)
+        return
+    if r.kind != "reading":
+        out = g.spike.reset()
+        if out is not None:
+            _integrate(g, *out)
+        _integrate(g, r, False)
+        return
+    out = g.spike.push(r, r.timestamp, r.values.get("temperature_gpu_celsius"))
+    if out is not None:
+        _integrate(g, *out)
+
+
+def _settle(g: _Gpu) -> None:
+    if g.max_gap is None:
+        g.cadence = statistics.median(g.intervals) if g.intervals else None
+        g.max_gap = gap_threshold(g.cadence, g.live_max_gap)
+    held, g.buffered = g.buffered, []
+    for r in held:
+        _feed(g, r)
 
 
 def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | None = None,
-                columns: list[str] | None = None, tz: datetime.tzinfo | None = None,
+                columns: list[str] | None = None, tz: datetime.tzinfo | None = None, max_gap: float | None = None,
                 say: Callable[[str], None] = print) -> FileResult:
     """Import one file into ``ledger`` (one transaction). Raises ``ImportFormatError`` when
-    the file as a whole cannot be used; a bad row is reported through ``say`` and skipped."""
+    the file as a whole cannot be used; a bad row is reported through ``say`` and skipped.
+
+    Rows go through, per GPU: the ledger's coverage (time already observed is skipped); order (a repeated
+    local hour is its second pass when the log goes on from it; a row earlier than the last is refused; a
+    row at the same time as the last is dropped); physical ranges and the shutdown threshold; whether the row
+    holds any reading (one that does not is a break: unobserved time); the cadence (``max_gap``, else
+    :func:`gap_threshold` of the median of the first CADENCE_INTERVALS intervals); lone spikes
+    (:mod:`gpuwear.wear.plausibility`); then the same accumulator as live samples."""
     gate = params.cycles.hysteresis_celsius
     known = ledger.load(gate)
     gpus: dict[str, _Gpu] = {}
@@ -83,30 +192,50 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
         uuid = resolved.get((item.gpu, item.name))
         if uuid is None:
             uuid = resolved[item.gpu, item.name] = _resolve(item, known, gpu)
+            if gpu is not None and len({k for k, _ in resolved}) > 1 and not item.identity.get("uuid"):
+                raise ImportFormatError(f"the log holds several GPUs ({', '.join(sorted({k for k, _ in resolved}))})"
+                                        " but --gpu names one; import a log with a uuid column")
         g = gpus.get(uuid)
         if g is None:
-            g = gpus[uuid] = _Gpu(uuid, GpuWear(uuid, gate_celsius=gate), ledger.covered(uuid))
-        if g.spans and any(a <= item.timestamp <= b for a, b in g.spans):
+            g = gpus[uuid] = _Gpu(uuid, GpuWear(uuid, gate_celsius=gate), ledger.covered(uuid), max_gap,
+                                  params.max_gap_seconds)
+            if uuid in known:
+                g.wear.thresholds = dict(known[uuid].thresholds)
+        timestamp = item.timestamp
+        if g.last_time is not None and timestamp < g.last_time and item.later is not None \
+                and item.later >= g.last_time:
+            timestamp = item.later  # the hour the clock repeats at the end of summer time, its second pass
+        if g.spans and any(a <= timestamp <= b for a, b in g.spans):
             g.skipped += 1
-            g.previous = None  # the next row after covered time starts afresh: no interval across it
+            _feed(g, _Reading(timestamp, kind="covered"))  # no interval across time counted elsewhere
             continue
-        values, dropped = validated(item.values)
-        g.dropped += len(dropped)
-        sample = GpuSample.of(item.timestamp, item.timestamp, values)
-        dt = 0.0 if g.previous is None else item.timestamp - g.previous
-        if dt < 0:
+        if g.last_time is not None and timestamp <= g.last_time:
+            if timestamp == g.last_time:
+                g.excluded["duplicate_timestamp"] += 1
+                continue
             result.problems += 1
             say(f"{path}:{item.line}: timestamp goes back in time for GPU {uuid}; row skipped")
             continue
-        if dt > params.max_gap_seconds:
-            g.wear.gap(dt)
-            dt = 0.0
-        g.wear.add(sample, dt)
-        g.wear.name = g.wear.name or (item.name or "")
-        g.previous = item.timestamp
-        g.first = item.timestamp if g.first is None else g.first
-        g.last = item.timestamp
-        g.rows += 1
+        g.last_time = timestamp
+        values, dropped = validated(item.values)
+        g.dropped += len(dropped)
+        shutdown = values.get("threshold_shutdown_celsius") or g.wear.thresholds.get("shutdown")
+        die = values.get("temperature_gpu_celsius")
+        if die is not None and above_shutdown(die, shutdown):
+            values["temperature_gpu_celsius"] = None
+            g.excluded["above_shutdown"] += 1
+        if not _has_readings(values):
+            g.excluded["no_readings"] += 1
+            _feed(g, _Reading(timestamp, kind="gap"))
+            continue
+        if shutdown is not None and "threshold_shutdown_celsius" in values:
+            g.wear.thresholds["shutdown"] = shutdown
+        _feed(g, _Reading(timestamp, values, item.name or ""))
+    for g in gpus.values():
+        _settle(g)
+        out = g.spike.flush()
+        if out is not None:
+            _integrate(g, *out)
     imports = []
     for g in gpus.values():
         if g.first is not None and g.last is not None:
@@ -115,6 +244,8 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
     for g in gpus.values():
         result.imported[g.uuid] = g.rows
         result.skipped[g.uuid] = g.skipped
+        result.excluded[g.uuid] = g.excluded
+        result.cadence[g.uuid] = (g.cadence, g.max_gap or params.max_gap_seconds)
         result.dropped += g.dropped
     return result
 

@@ -67,7 +67,11 @@ def _parser() -> argparse.ArgumentParser:
                              "llm-gpu-stress NVML logger's CSV)")
     smi.add_argument("files", nargs="+", metavar="FILE")
     _ledger_arguments(smi)
-    smi.add_argument("--gpu", metavar="UUID", help="the GPU the logs are of, when they carry no uuid column")
+    smi.add_argument("--gpu", metavar="UUID", help="the GPU the logs are of, when they carry no uuid column "
+                     "(required when they carry neither uuid nor pci.bus_id)")
+    smi.add_argument("--max-gap", type=float, metavar="SECONDS",
+                     help="the longest pause between two rows counted as observed time (default: 5 times the "
+                     "log's median sampling interval, between sampling's max_gap_seconds and 3600)")
     smi.add_argument("--columns", metavar="NAMES", help="comma-separated query fields of a noheader CSV")
     smi.add_argument("--timezone", metavar="ZONE", help="zone of the logs' timestamps, e.g. UTC or Europe/Paris "
                      "(default: this machine's; nvidia-smi writes local time without a zone)")
@@ -328,6 +332,8 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     from gpuwear.backfill import import_file
     from gpuwear.importer import ImportFormatError
 
+    if args.format == "nvidia-smi" and args.max_gap is not None and not 0 < args.max_gap <= 86400:
+        return _fail(f"--max-gap: expected seconds between 0 and 86400, got {args.max_gap:g}", EXIT_USAGE)
     if args.format == "ledger":
         try:
             ledger = Ledger.open(path)
@@ -354,6 +360,7 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
             path = Path(name)
             try:
                 result = import_file(path, ledger, config.wear, gpu=args.gpu, columns=columns, tz=tz,
+                                     max_gap=args.max_gap,
                                      say=lambda line: print(f"gpuwear: {line}", file=sys.stderr))
             except (ImportFormatError, OSError) as exc:
                 print(f"gpuwear: {path}: not imported: {exc}", file=sys.stderr)
@@ -365,8 +372,16 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
                 continue
             for uuid, rows in result.imported.items():
                 skipped = result.skipped.get(uuid, 0)
+                cadence, gap = result.cadence[uuid]
+                every = f"a row every {cadence:.3g} s, " if cadence is not None else ""
                 print(f"{path}: GPU {uuid}: {rows} row(s) imported"
-                      + (f", {skipped} skipped (already imported)" if skipped else ""))
+                      + (f", {skipped} skipped (already imported)" if skipped else "")
+                      + f" ({every}pauses over {gap:g} s not counted as observed)")
+                excluded = result.excluded.get(uuid)
+                if excluded:
+                    print(f"{path}: GPU {uuid}: not believed: "
+                          + ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(excluded.items()))
+                          + " (docs/wear-model.md)")
             if result.problems or result.dropped:
                 print(f"{path}: {result.problems} bad row(s) skipped, {result.dropped} out-of-range reading(s) "
                       "dropped")

@@ -44,6 +44,8 @@ class ImportedRow:
     # GpuIdentity field name -> value for the identity columns read from the row (index, uuid, pci_bus_id, name,
     # serial, memory_total_bytes): memory.total is not a GpuSample field, so it lives here and not in ``values``.
     identity: dict[str, Any] = field(default_factory=dict)
+    # a local time the zone repeats (the autumn DST change): its second occurrence, which the rows' order decides
+    later: float | None = None
 
 
 @dataclass(frozen=True)
@@ -414,9 +416,10 @@ def _fast_converter(column: _Column, unit: str) -> Callable[[str], Any]:
     return logged
 
 
-def _timestamp(text: str, bound: _Bound, tz: datetime.tzinfo | None) -> float:
+def _timestamp(text: str, bound: _Bound, tz: datetime.tzinfo | None) -> tuple[float, float | None]:
     """Wall clock ``YYYY/MM/DD HH:MM:SS[.fff]`` (or with '-' and 'T', optionally with a zone) read in ``tz``, or a
-    number in the column's unit (s, or ns for timestamp_ns)."""
+    number in the column's unit (s, or ns for timestamp_ns). Second: for a local time the zone repeats (the hour
+    after the autumn DST change), the Unix time of its second occurrence; else None."""
     if not text:
         raise ValueError("no timestamp")
     m = _WALL_CLOCK.fullmatch(text)
@@ -424,7 +427,7 @@ def _timestamp(text: str, bound: _Bound, tz: datetime.tzinfo | None) -> float:
         if _DECIMAL.fullmatch(text) is None:
             raise ValueError("not a timestamp")
         num, den = bound.column.kind.units[bound.unit]
-        return (int(text) if _INTEGER.fullmatch(text) else float(text)) * num / den
+        return (int(text) if _INTEGER.fullmatch(text) else float(text)) * num / den, None
     year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
     micro = int((m.group(7) or "0")[:6].ljust(6, "0"))
     zone: datetime.tzinfo | None = tz
@@ -434,8 +437,10 @@ def _timestamp(text: str, bound: _Bound, tz: datetime.tzinfo | None) -> float:
         offset = m.group(8).replace(":", "")
         minutes = int(offset[1:3]) * 60 + int(offset[3:5])
         zone = datetime.timezone(datetime.timedelta(minutes=-minutes if offset[0] == "-" else minutes))
-    # a naive datetime's .timestamp() reads it in the machine's local zone
-    return datetime.datetime(year, month, day, hour, minute, second, micro, tzinfo=zone).timestamp()
+    # a naive datetime's .timestamp() reads it in the machine's local zone; fold=1 is a repeated time's second pass
+    first = datetime.datetime(year, month, day, hour, minute, second, micro, tzinfo=zone)
+    early, late = first.timestamp(), first.replace(fold=1).timestamp()
+    return early, (late if late > early else None)
 
 
 def _clip(text: str) -> str:
@@ -443,20 +448,21 @@ def _clip(text: str) -> str:
 
 
 def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | None,
-         times: dict[str, float]) -> ImportedRow | RowProblem:
+         times: dict[str, tuple[float, float | None]]) -> ImportedRow | RowProblem:
     """One data row; ``times`` caches timestamps already read (the GPUs of one nvidia-smi tick share one)."""
     if len(cells) != layout.width:
         return RowProblem(line, f"expected {layout.width} fields, found {len(cells)}")
     raw = cells[layout.time.index]
-    timestamp = times.get(raw)
-    if timestamp is None:
+    when = times.get(raw)
+    if when is None:
         try:
-            timestamp = _timestamp(raw.strip(), layout.time, tz)
+            when = _timestamp(raw.strip(), layout.time, tz)
         except (ValueError, OverflowError) as exc:
             return RowProblem(line, f"column {layout.time.header!r}: {exc}: {_clip(raw.strip())}")
         if len(times) > 64:
             times.clear()
-        times[raw] = timestamp
+        times[raw] = when
+    timestamp, later = when
     values: dict[str, Any] = {}
     identity: dict[str, Any] = {}
     for index, name, is_identity, fast, b in layout.plan:
@@ -483,7 +489,7 @@ def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | Non
         gpu = str(identity["pci_bus_id"])
     else:
         gpu = f"index:{identity.get('index', 0)}"
-    return ImportedRow(line, timestamp, gpu, identity.get("name"), values, identity)
+    return ImportedRow(line, timestamp, gpu, identity.get("name"), values, identity, later)
 
 
 class _Lines:
@@ -530,7 +536,7 @@ def _rows(path: Path, layout: _Layout, offset: int, line: int, tz: datetime.tzin
         fh.seek(offset)
         lines = _Lines(fh, line)
         reader = csv.reader(lines, skipinitialspace=True)
-        times: dict[str, float] = {}
+        times: dict[str, tuple[float, float | None]] = {}
         while True:
             first = lines.count + 1
             try:

@@ -1,0 +1,76 @@
+"""Plausibility before belief: temperature readings a GPU cannot physically give are dropped, and counted
+per reason, before they reach the histograms, Arrhenius aging and rainflow (docs/wear-model.md, "Readings
+that are not believed").
+
+- ``above_shutdown``: above the card's own shutdown threshold (NVML's, read with the sample or remembered
+  for the GPU; where none is known, DEFAULT_SHUTDOWN_CELSIUS, above every NVIDIA GPU's), plus a margin for
+  sensor noise: the card powers itself off before its die gets there.
+- ``spike``: a lone reading that both of its neighbours contradict: it jumps at least SPIKE_CELSIUS away
+  from the reading before it and the reading after it comes back (within SPIKE_CELSIUS / 3 of the one
+  before), each neighbour at most SPIKE_SECONDS away. A die cannot heat by 15 °C and cool back within
+  seconds: the fast (die) time constant fitted on the real traces is ~19 s. Readings further apart than
+  that are not judged this way (a 60 s log may truly swing between 40 and 70 °C). One 140 °C glitch in a
+  45 °C log otherwise adds a 95 °C cycle (worth ~7 reference cycles) and multiplies Arrhenius aging by ~5.
+
+Deciding a spike needs the next reading, so :class:`SpikeFilter` answers one reading late. Pure: no I/O,
+no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+SPIKE_CELSIUS = 15.0
+SPIKE_SECONDS = 10.0  # neighbours further apart than this do not judge a reading
+SHUTDOWN_MARGIN_CELSIUS = 5.0
+DEFAULT_SHUTDOWN_CELSIUS = 110.0  # NVML shutdown thresholds are about 90-105 °C
+
+T = TypeVar("T")
+
+
+def above_shutdown(celsius: float, shutdown: float | None) -> bool:
+    """Whether a die reading is above what the card lets its die reach."""
+    return celsius > (DEFAULT_SHUTDOWN_CELSIUS if shutdown is None else shutdown) + SHUTDOWN_MARGIN_CELSIUS
+
+
+@dataclass
+class SpikeFilter(Generic[T]):
+    """Readings in time order in, each out one step later with its verdict: (item, True) when it is a lone
+    spike. ``push`` returns the previous item's verdict (None at the first); ``flush`` the last one's."""
+
+    _before: tuple[float, float] | None = None  # (time, °C) of the last reading believed
+    _held: tuple[T, float, float | None] | None = None  # (item, time, °C or None) awaiting its verdict
+    spikes: int = 0
+
+    def push(self, item: T, time: float, celsius: float | None) -> tuple[T, bool] | None:
+        out = self._decide(time, celsius)
+        self._held = (item, time, celsius)
+        return out
+
+    def flush(self) -> tuple[T, bool] | None:
+        out = self._decide(None, None)
+        self._held = None
+        return out
+
+    def reset(self) -> tuple[T, bool] | None:
+        """A break in the series (a gap): the held reading is decided without a next one, and the next is new."""
+        out = self.flush()
+        self._before = None
+        return out
+
+    def _decide(self, time: float | None, celsius: float | None) -> tuple[T, bool] | None:
+        if self._held is None:
+            return None
+        item, t, c = self._held
+        spike = False
+        if c is not None and self._before is not None and time is not None and celsius is not None:
+            t0, c0 = self._before
+            if t - t0 <= SPIKE_SECONDS and time - t <= SPIKE_SECONDS:
+                up, down = c - c0, c - celsius
+                spike = (abs(up) >= SPIKE_CELSIUS and abs(down) >= SPIKE_CELSIUS and (up > 0) == (down > 0)
+                         and abs(celsius - c0) <= SPIKE_CELSIUS / 3)
+        if c is not None and not spike:
+            self._before = (t, c)
+        self.spikes += spike
+        return item, spike

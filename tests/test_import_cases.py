@@ -1,0 +1,216 @@
+"""`gpuwear import nvidia-smi` on logs as people keep them: sparse and jittered cadences, glitches, duplicate
+timestamps, rows without readings, gaps filled by a later file, a far-future row, DST, logs without identity.
+Each case states the figure before this behaviour and after."""
+
+from __future__ import annotations
+
+import datetime
+import zoneinfo
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from gpuwear.backfill import FileResult, gap_threshold, import_file
+from gpuwear.config import Config
+from gpuwear.importer import ImportFormatError
+from gpuwear.ledger import Ledger
+from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.plausibility import SpikeFilter
+
+HEADER = "timestamp, uuid, temperature.gpu, power.draw [W], utilization.gpu [%]\n"
+PARAMS = Config().wear
+START = datetime.datetime(2026, 11, 2, 10, 0, tzinfo=datetime.timezone.utc).timestamp()
+
+
+def stamp(t: float, tz: datetime.tzinfo = datetime.timezone.utc) -> str:
+    return datetime.datetime.fromtimestamp(t, tz).strftime("%Y/%m/%d %H:%M:%S.000")
+
+
+def log(tmp_path: Path, rows: list[tuple[float, float | None]], name: str = "smi.csv", uuid: str = "GPU-abc",
+        header: str = HEADER) -> Path:
+    """(seconds after START, die °C or None for a row nvidia-smi wrote as [GPU is lost])"""
+    lines = [header]
+    for t, celsius in rows:
+        if celsius is None:
+            lines.append(f"{stamp(START + t)}, {uuid}, [GPU is lost], [GPU is lost], [GPU is lost]\n")
+        else:
+            lines.append(f"{stamp(START + t)}, {uuid}, {celsius:g}, 100.00 W, 90 %\n")
+    path = tmp_path / name
+    path.write_text("".join(lines))
+    return path
+
+
+def run(tmp_path: Path, path: Path, **kwargs: object) -> tuple[FileResult, GpuWear]:
+    with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
+        result = import_file(path, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None, **kwargs)  # type: ignore[arg-type]
+        wear = ledger.load_imported(PARAMS.cycles.hysteresis_celsius)
+    uuid = next(iter(result.imported))
+    return result, wear[uuid]
+
+
+def biggest_cycle(w: GpuWear) -> float:
+    return max((float(k.split(":")[0]) for k in w.all_cycles("gpu")), default=0.0)
+
+
+def test_a_60_s_log_is_observed_time() -> None:
+    """Before: `nvidia-smi -l 60` imported as 0 s observed, 0 J, 0 cycles (the live 30 s gap limit)."""
+    assert gap_threshold(60.0, 30.0) == 300.0 and gap_threshold(1.0, 30.0) == 30.0
+    assert gap_threshold(7200.0, 30.0) == 3600.0 and gap_threshold(None, 30.0) == 30.0
+
+
+def test_60_s_and_jittered_30_s_cadences(tmp_path: Path) -> None:
+    result, w = run(tmp_path, log(tmp_path, [(60.0 * i, 40 + (i % 2) * 30) for i in range(61)]))
+    assert w.observed_seconds == 3600.0 and w.energy_joules == pytest.approx(100 * 3600)
+    assert sum(w.all_cycles("gpu").values()) > 25  # 40 <-> 70 every minute
+    assert result.cadence["GPU-abc"] == (60.0, 300.0)
+    jitter = [0, 3, -2, 4, -3, 1]
+    rows = [(30.0 * i + jitter[i % 6], 50.0) for i in range(121)]
+    _, w = run(tmp_path / "b", log(tmp_path, rows, "jitter.csv", uuid="GPU-def"))
+    assert w.observed_seconds == pytest.approx(rows[-1][0] - rows[0][0])  # before: 0 s past the first 30 s step
+
+
+def test_the_gap_threshold_can_be_given(tmp_path: Path) -> None:
+    _, w = run(tmp_path, log(tmp_path, [(60.0 * i, 50.0) for i in range(11)]), max_gap=30.0)
+    assert w.observed_seconds == 0.0 and w.gap_seconds == 600.0
+
+
+@pytest.mark.parametrize("glitch", [140.0, 0.0])
+def test_a_lone_glitch_is_not_believed(tmp_path: Path, glitch: float) -> None:
+    """Before: one 140 °C reading in a 45 °C log added a 95 °C cycle (6.7 reference cycles) and multiplied the
+    Arrhenius aging by 5; a 0 °C one added a 45 °C cycle."""
+    rows = [(float(i), 45.0 + (i % 3) * 0.5) for i in range(600)]
+    rows[300] = (300.0, glitch)
+    result, w = run(tmp_path, log(tmp_path, rows))
+    reason = "above_shutdown" if glitch > 115 else "spike"  # 140 °C: above any card's shutdown; 0 °C: a spike
+    assert result.excluded["GPU-abc"] == {reason: 1}
+    assert biggest_cycle(w) < 5
+    temps = [int(t) for t in w.temperature_seconds["gpu"]]
+    assert max(temps) <= 46 and min(temps) >= 45
+    assert w.observed_seconds == 599.0  # the row's other readings still count
+
+
+def test_a_real_step_is_believed(tmp_path: Path) -> None:
+    """A load starting (45 -> 75 °C and staying) is not a spike."""
+    rows = [(float(i), 45.0 if i < 300 else 75.0) for i in range(600)]
+    result, w = run(tmp_path, log(tmp_path, rows))
+    assert not result.excluded["GPU-abc"] and biggest_cycle(w) == pytest.approx(30.0, abs=1)
+
+
+def test_above_the_shutdown_threshold_is_not_believed(tmp_path: Path) -> None:
+    """The card's own threshold where the ledger knows it (read live), else 110 °C, plus 5 °C of margin."""
+    rows = [(float(i), 130.0 if 100 <= i < 110 else 80.0) for i in range(200)]
+    result, w = run(tmp_path, log(tmp_path, rows))
+    assert result.excluded["GPU-abc"]["above_shutdown"] == 10
+    assert max(int(t) for t in w.temperature_seconds["gpu"]) == 80
+    known = GpuWear("GPU-known")
+    known.thresholds["shutdown"] = 92.0  # what the daemon read from the card
+    known.see(START - 86400)
+    with closing(Ledger.open(tmp_path / "k" / "ledger.sqlite")) as ledger:
+        ledger.save([known.to_json()], [])
+        rows = [(float(i), 100.0 if 100 <= i < 110 else 80.0) for i in range(200)]
+        result = import_file(log(tmp_path, rows, "k.csv", uuid="GPU-known"), ledger, PARAMS,
+                             tz=datetime.timezone.utc, say=lambda _: None)
+    assert result.excluded["GPU-known"]["above_shutdown"] == 10
+
+
+def test_duplicate_timestamps_never_reach_rainflow(tmp_path: Path) -> None:
+    """Before: a conflicting duplicate row made a 25 °C phantom cycle."""
+    rows = [(float(i), 50.0) for i in range(100)]
+    rows.insert(50, (49.0, 75.0))  # the same second again, another value
+    result, w = run(tmp_path, log(tmp_path, rows))
+    assert result.excluded["GPU-abc"]["duplicate_timestamp"] == 1
+    assert biggest_cycle(w) == 0.0 and w.observed_seconds == 99.0
+
+
+def test_rows_without_readings_are_not_observed_time(tmp_path: Path) -> None:
+    """Before: rows of `[GPU is lost]` counted as observed time."""
+    rows = [(float(i), 50.0 if not 40 <= i < 60 else None) for i in range(100)]
+    result, w = run(tmp_path, log(tmp_path, rows))
+    assert result.excluded["GPU-abc"]["no_readings"] == 20
+    assert w.observed_seconds == 99.0 - 21.0 and w.gap_seconds == 21.0
+
+
+def test_a_later_file_fills_a_gap_inside_an_earlier_one(tmp_path: Path) -> None:
+    """Before: an import was remembered as [first row, last row]: the later log was skipped as already imported."""
+    first = log(tmp_path, [(float(i), 50.0) for i in range(600)] + [(3000.0 + i, 50.0) for i in range(600)], "a.csv")
+    second = log(tmp_path, [(1200.0 + i, 60.0) for i in range(600)], "b.csv")
+    with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
+        import_file(first, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None)
+        result = import_file(second, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None)
+        again = import_file(second, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None)
+    assert result.imported["GPU-abc"] == 600 and result.skipped["GPU-abc"] == 0
+    assert again.imported["GPU-abc"] == 0 and again.skipped["GPU-abc"] == 600
+
+
+def test_a_far_future_row_marks_nothing_as_imported(tmp_path: Path) -> None:
+    """Before: one row in 2036 marked ten years as imported, and every later log of them was skipped."""
+    future = log(tmp_path, [(0.0, 50.0), (1.0, 50.0), (3.2e8, 50.0)], "future.csv")
+    later = log(tmp_path, [(1e6 + i, 50.0) for i in range(100)], "later.csv")
+    with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
+        import_file(future, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None)
+        result = import_file(later, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None)
+    assert result.imported["GPU-abc"] == 100 and result.skipped["GPU-abc"] == 0
+
+
+def _local_log(tmp_path: Path, zone: zoneinfo.ZoneInfo, start: datetime.datetime, minutes: int) -> Path:
+    """A row a minute in local time without a zone, as nvidia-smi writes them, for ``minutes`` real minutes."""
+    lines = [HEADER]
+    for i in range(minutes + 1):
+        t = start.timestamp() + 60 * i
+        lines.append(f"{stamp(t, zone)}, GPU-abc, 50, 100.00 W, 90 %\n")
+    path = tmp_path / "local.csv"
+    path.write_text("".join(lines))
+    return path
+
+
+def test_the_repeated_hour_of_the_autumn_change_is_kept(tmp_path: Path) -> None:
+    """Before: 02:00-02:59 after the change read as its first occurrence, 'back in time': an hour lost."""
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    start = datetime.datetime(2026, 10, 25, 1, 30, tzinfo=paris)  # 3 real hours, across 03:00 CEST -> 02:00 CET
+    path = _local_log(tmp_path, paris, start, 180)
+    problems: list[str] = []
+    with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
+        result = import_file(path, ledger, PARAMS, tz=paris, say=problems.append)
+        w = ledger.load_imported(2.0)["GPU-abc"]
+    assert not problems and result.imported["GPU-abc"] == 181
+    assert w.observed_seconds == 3 * 3600.0
+
+
+def test_the_spring_change_is_no_gap(tmp_path: Path) -> None:
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    start = datetime.datetime(2026, 3, 29, 1, 30, tzinfo=paris)  # 02:00 CET -> 03:00 CEST
+    path = _local_log(tmp_path, paris, start, 120)
+    with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
+        result = import_file(path, ledger, PARAMS, tz=paris, say=lambda _: None)
+        w = ledger.load_imported(2.0)["GPU-abc"]
+    assert result.imported["GPU-abc"] == 121 and w.observed_seconds == 2 * 3600.0 and w.gap_seconds == 0.0
+
+
+def test_a_log_without_identity_needs_gpu(tmp_path: Path) -> None:
+    """Before: it became `imported:GPU:0`, and logs of two boxes merged silently."""
+    header = "timestamp, temperature.gpu, power.draw [W]\n"
+    path = tmp_path / "anon.csv"
+    path.write_text(header + "".join(f"{stamp(START + i)}, 50, 100.00 W\n" for i in range(10)))
+    with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
+        with pytest.raises(ImportFormatError, match="--gpu"):
+            import_file(path, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None)
+        result = import_file(path, ledger, PARAMS, gpu="GPU-mine", tz=datetime.timezone.utc, say=lambda _: None)
+    assert result.imported == {"GPU-mine": 10}
+
+
+def test_spike_filter_answers_one_late() -> None:
+    f: SpikeFilter[int] = SpikeFilter()
+    series = [45, 45, 140, 45, 45, 70, 70]
+    verdicts = [out for i, c in enumerate(series) if (out := f.push(i, float(i), float(c))) is not None]
+    last = f.flush()
+    assert last is not None
+    verdicts.append(last)
+    assert [i for i, spike in verdicts if spike] == [2] and f.spikes == 1
+
+
+def test_a_high_reading_that_lasts_is_still_a_spike_only_when_alone(tmp_path: Path) -> None:
+    """A 1 s spike to 100 °C on a card whose threshold is unknown (110 °C assumed): a spike."""
+    rows = [(float(i), 100.0 if i == 50 else 60.0) for i in range(100)]
+    result, _ = run(tmp_path, log(tmp_path, rows))
+    assert result.excluded["GPU-abc"] == {"spike": 1}
