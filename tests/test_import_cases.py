@@ -214,3 +214,25 @@ def test_a_high_reading_that_lasts_is_still_a_spike_only_when_alone(tmp_path: Pa
     rows = [(float(i), 100.0 if i == 50 else 60.0) for i in range(100)]
     result, _ = run(tmp_path, log(tmp_path, rows))
     assert result.excluded["GPU-abc"] == {"spike": 1}
+
+
+def test_jobs_and_report_reconcile_after_an_import(tmp_path: Path) -> None:
+    """Before: `gpuwear jobs` said "No job or idle period recorded" while `report` showed hours for the GPU."""
+    import json
+    import subprocess
+    import sys
+
+    path = log(tmp_path, [(60.0 * i, 50.0 + (i % 5)) for i in range(121)])
+
+    def gpuwear(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path / "s")],
+                              check=True, capture_output=True, text=True).stdout
+
+    gpuwear("import", "nvidia-smi", str(path), "--timezone", "UTC")
+    jobs = json.loads(gpuwear("jobs", "--json"))
+    report = json.loads(gpuwear("report", "--json"))
+    assert [j["kind"] for j in jobs["jobs"]] == ["imported"] and jobs["jobs"][0]["id"] == "smi.csv"
+    observed = report["gpus"][0]["observed_seconds"]
+    assert observed == 7200.0 and jobs["totals"]["GPU-abc"]["observed_seconds"] == observed
+    text = gpuwear("jobs")
+    assert "(imported: smi.csv)" in text and "100 %" in text

@@ -217,8 +217,9 @@ def _jobs(args: argparse.Namespace) -> int:
     try:
         ledger = Ledger.open_read_only(path)
         try:
-            records = ledger.jobs(since)
+            records = sorted(ledger.jobs(since) + ledger.import_periods(since), key=lambda r: -r["start"])
             gpus = ledger.load(config.wear.cycles.hysteresis_celsius)
+            imported = set(ledger.load_imported(config.wear.cycles.hysteresis_celsius))
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
@@ -232,7 +233,7 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        index_of = {uuid: i for i, uuid in enumerate(sorted(gpus))}
+        index_of = {uuid: i for i, uuid in enumerate(sorted(set(gpus) | imported))}
         print(jobreport.text(doc, index_of), end="")
     return 0
 

@@ -109,6 +109,8 @@ def _pct(x: float | None) -> str:
 def _label(job: dict[str, Any]) -> str:
     if job["kind"] == "idle":
         return "(idle)"
+    if job["kind"] == "imported":
+        return f"(imported: {job['id']})"
     return f"{job['name'] or job['id']} [{job['kind']} {job['id']}]" if job["name"] != job["id"] else \
         f"{job['id']} [{job['kind']}]"
 
@@ -116,9 +118,10 @@ def _label(job: dict[str, Any]) -> str:
 def text(doc: dict[str, Any], index_of: dict[str, int]) -> str:
     """The jobs as a table a person reads, with who caused what share of each GPU's wear."""
     if not doc["jobs"]:
-        return "No job or idle period recorded in this window.\n"
+        return "No job, idle period or import recorded in this window.\n"
     lines = ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
-             "idle lines are the time between jobs, so each GPU's lines add up to 100 %.", ""]
+             "idle lines are the time between jobs and imported lines the history read from logs, so each",
+             "GPU's lines add up to 100 % and to what `gpuwear report` shows for it.", ""]
     header = f"{'JOB':<44} {'USER':<10} {'START':<16} {'DURATION':>9} {'GPU':>3} {'MAX °C':>6} {'ENERGY':>9} " \
              f"{'AGING':>6} {'CYCLES':>6}"
     lines.append(header)
@@ -143,7 +146,7 @@ def text(doc: dict[str, Any], index_of: dict[str, int]) -> str:
     by_job: dict[str, float] = {}
     total = sum(t["thermal_aging_equivalent_hours"] for t in doc["totals"].values())
     for job in doc["jobs"]:
-        name = "idle" if job["kind"] == "idle" else _label(job)
+        name = "idle" if job["kind"] == "idle" else "imported" if job["kind"] == "imported" else _label(job)
         by_job[name] = by_job.get(name, 0.0) + sum(s["thermal_aging_equivalent_hours"]["central"] for s in job["gpus"])
     if total > 0:
         lines.append("Share of all GPUs' thermal aging in this window: " + "; ".join(

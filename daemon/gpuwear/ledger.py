@@ -365,6 +365,22 @@ class Ledger:
 
     # -- writing ------------------------------------------------------------------------
 
+    def import_periods(self, since: float | None = None) -> list[dict[str, Any]]:
+        """Each import that reaches past ``since`` as a period shaped like a job record (kind "imported", id the
+        source file), so that `gpuwear jobs` lists imported history beside the jobs and idle lines."""
+        out = []
+        rows = self._db.execute("SELECT rowid, uuid, source, first, last, wear FROM imports WHERE last >= ? "
+                                "ORDER BY first DESC", (since if since is not None else float("-inf"),))
+        for rowid, uuid, source, first, last, text in rows:
+            wear = _wear(text, f"{self.path}: import of GPU {uuid}")
+            hottest = {sensor: max(int(t) for t in hist) for sensor, hist in wear.get("temperature_seconds", {}).items()
+                       if hist}
+            out.append({"record": f"import-{rowid}", "kind": "imported", "id": Path(source).name, "user": None,
+                        "name": source, "start": first, "end": last, "last_seen": last,
+                        "gpus": [{"uuid": uuid, "start": first, "end": last, "max_celsius": hottest, "events": {},
+                                  "wear": wear}]})
+        return out
+
     def jobs(self, since: float | None = None, running_only: bool = False) -> list[dict[str, Any]]:
         """Job records (``JobRecord.to_json()``) that ended after ``since`` or still run, newest first."""
         rows = self._db.execute(
