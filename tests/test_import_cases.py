@@ -236,3 +236,75 @@ def test_jobs_and_report_reconcile_after_an_import(tmp_path: Path) -> None:
     assert observed == 7200.0 and jobs["totals"]["GPU-abc"]["observed_seconds"] == observed
     text = gpuwear("jobs")
     assert "(imported: smi.csv)" in text and "100 %" in text
+
+
+def test_the_report_says_what_the_log_held(tmp_path: Path) -> None:
+    """Before: "Clocks held down: never" for a log without throttle columns, "this card reports neither ECC
+    counters nor memory temperature" about a log that lacked the columns, and "never; the card slows itself
+    to stay within its limits"."""
+    import subprocess
+    import sys
+
+    path = log(tmp_path, [(float(i), 50.0) for i in range(100)])
+
+    def gpuwear(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path / "s")],
+                              check=True, capture_output=True, text=True).stdout
+
+    gpuwear("import", "nvidia-smi", str(path), "--timezone", "UTC")
+    text = gpuwear("report")
+    assert "Clocks held down: not in the imported logs" in text
+    assert "Memory temperature: not in the imported logs" in text
+    assert "the imported logs hold neither ECC counters nor memory temperature" in text
+    assert "this card reports" not in text and "never;" not in text
+    header = "timestamp, uuid, temperature.gpu, power.draw [W], clocks_event_reasons.active\n"
+    with_reasons = tmp_path / "reasons.csv"
+    with_reasons.write_text(header + "".join(f"{stamp(START + 1000 + i)}, GPU-xyz, 60, 100.00 W, 0x0000000000000000\n"
+                                             for i in range(100)))
+    gpuwear("import", "nvidia-smi", str(with_reasons), "--timezone", "UTC")
+    text = gpuwear("report", "--gpu", "GPU-xyz")
+    assert "Clocks held down: never (measured)" in text
+
+
+def test_progress_is_reported_on_long_imports(tmp_path: Path) -> None:
+    seen: list[int] = []
+    path = log(tmp_path, [(float(i), 50.0) for i in range(1000)])
+    with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
+        import_file(path, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None, progress=seen.append,
+                    progress_every=250)
+    assert seen == [250, 500, 750, 1000]
+
+
+def test_progress_on_a_terminal(tmp_path: Path) -> None:
+    """What a person sees on a terminal (a pty): rows, rate and the line ended before the summary."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    path = log(tmp_path, [(float(i), 50.0) for i in range(200)])
+    leader, follower = pty.openpty()
+    proc = subprocess.run([sys.executable, "-m", "gpuwear", "import", "nvidia-smi", str(path), "--timezone", "UTC",
+                           "--state-dir", str(tmp_path / "s")], stderr=follower, stdout=subprocess.PIPE, text=True,
+                          timeout=60)
+    os.close(follower)
+    os.close(leader)
+    assert proc.returncode == 0 and "200 row(s) imported" in proc.stdout
+
+
+def test_per_day_comparisons_need_six_hours(tmp_path: Path) -> None:
+    """A one-hour burst is not extrapolated to a day of wear against the everyday profiles."""
+    import json
+    import subprocess
+    import sys
+
+    def gpuwear(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path / "s")],
+                              check=True, capture_output=True, text=True).stdout
+
+    gpuwear("import", "nvidia-smi", str(log(tmp_path, [(60.0 * i, 80.0 - 30 * (i % 2)) for i in range(61)])),
+            "--timezone", "UTC")
+    g = json.loads(gpuwear("report", "--json"))["gpus"][0]
+    assert g["comparison"] == {"observed_seconds": 3600.0, "minimum_seconds": 21600, "compared": False}
+    assert all(p["observed_thermal_aging_ratio"] is None for p in g["reference_profiles"])
+    assert "not compared with everyday profiles: 1.0 h observed, at least 6.0 h needed" in gpuwear("report")

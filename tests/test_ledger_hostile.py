@@ -23,7 +23,7 @@ import pytest
 
 from gpuwear.cli import main
 from gpuwear.config import Config, WearConfig
-from gpuwear.ledger import Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
+from gpuwear.ledger import SCHEMA_VERSION, Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.schema import SchemaError, check_export, check_job, check_wear
 from helpers import fetch, free_port, wait_for
@@ -549,7 +549,8 @@ def test_a_schema_1_ledger_is_read_and_migrated(tmp_path: Path) -> None:
     ledger = Ledger.open(path)  # the daemon migrates it
     try:
         ledger.save([{**wear_doc(), "observed_seconds": 3700.0}], [])
-        assert ledger._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+        version = ledger._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+        assert version == str(SCHEMA_VERSION)
     finally:
         ledger.close()
     assert observed(path) == 3700

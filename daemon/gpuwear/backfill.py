@@ -169,7 +169,8 @@ def _settle(g: _Gpu) -> None:
 
 def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | None = None,
                 columns: list[str] | None = None, tz: datetime.tzinfo | None = None, max_gap: float | None = None,
-                say: Callable[[str], None] = print) -> FileResult:
+                say: Callable[[str], None] = print, progress: Callable[[int], None] | None = None,
+                progress_every: int = 65536) -> FileResult:
     """Import one file into ``ledger`` (one transaction). Raises ``ImportFormatError`` when
     the file as a whole cannot be used; a bad row is reported through ``say`` and skipped.
 
@@ -178,13 +179,16 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
     row at the same time as the last is dropped); physical ranges and the shutdown threshold; whether the row
     holds any reading (one that does not is a break: unobserved time); the cadence (``max_gap``, else
     :func:`gap_threshold` of the median of the first CADENCE_INTERVALS intervals); lone spikes
-    (:mod:`gpuwear.wear.plausibility`); then the same accumulator as live samples."""
+    (:mod:`gpuwear.wear.plausibility`); then the same accumulator as live samples. ``progress`` is called
+    with the number of rows read so far every ``progress_every`` rows."""
     gate = params.cycles.hysteresis_celsius
     known = ledger.load(gate)
     gpus: dict[str, _Gpu] = {}
     result = FileResult(path)
     resolved: dict[tuple[str, str | None], str] = {}  # (row's GPU key, name) -> ledger UUID: the same few each row
-    for item in read_telemetry_csv(path, columns=columns, tz=tz):
+    for count, item in enumerate(read_telemetry_csv(path, columns=columns, tz=tz), 1):
+        if progress is not None and count % progress_every == 0:
+            progress(count)
         if isinstance(item, RowProblem):
             result.problems += 1
             say(f"{path}:{item.line}: {item.message}; row skipped")

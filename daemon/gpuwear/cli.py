@@ -183,6 +183,7 @@ def _report(args: argparse.Namespace) -> int:
         ledger = Ledger.open_read_only(path)
         try:
             wears = ledger.load_all(config.wear.cycles.hysteresis_celsius)
+            live = set(ledger.load(config.wear.cycles.hysteresis_celsius))
             events = {uuid: ledger.events(uuid) for uuid in wears}
         finally:
             ledger.close()
@@ -192,7 +193,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.gpu is not None and not selected:
         return _fail(f"--gpu {args.gpu}: no such GPU in {path} (known: {', '.join(sorted(wears)) or 'none'})",
                      EXIT_USAGE)
-    doc = document(selected, config.wear, events, str(path), args.simulated)
+    doc = document(selected, config.wear, events, str(path), args.simulated, live)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=False))
     else:
@@ -327,6 +328,37 @@ def _import(args: argparse.Namespace) -> int:
         lock.release()
 
 
+class _Progress:
+    """Rows read, rate and time left of a long import, on one terminal line (stderr is a terminal)."""
+
+    def __init__(self, path: Path) -> None:
+        import time
+
+        self.path, self.clock = path, time.monotonic
+        self.start = self.shown = self.clock()
+        self.total: int | None = None
+        try:
+            with path.open("rb") as f:  # counting lines costs about a second per GB: only when it will help
+                if path.stat().st_size > 50 * 2**20:
+                    self.total = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 22), b""))
+        except OSError:
+            pass
+
+    def __call__(self, rows: int) -> None:
+        now = self.clock()
+        if now - self.shown < 1.0:
+            return
+        self.shown = now
+        rate = rows / max(now - self.start, 1e-9)
+        left = f", {(self.total - rows) / rate:.0f} s left" if self.total and self.total > rows else ""
+        of = f" of {self.total:,}" if self.total else ""
+        print(f"\r{self.path}: {rows:,}{of} rows, {rate:,.0f} rows/s{left}   ", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.shown != self.start:
+            print(file=sys.stderr)
+
+
 def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     import zoneinfo
 
@@ -359,10 +391,11 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     try:
         for name in args.files:
             path = Path(name)
+            progress = _Progress(path) if sys.stderr.isatty() else None
             try:
                 result = import_file(path, ledger, config.wear, gpu=args.gpu, columns=columns, tz=tz,
                                      max_gap=args.max_gap,
-                                     say=lambda line: print(f"gpuwear: {line}", file=sys.stderr))
+                                     say=lambda line: print(f"gpuwear: {line}", file=sys.stderr), progress=progress)
             except (ImportFormatError, OSError) as exc:
                 print(f"gpuwear: {path}: not imported: {exc}", file=sys.stderr)
                 failed += 1
@@ -371,6 +404,9 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
                 print(f"gpuwear: {path}: not imported: the ledger cannot be written ({exc})", file=sys.stderr)
                 failed += 1
                 continue
+            finally:
+                if progress is not None:
+                    progress.done()
             for uuid, rows in result.imported.items():
                 skipped = result.skipped.get(uuid, 0)
                 cadence, gap = result.cadence[uuid]

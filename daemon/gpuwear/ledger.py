@@ -33,7 +33,9 @@ from gpuwear.wear.schema import SchemaError, check_event, check_job, check_wear
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: the wear log (saves write what changed)
+# 2: the wear log (saves write what changed); 3: records may hold "seen" (which kinds of reading a history held),
+# which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead
+SCHEMA_VERSION = 3
 EXPORT_VERSION = 1  # the `gpuwear export` document
 PAGE_SIZE = 1024
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
@@ -85,6 +87,7 @@ CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' re
 # Schema migrations: from version N to N + 1.
 _MIGRATIONS = {
     1: "CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL);",
+    2: "SELECT 1",  # nothing to change: records without "seen" are read as before
 }
 
 

@@ -12,6 +12,7 @@ from gpuwear.config import WearConfig
 from gpuwear.ledger import Event
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import estimates, resistance_trend, verdict
+from gpuwear.wear.schema import READING_GROUPS
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
 
@@ -24,13 +25,28 @@ def _cycles(bins: dict[str, float]) -> list[dict[str, float]]:
     return sorted(rows, key=lambda r: (-r["range_celsius"], -r["max_celsius"]))
 
 
-def gpu_document(w: GpuWear, p: WearConfig, events: list[Event]) -> dict[str, Any]:
-    """The report of one GPU: measured health first, then stress, then estimate bands."""
+def readings(w: GpuWear, live: bool) -> dict[str, str]:
+    """Per kind of reading: "measured" (the history holds it, even if it never fired), "not_in_logs" (the history
+    is imported logs only, which lacked the columns) or "not_reported" (the card, sampled live, never gave it)."""
+    return {group: "measured" if group in w.seen else "not_reported" if live else "not_in_logs"
+            for group in READING_GROUPS}
+
+
+def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = True) -> dict[str, Any]:
+    """The report of one GPU: measured health first, then stress, then estimate bands. ``live``: the ledger holds
+    live history of it (else only imported logs, which say nothing about what the card could report)."""
     est = estimates(w, p)
+    health = verdict(w, p)
+    if not live:
+        for r in health["reasons"]:
+            if r["code"] == "memory_health_unknown":
+                r["text"] = ("the imported logs hold neither ECC counters nor memory temperature: its memory health "
+                             "is not known from them")
     return {
         "uuid": w.uuid, "name": w.name, "serial": w.serial,
-        "first_seen": w.first_seen, "last_seen": w.last_seen,
-        "health": {**verdict(w, p), "measured": dict(w.health), "xid_events": dict(w.xids),
+        "first_seen": w.first_seen, "last_seen": w.last_seen, "sampled_live": live,
+        "readings": readings(w, live),
+        "health": {**health, "measured": dict(w.health), "xid_events": dict(w.xids),
                    "gpu_lost_events": w.lost_events},
         "observed_seconds": round(w.observed_seconds, 3),
         "busy_seconds": round(w.busy_seconds(p.busy_utilization_ratio), 3),
@@ -60,9 +76,13 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event]) -> dict[str, An
 
 
 def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]], ledger: str,
-             simulated: bool) -> dict[str, Any]:
+             simulated: bool, live: set[str] | None = None) -> dict[str, Any]:
+    """``live``: the GPUs the ledger holds live history of (None: all of them)."""
     return {"ledger": ledger, "simulated": simulated,
-            "gpus": [gpu_document(w, p, events.get(w.uuid, [])) for w in wears]}
+            "gpus": [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live) for w in wears]}
+
+
+_ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not reported by this card"}
 
 
 # -- words ------------------------------------------------------------------------------
@@ -140,8 +160,8 @@ def text_report(doc: dict[str, Any]) -> str:
         for sensor, label in (("gpu", "Die"), ("memory", "Memory")):
             hist = d["time_at_temperature_seconds"].get(sensor)
             if not hist:
-                if sensor == "memory":
-                    out.append("    Memory temperature: not reported by this card")
+                if sensor == "memory" and d["readings"]["temperature_memory"] != "measured":
+                    out.append(f"    Memory temperature: {_ABSENT[d['readings']['temperature_memory']]}")
                 continue
             line = (f"    {label} temperature: median {_percentile(hist, 0.5)} °C, 95th percentile "
                     f"{_percentile(hist, 0.95)} °C, highest {max(int(t) for t in hist)} °C")
@@ -157,8 +177,14 @@ def text_report(doc: dict[str, Any]) -> str:
         busy = d["busy_seconds"] or 1.0
         throttle = ", ".join(f"{k.replace('_', ' ')} {100 * v / busy:.1f} %" for k, v in d["throttle_seconds"].items()
                              if k != "gpu_idle")
-        out.append(f"    Clocks held down (share of busy time): {throttle or 'never'}; the card slows itself "
-                   "to stay within its limits")
+        held = d["readings"]["clock_event_reasons"]
+        if held != "measured":
+            out.append(f"    Clocks held down: {_ABSENT[held]}")
+        elif throttle:
+            out.append(f"    Clocks held down (share of busy time): {throttle}; the card slows itself to stay "
+                       "within its limits")
+        else:
+            out.append("    Clocks held down: never (measured)")
         for fan in d["fan_wear"]:
             out.append(f"    Fan {fan['fan']}: {fan['on_hours']:.1f} h turning, {fan['revolutions'] / 1e6:.2f} M "
                        f"revolutions = {fan['equivalent_hours_at_rated_rpm']:.1f} h at {fan['rated_rpm']:g} RPM "
@@ -176,6 +202,12 @@ def text_report(doc: dict[str, Any]) -> str:
         out.append(f"    Thermal-cycle fatigue: {_band_text(c, 'reference cycles')} of "
                    f"{c['reference_range_celsius']:g} °C peaking at {c['reference_peak_celsius']:g} °C "
                    "(Coffin-Manson / Norris-Landzberg)")
+        comparison = d["comparison"]
+        if comparison["compared"]:
+            out.append(f"      compared per day, on {_hours(comparison['observed_seconds'])} observed:")
+        else:
+            out.append(f"      not compared with everyday profiles: {_hours(comparison['observed_seconds'])} observed, "
+                       f"at least {_hours(comparison['minimum_seconds'])} needed for a per-day comparison")
         for prof in d["reference_profiles"]:
             if prof["observed_thermal_aging_ratio"] is not None:
                 out.append(f"      vs \"{prof['description']}\": aging x{prof['observed_thermal_aging_ratio']:.2g}"

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
+from gpuwear.wear.schema import READING_GROUPS
 
 SCHEMA = 1
 SENSORS = ("gpu", "memory")
@@ -103,6 +104,14 @@ class ThermalState:
     last_celsius: float | None = None
 
 
+def _seen_in(w: GpuWear) -> dict[str, int]:
+    """For a record written before ``seen`` was kept: what its tallies show it held."""
+    held = {"clock_event_reasons": bool(w.throttle_seconds), "temperature_memory": "memory" in w.temperature_seconds,
+            "ecc": "ecc_enabled" in w.health, "fans": bool(w.fans), "power": w.power_seconds > 0,
+            "utilization": bool(w.utilization_seconds)}
+    return {k: 1 for k, v in held.items() if v}
+
+
 @dataclass
 class GpuWear:
     """Lifetime accumulators of one GPU (keyed by UUID in the ledger)."""
@@ -139,6 +148,8 @@ class GpuWear:
     thresholds: dict[str, float] = field(default_factory=dict)  # the device's own, last read
     health: dict[str, Any] = field(default_factory=dict)  # last measured memory/device health
     xids: dict[str, int] = field(default_factory=dict)  # XID code -> events, lifetime
+    # which kinds of reading this history ever held (READING_GROUPS -> 1): "none measured" vs "never reported"
+    seen: dict[str, int] = field(default_factory=dict)
     lost_events: int = 0
     last_event: dict[str, float] = field(default_factory=dict)  # "xid 79", "gpu lost" -> wall time, last seen
     # per kind ("job" / "idle"): {"seconds", "energy_joules", "temperature_seconds": {°C: s}} (die)
@@ -195,6 +206,8 @@ class GpuWear:
         interval added, so job slices can take their share. ``dt`` <= 0 (the first sample
         after a start or a gap) is a baseline: only the cycles it closes count."""
         self.see(s.timestamp)
+        if len(self.seen) < len(READING_GROUPS):
+            self._seen(s)
         self._thresholds(s)
         self._health(s)
         cycles = self._feed_cycles(s)
@@ -211,6 +224,18 @@ class GpuWear:
         self._cooling(s, dt)
         self._baselines(s)
         return interval
+
+    def _seen(self, s: GpuSample) -> None:
+        for group, present in (
+                ("clock_event_reasons", s.clock_event_reasons is not None),
+                ("temperature_memory", s.temperature_memory_celsius is not None),
+                ("ecc", s.ecc_enabled is not None or s.ecc_uncorrected_volatile is not None
+                 or s.ecc_uncorrected_aggregate is not None),
+                ("fans", bool(s.fan_speed_ratio or s.fan_speed_rpm)),
+                ("power", s.power_watts is not None),
+                ("utilization", s.utilization_gpu_ratio is not None)):
+            if present:
+                self.seen[group] = 1
 
     def _feed_cycles(self, s: GpuSample) -> list[tuple[str, str, float]]:
         closed: list[tuple[str, str, float]] = []
@@ -408,6 +433,7 @@ class GpuWear:
         out.health = {**other.health, **self.health}
         for code, n in other.xids.items():
             out.xids[code] = out.xids.get(code, 0) + n
+        out.seen = {**self.seen, **other.seen}
         for what, wall in other.last_event.items():
             out.last_event[what] = max(wall, out.last_event.get(what, wall))
         for kind, k in other.kinds.items():
@@ -442,7 +468,7 @@ class GpuWear:
             "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
             "thresholds": self.thresholds, "health": self.health,
             "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event, "kinds": self.kinds,
-            "gate_celsius": self.gate_celsius,
+            "gate_celsius": self.gate_celsius, "seen": self.seen,
         }
 
     @classmethod
@@ -463,6 +489,7 @@ class GpuWear:
                     "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event"):
             setattr(w, key, d.get(key, {}))
         w.covered = {k: float(v) for k, v in d.get("covered", {}).items()}
+        w.seen = dict(d["seen"]) if "seen" in d else _seen_in(w)
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]
         thermal = d.get("thermal", {})

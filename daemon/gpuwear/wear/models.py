@@ -33,6 +33,9 @@ XID_WATCH = {13: "graphics engine exception", 31: "GPU memory page fault",
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
                     4: "drain and reset the GPU"}
 STATUS_ORDER = ("ok", "unknown", "watch", "act")
+# per-day comparisons with the reference profiles need this much observed time: a shorter log (a burst of a few
+# minutes) would be extrapolated to a whole day (docs/wear-model.md §7)
+MIN_COMPARISON_SECONDS = 6 * 3600
 RECENT_SECONDS = 7 * 86400  # a critical event older than this (in the GPU's record) asks for watching, not action
 
 
@@ -124,7 +127,7 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     if "memory" in w.temperature_seconds:
         aging_out["memory"] = aging(w.temperature_seconds["memory"])
         fatigue_out["memory"] = fatigue(w.all_cycles("memory"))
-    days = w.observed_seconds / 86400.0
+    days = w.observed_seconds / 86400.0 if w.observed_seconds >= MIN_COMPARISON_SECONDS else 0.0
     profiles = []
     for prof, (per_day_aging, per_day_cycles) in zip(PROFILES, profile_rates(p), strict=True):
         profiles.append({
@@ -144,7 +147,10 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
                      "equivalent_hours_at_rated_rpm": round(revolutions / p.fan.rated_rpm / 60.0, 6),
                      "rated_rpm": p.fan.rated_rpm, "l10_hours": dict(p.fan.l10_hours.items())})
     return {"thermal_aging_equivalent_hours": aging_out, "cycle_fatigue_equivalent_cycles": fatigue_out,
-            "fan_wear": fans, "reference_profiles": profiles}
+            "fan_wear": fans, "reference_profiles": profiles,
+            "comparison": {"observed_seconds": round(w.observed_seconds, 3),
+                           "minimum_seconds": MIN_COMPARISON_SECONDS,
+                           "compared": w.observed_seconds >= MIN_COMPARISON_SECONDS}}
 
 
 def resistance_trend(w: GpuWear) -> dict[str, Any] | None:

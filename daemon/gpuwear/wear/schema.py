@@ -30,6 +30,7 @@ MAX_FANS = 16
 MAX_INTERVALS = 100_000  # observed intervals of one GPU: one per start or gap
 SENSORS = ("gpu", "memory")
 KINDS = ("job", "idle")
+READING_GROUPS = ("clock_event_reasons", "temperature_memory", "ecc", "fans", "power", "utilization")
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _CYCLE = re.compile(r"-?\d{1,3}:-?\d{1,3}")
 _INT = re.compile(r"-?\d{1,6}")
@@ -169,6 +170,7 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "thresholds": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: number(x, p, -100.0, 1e5)),
     "health": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, _health_value),
     "xids": lambda v, w: mapping(v, w, lambda k: bool(_INT.fullmatch(k)), lambda x, p: integer(x, p)),
+    "seen": lambda v, w: mapping(v, w, lambda k: k in READING_GROUPS, lambda x, p: integer(x, p)),
     "last_event": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: wall(x, p, optional=False)),
     "kinds": lambda v, w: mapping(v, w, lambda k: k in KINDS, _kind),
     "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
