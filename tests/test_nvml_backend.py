@@ -135,6 +135,19 @@ def test_out_of_range_readings_are_dropped_and_counted() -> None:
     assert sample is not None and sample.temperature_gpu_celsius is not None
 
 
+def test_a_die_reading_above_the_shutdown_threshold_is_dropped_and_counted() -> None:
+    """The same rule as imports (docs/wear-model.md §1): the card powers off before its die gets there."""
+    rig = make_rig(scenario({"at": 9.5, "gpu": 0, "kind": "garbage", "field": "temperature", "value": 140}))
+    rig.run(9)
+    snap = rig.run(1)
+    sample = snap.gpus[0].sample
+    assert sample is not None and sample.temperature_gpu_celsius is None
+    assert sample.threshold_shutdown_celsius is not None and sample.threshold_shutdown_celsius < 135
+    assert dict(snap.gpus[0].dropped) == {"temperature_gpu_celsius": 1}
+    sample = rig.run(1).gpus[0].sample
+    assert sample is not None and sample.temperature_gpu_celsius is not None
+
+
 def test_field_turning_unsupported_mid_run() -> None:
     rig = make_rig(scenario({"at": 5, "gpu": 1, "kind": "not_supported", "field": "power"}))
     assert (s := rig.run(3).gpus[1].sample) is not None and s.power_watts is not None

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from gpuwear.clock import Clock
 from gpuwear.sample import PHYSICAL_RANGES, GpuIdentity, GpuSample, SystemInfo, validated
+from gpuwear.wear.plausibility import DEFAULT_SHUTDOWN_CELSIUS, above_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +381,12 @@ class Sampler:
                     gpu.up = False
             return
         values = self._validated(gpu, reading.values)
+        die = values.get("temperature_gpu_celsius")
+        shutdown = values.get("threshold_shutdown_celsius", gpu.slow_values.get("threshold_shutdown_celsius"))
+        if die is not None and above_shutdown(die, shutdown):  # the card powers off before its die gets there
+            self._drop(gpu, "temperature_gpu_celsius", die, f"above the card's shutdown threshold "
+                       f"({shutdown if shutdown is not None else DEFAULT_SHUTDOWN_CELSIUS:g} °C) and its margin")
+            values["temperature_gpu_celsius"] = None
         energy = values.get("energy_joules")
         if energy is not None and not self._energy(gpu, energy, now, values):
             self._drop(gpu, "energy_joules", energy, "implausible next to the counter's last value")
