@@ -308,3 +308,12 @@ def test_per_day_comparisons_need_six_hours(tmp_path: Path) -> None:
     assert g["comparison"] == {"observed_seconds": 3600.0, "minimum_seconds": 21600, "compared": False}
     assert all(p["observed_thermal_aging_ratio"] is None for p in g["reference_profiles"])
     assert "not compared with everyday profiles: 1.0 h observed, at least 6.0 h needed" in gpuwear("report")
+
+
+def test_cycles_survive_the_merge_when_no_time_was_observed(tmp_path: Path) -> None:
+    """Before: an import whose every interval was a gap kept its cycles in the ledger, but the merged view
+    (report, metrics) walked only the sensors with time at temperature: 29 cycles of 40 °C -> 0."""
+    rows = [(60.0 * i, 40.0 + (i % 2) * 40) for i in range(61)]
+    _, w = run(tmp_path, log(tmp_path, rows), max_gap=30.0)
+    assert w.observed_seconds == 0.0
+    assert w.all_cycles("gpu").get("40:80", 0.0) >= 29

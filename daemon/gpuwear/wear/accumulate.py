@@ -418,7 +418,7 @@ class GpuWear:
         for sensor, hist in other.temperature_seconds.items():
             for k, v in hist.items():
                 _add(out.temperature_seconds.setdefault(sensor, {}), k, v)
-        for sensor in other.temperature_seconds:
+        for sensor in sorted({*other.temperature_seconds, *other.cycles, *other.rainflow}):  # cycles without time too
             for k, v in other.all_cycles(sensor).items():
                 _add(out.cycles.setdefault(sensor, {}), k, v)
         for i, fan in enumerate(other.fans):
