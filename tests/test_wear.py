@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO, make_rig
 from gpuwear.config import WearConfig
+from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, thermal_aging_hours, verdict
@@ -294,3 +295,40 @@ def test_sample_of_equals_the_dataclass_constructor() -> None:
     with pytest.raises(TypeError, match="power_wats"):
         GpuSample.of(0.0, 0.0, {"power_wats": 1.0})
     assert GpuSample.of(0.0, 0.0, {}) == GpuSample(timestamp=0.0, monotonic=0.0)
+
+
+def _live(faults: list[dict[str, Any]], seconds: int = 120) -> tuple[GpuWear, list[Event]]:
+    from test_nvml_backend import scenario
+
+    rig = make_rig(scenario(*faults))
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(seconds):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    tracker.flush()
+    w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
+    assert w is not None
+    return w, tracker.take()[1]
+
+
+def test_a_live_spike_is_judged_by_the_next_sample_like_an_import() -> None:
+    """The same rule as imports (wear/plausibility.py): a lone die reading 15 °C off, contradicted by the next,
+    is dropped; only such suspect samples wait a tick, so everything else is integrated as it comes."""
+    clean, _ = _live([])
+    glitched, events = _live([{"at": 60.5, "gpu": 0, "kind": "garbage", "field": "temperature", "value": 0}])
+    assert [e.detail for e in events if e.kind == "reading_dropped"] == [
+        {"field": "temperature_gpu_celsius", "reason": "spike", "value": 0.0}]
+    assert "0" not in glitched.temperature_seconds["gpu"]
+    assert glitched.all_cycles("gpu") == clean.all_cycles("gpu")  # no phantom cycle
+    assert glitched.observed_seconds == clean.observed_seconds  # the held tick's time is still observed
+    assert sum(glitched.temperature_seconds["gpu"].values()) == pytest.approx(
+        sum(clean.temperature_seconds["gpu"].values()) - 1.0)  # only its die reading is missing
+
+
+def test_a_real_jump_is_held_one_tick_then_believed() -> None:
+    clean, _ = _live([])
+    jumped, events = _live([{"at": 60.5, "gpu": 0, "kind": "garbage", "field": "temperature", "value": 0},
+                            {"at": 61.5, "gpu": 0, "kind": "garbage", "field": "temperature", "value": 0}])
+    assert not [e for e in events if e.kind == "reading_dropped"]  # two readings agree: not a lone spike
+    assert jumped.temperature_seconds["gpu"].get("0") == pytest.approx(2.0)
+    assert jumped.observed_seconds == clean.observed_seconds

@@ -513,6 +513,7 @@ class Daemon:
         if self._tick_lock.acquire(timeout=1.0):
             self._tick_lock.release()
         self.source.sampler.close()
+        self.tracker.flush()  # a sample held back to judge it as a spike is believed: nothing follows it
         self.persist(final=True)
         if self.ledger is not None:
             self.ledger.close()

@@ -12,8 +12,10 @@ that are not believed").
   that are not judged this way (a 60 s log may truly swing between 40 and 70 °C). One 140 °C glitch in a
   45 °C log otherwise adds a 95 °C cycle (worth ~7 reference cycles) and multiplies Arrhenius aging by ~5.
 
-Deciding a spike needs the next reading, so :class:`SpikeFilter` answers one reading late. Pure: no I/O,
-no clock.
+Deciding a spike needs the next reading: only a :func:`suspect` reading (far from the last believed one,
+soon after it) can be one, and :func:`is_spike` decides it with the next. :class:`SpikeFilter` (imports)
+answers every reading one late; the live tracker holds back only suspect samples, with the same two
+functions. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -32,6 +34,25 @@ T = TypeVar("T")
 def above_shutdown(celsius: float, shutdown: float | None) -> bool:
     """Whether a die reading is above what the card lets its die reach."""
     return celsius > (DEFAULT_SHUTDOWN_CELSIUS if shutdown is None else shutdown) + SHUTDOWN_MARGIN_CELSIUS
+
+
+def suspect(before: tuple[float, float] | None, time: float, celsius: float | None) -> bool:
+    """Whether a reading may be a lone spike, given the last believed reading ``before`` (time, °C)."""
+    return (celsius is not None and before is not None and time - before[0] <= SPIKE_SECONDS
+            and abs(celsius - before[1]) >= SPIKE_CELSIUS)
+
+
+def is_spike(before: tuple[float, float] | None, time: float, celsius: float | None, next_time: float | None,
+             next_celsius: float | None) -> bool:
+    """Whether a reading is a lone spike: suspect, and the next reading (within SPIKE_SECONDS) comes back
+    to within SPIKE_CELSIUS / 3 of the one before it, from the other side."""
+    if not suspect(before, time, celsius) or next_time is None or next_celsius is None:
+        return False
+    assert before is not None and celsius is not None
+    if next_time - time > SPIKE_SECONDS:
+        return False
+    up, down = celsius - before[1], celsius - next_celsius
+    return abs(down) >= SPIKE_CELSIUS and (up > 0) == (down > 0) and abs(next_celsius - before[1]) <= SPIKE_CELSIUS / 3
 
 
 @dataclass
@@ -63,13 +84,7 @@ class SpikeFilter(Generic[T]):
         if self._held is None:
             return None
         item, t, c = self._held
-        spike = False
-        if c is not None and self._before is not None and time is not None and celsius is not None:
-            t0, c0 = self._before
-            if t - t0 <= SPIKE_SECONDS and time - t <= SPIKE_SECONDS:
-                up, down = c - c0, c - celsius
-                spike = (abs(up) >= SPIKE_CELSIUS and abs(down) >= SPIKE_CELSIUS and (up > 0) == (down > 0)
-                         and abs(celsius - c0) <= SPIKE_CELSIUS / 3)
+        spike = is_spike(self._before, t, c, time, celsius)
         if c is not None and not spike:
             self._before = (t, c)
         self.spikes += spike

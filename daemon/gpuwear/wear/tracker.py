@@ -10,17 +10,19 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.jobs import Job
 from gpuwear.ledger import Event
+from gpuwear.sample import GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.jobs import JobAccounts, JobRecord
 from gpuwear.wear.models import estimates, resistance_trend, thermal_aging_hours, verdict
+from gpuwear.wear.plausibility import is_spike, suspect
 from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,8 @@ class _Seen:
     down_since: float | None = None
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
     interrupted: bool = False  # a tick without a reading since the last integrated sample
+    before: tuple[float, float] | None = None  # (wall, °C) of the last die reading believed
+    held: tuple[GpuSample, float, list[Job]] | None = None  # a suspect sample (sample, dt, jobs): judged by the next
 
 
 class WearTracker:
@@ -199,8 +203,9 @@ class WearTracker:
             self.clock_jumped = True
             log.warning("the wall clock was set %+.0f s while sampling; observed time follows the monotonic clock, "
                         "the jump is counted as neither observed nor unobserved", jump)
-            for uuid in self._seen:
+            for uuid, seen in self._seen.items():
                 w = self._wears[uuid]
+                seen.before = None  # spike judgement compares wall times: not across a jump
                 self._event(w, wall, "clock_jump", {"seconds": jump})
                 if jump > 0:
                     w.skipped_seconds += jump
@@ -253,6 +258,7 @@ class WearTracker:
                 self.clock_jumped = True
         self._xids(w, seen, status, wall)
         if not status.up:
+            self._release(w, seen, None)
             if seen.up:
                 w.add_lost(wall)
                 self._event(w, wall, "gpu_lost", {})
@@ -271,29 +277,68 @@ class WearTracker:
             seen.up, seen.down_since = True, None
         sample = status.sample
         if sample is None:  # up, but no reading (driver gone, read stalled): the time is not observed
+            self._release(w, seen, None)
             seen.interrupted = True
             return
         if sample.monotonic == seen.monotonic:
             return
         dt = 0.0 if seen.monotonic is None else sample.monotonic - seen.monotonic
         if dt > self._params.max_gap_seconds or (seen.interrupted and dt > 0):
+            self._release(w, seen, None)
             reason = "no reading (driver gone or read stalled)" if seen.interrupted else "samples too far apart"
             w.gap(dt)
             self._event(w, sample.timestamp, "gap", {"seconds": dt, "reason": reason})
             self.jobs.stop_gpu(ident.uuid, sample.timestamp - dt)
             dt = 0.0
+            seen.before = None
+        else:
+            self._release(w, seen, sample)
         seen.interrupted = False
+        seen.monotonic = sample.monotonic
+        if suspect(seen.before, sample.timestamp, sample.temperature_gpu_celsius):
+            seen.held = (sample, dt, jobs)  # a lone spike or a real jump: the next sample tells
+            return
+        self._integrate(w, seen, sample, dt, jobs, spike=False)
+
+    def _release(self, w: GpuWear, seen: _Seen, following: GpuSample | None) -> None:
+        """Integrate the held suspect sample, its die reading dropped if ``following`` shows it a lone spike
+        (believed when nothing follows: a gap, a lost GPU, a stop)."""
+        if seen.held is None:
+            return
+        sample, dt, jobs = seen.held
+        seen.held = None
+        spike = following is not None and is_spike(seen.before, sample.timestamp, sample.temperature_gpu_celsius,
+                                                   following.timestamp, following.temperature_gpu_celsius)
+        self._integrate(w, seen, sample, dt, jobs, spike)
+
+    def _integrate(self, w: GpuWear, seen: _Seen, sample: GpuSample, dt: float, jobs: list[Job],
+                   spike: bool) -> None:
+        if spike:
+            self._event(w, sample.timestamp, "reading_dropped", {"field": "temperature_gpu_celsius", "reason": "spike",
+                                                                 "value": sample.temperature_gpu_celsius})
+            sample = replace(sample, temperature_gpu_celsius=None)
+        elif sample.temperature_gpu_celsius is not None:
+            seen.before = (sample.timestamp, sample.temperature_gpu_celsius)
+        uuid = w.uuid
         before = {k: w.health.get(k) for k in _HEALTH_EVENTS}
         interval = w.add(sample, dt)
         temps = {k: v for k, v in (("gpu", sample.temperature_gpu_celsius),
                                    ("memory", sample.temperature_memory_celsius)) if v is not None}
         if interval.dt > 0 or interval.cycles:
-            self.jobs.account(ident.uuid, sample.timestamp, interval, temps, jobs, w)
-        seen.monotonic = sample.monotonic
+            self.jobs.account(uuid, sample.timestamp, interval, temps, jobs, w)
         for k in _HEALTH_EVENTS:
             if w.health.get(k) != before[k] and before[k] is not None:
                 self._event(w, sample.timestamp, "health", {"field": k, "from": before[k], "to": w.health.get(k)})
-                self.jobs.event(ident.uuid, f"health {k}")
+                self.jobs.event(uuid, f"health {k}")
+
+    def flush(self) -> None:
+        """Integrate every held suspect sample as believed (at stop, before the last save)."""
+        with self._lock:
+            for uuid, seen in self._seen.items():
+                w = self._wears.get(uuid)
+                if w is not None:
+                    self._release(w, seen, None)
+            self._views = None
 
     def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
         new = {code: n - seen.xids.get(code, 0) for code, n in status.xids.items() if n > seen.xids.get(code, 0)}
