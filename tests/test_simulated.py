@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,14 @@ def test_bad_scenarios_are_named(doc: Any, message: str) -> None:
 def test_missing_scenario_file(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="no such file and not a built-in scenario"):
         load_scenario(str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize(("doc", "problem"), [
+    ({"gpus": [{"product": [1]}]}, "gpus[0].product: expected one of"),
+    ({"driver": [1], "gpus": [{"product": "rtx4090"}]}, "driver: expected one of"),
+    ({"gpus": [{"product": "rtx4090", 1: 2, "x": 3}]}, "gpus[0].1: unknown key"),
+])
+def test_values_of_the_wrong_type_are_scenario_errors(doc: dict[Any, Any], problem: str) -> None:
+    """Before: a list where a name was expected raised TypeError (a traceback from `gpuwear run --simulate`)."""
+    with pytest.raises(ScenarioError, match=re.escape(problem)):
+        parse_scenario(doc, "t", 0)

@@ -487,7 +487,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
     from gpuwear.backends.nvml_symbols import BRANCHES
 
     driver = doc.get("driver", NEWEST)
-    if driver not in PROFILES:
+    if not isinstance(driver, str) or driver not in PROFILES:
         raise ScenarioError(f"scenario {name}: driver: expected one of {', '.join(PROFILES)}, "
                             f"got {short_repr(driver)}")
     privileged = doc.get("privileged", True)
@@ -502,7 +502,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         where = f"scenario {name}: gpus[{i}]"
         if not isinstance(spec, dict):
             raise ScenarioError(f"{where}: expected a mapping")
-        product = PRODUCTS.get(spec.get("product", ""))
+        product = PRODUCTS.get(spec["product"]) if isinstance(spec.get("product"), str) else None
         if product is None:
             raise ScenarioError(f"{where}.product: expected one of {', '.join(PRODUCTS)}, "
                                 f"got {short_repr(spec.get('product'))}")
@@ -514,7 +514,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 3.0)
         unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig"}
         if unknown:
-            raise ScenarioError(f"{where}.{sorted(unknown)[0]}: unknown key")
+            raise ScenarioError(f"{where}.{sorted(map(str, unknown))[0][:60]}: unknown key")
         if BRANCHES.index(PROFILES[driver].branch) < BRANCHES.index(product.min_branch):
             raise ScenarioError(f"{where}.product: {product.name} needs a driver of branch {product.min_branch} "
                                 f"or newer, the scenario's driver is {driver}")
