@@ -418,7 +418,7 @@ class FrontDoor:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout=1.5)
-        elif not self._thread.is_alive():
+        else:  # never started: the loop did not take the socket
             self._socket.close()
         self._render.shutdown(wait=False, cancel_futures=True)
         self._bcrypt.shutdown(wait=False, cancel_futures=True)
@@ -440,8 +440,10 @@ class FrontDoor:
                 stream.abort()
             if tasks:
                 _, pending = await asyncio.wait(tasks, timeout=0.5)
-                for task in pending:  # waiting on a worker thread
+                for task in pending:  # waiting on a worker thread (a render, a bcrypt check)
                     task.cancel()
+                if pending:  # let them end, so that closing the loop destroys no pending task
+                    await asyncio.wait(pending, timeout=0.2)
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
         exc = context.get("exception")
