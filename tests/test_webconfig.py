@@ -63,18 +63,21 @@ def get(url: str, context: ssl.SSLContext | None, auth: str | None = None) -> tu
         return exc.code, exc.read().decode()
 
 
+def serving(base: str, context: ssl.SSLContext) -> str:
+    """The body of /healthz once the daemon at ``base`` answers (polled for up to 10 s)."""
+    for _ in range(100):
+        try:
+            return get(base + "/healthz", context)[1]
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{base} did not answer within 10 s")
+
+
 def test_tls_and_basic_auth(daemon: int, tls: Path) -> None:
     port = daemon
     context = ssl.create_default_context(cafile=str(tls / "tls.crt"))
     base = f"https://127.0.0.1:{port}"
-    body = ""
-    for _ in range(100):  # until the daemon serves
-        try:
-            body = get(base + "/healthz", context)[1]
-            break
-        except OSError:
-            time.sleep(0.1)
-    assert body == "ok\n"  # probes need no credentials
+    assert serving(base, context) == "ok\n"  # probes need no credentials
     assert get(base + "/metrics", context)[0] == 401
     assert get(base + "/metrics", context, "prometheus:wrong")[0] == 401
     assert get(base + "/metrics", context, "nobody:s3cret")[0] == 401
@@ -128,12 +131,7 @@ def test_no_mix_of_clients_keeps_a_scraper_out_and_sigterm_stops_within_two_seco
     attack = Path(__file__).resolve().parent.parent / "bench" / "attack.py"
     attackers: list[subprocess.Popen[str]] = []
     try:
-        for _ in range(100):
-            try:
-                if get(base + "/healthz", context)[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+        assert serving(base, context) == "ok\n"
         assert get(base + "/metrics", context, "prometheus:s3cret")[0] == 200  # the scraper's credential
         for kind, extra in (("silent", ["--count", "300"]), ("hello", ["--count", "40"]),
                             ("headers", ["--count", "20"]), ("passwords", ["--rate", "50"]),
@@ -216,12 +214,7 @@ def test_a_bomb_sent_with_sighup_never_stops_the_daemon(tls: Path, tmp_path: Pat
     context = ssl.create_default_context(cafile=str(tls / "tls.crt"))
     base = f"https://127.0.0.1:{port}"
     try:
-        for _ in range(100):
-            try:
-                if get(base + "/healthz", context)[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+        assert serving(base, context) == "ok\n"
         for name, bomb in sorted(BOMBS.items()):
             config.write_text(bomb)  # the config itself
             proc.send_signal(signal.SIGHUP)
