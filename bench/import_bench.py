@@ -3,6 +3,8 @@
     python bench/import_bench.py parse FILE   # iterate gpuwear.importer.read_telemetry_csv
     python bench/import_bench.py csv FILE     # iterate the stdlib csv.reader over the same file
     python bench/import_bench.py floats FILE  # csv.reader, and float() of the numeric columns (units cut off)
+    python bench/import_bench.py rows FILE    # backfill.import_rows into a fresh ledger: the row path, whole
+    python bench/import_bench.py columns FILE # backfill.import_file (the columnar path), whole
 
 Prints one JSON object: rows, problems, wall and CPU seconds, rows per second.
 """
@@ -13,10 +15,14 @@ import csv
 import datetime
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from gpuwear.backfill import import_file, import_rows
+from gpuwear.config import Config
 from gpuwear.importer import RowProblem, read_telemetry_csv
+from gpuwear.ledger import Ledger
 
 
 def _number(text: str) -> bool:
@@ -55,8 +61,18 @@ def main() -> int:
                         float(cells[i].partition(" ")[0])
                     except ValueError:
                         pass
+    elif what in ("rows", "columns"):
+        with tempfile.TemporaryDirectory() as state:
+            ledger = Ledger.open(Path(state) / "ledger.sqlite")
+            run = import_rows if what == "rows" else import_file
+            result = run(Path(path), ledger, Config().wear, tz=datetime.timezone.utc, say=lambda _: None)
+            ledger.close()
+        rows, problems = sum(result.imported.values()), result.problems
+        if what == "columns" and result.reader != "columns":
+            print(f"import_bench.py: the columnar path did not take the file ({result.reader})", file=sys.stderr)
+            return 1
     else:
-        print(f"import_bench.py: unknown mode {what!r} (parse, csv or floats)", file=sys.stderr)
+        print(f"import_bench.py: unknown mode {what!r} (parse, csv, floats, rows or columns)", file=sys.stderr)
         return 2
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     json.dump({"mode": what, "rows": rows, "problems": problems, "wall": wall, "cpu": cpu,

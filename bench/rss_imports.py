@@ -35,7 +35,7 @@ def main() -> int:
         steps.append([name, rss - last, len(sys.modules) - before])
         last = rss
     json.dump({"program": sys.argv[1], "interpreter": base, "steps": steps, "total": last,
-               "shared": SHARED}, sys.stdout)
+               "shared": SHARED, "columnar_loaded": sorted({"numpy", "pyarrow"} & set(sys.modules))}, sys.stdout)
     print()
     return 0
 

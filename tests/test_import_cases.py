@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwear.backfill import FileResult, gap_threshold, import_file
+from gpuwear import columnar
+from gpuwear.backfill import FileResult, gap_threshold, import_file, import_rows
 from gpuwear.config import Config
 from gpuwear.importer import ImportFormatError
 from gpuwear.ledger import Ledger
@@ -270,9 +271,14 @@ def test_progress_is_reported_on_long_imports(tmp_path: Path) -> None:
     seen: list[int] = []
     path = log(tmp_path, [(float(i), 50.0) for i in range(1000)])
     with closing(Ledger.open(tmp_path / "state" / "ledger.sqlite")) as ledger:
-        import_file(path, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None, progress=seen.append,
+        import_rows(path, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None, progress=seen.append,
                     progress_every=250)
     assert seen == [250, 500, 750, 1000]
+    blocks: list[int] = []  # the columnar path: after each block it reads
+    with closing(Ledger.open(tmp_path / "state2" / "ledger.sqlite")) as ledger:
+        columnar.import_file(path, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None,
+                             progress=blocks.append, block_bytes=8192)
+    assert len(blocks) > 3 and blocks == sorted(set(blocks)) and blocks[-1] == 1000
 
 
 def test_progress_on_a_terminal(tmp_path: Path) -> None:
@@ -317,3 +323,34 @@ def test_cycles_survive_the_merge_when_no_time_was_observed(tmp_path: Path) -> N
     _, w = run(tmp_path, log(tmp_path, rows), max_gap=30.0)
     assert w.observed_seconds == 0.0
     assert w.all_cycles("gpu").get("40:80", 0.0) >= 29
+
+
+def test_a_reader_that_leaves_early_loses_nothing(tmp_path: Path) -> None:
+    """`gpuwear import ... | head -1`: the import is saved, and the command ends quietly (before: a
+    BrokenPipeError traceback)."""
+    import subprocess
+    import sys
+
+    paths = [log(tmp_path, [(float(i), 50.0) for i in range(100)], name=f"smi{k}.csv", uuid=f"GPU-{k}")
+             for k in range(40)]
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "import", "nvidia-smi", *map(str, paths), "--timezone",
+                             "UTC", "--state-dir", str(tmp_path / "s")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
+    with closing(Ledger.open(tmp_path / "s" / "ledger.sqlite")) as ledger:
+        assert ledger._db.execute("SELECT count(*) FROM imports").fetchone()[0] >= 1
+
+
+def test_the_import_says_when_it_reads_row_by_row(tmp_path: Path) -> None:
+    """A file the columnar reader cannot read exactly (here a blank line) is read row by row, and said so."""
+    import subprocess
+    import sys
+
+    path = log(tmp_path, [(float(i), 50.0) for i in range(100)])
+    path.write_text(path.read_text().replace("\n", "\n\n", 5))
+    out = subprocess.run([sys.executable, "-m", "gpuwear", "import", "nvidia-smi", str(path), "--timezone", "UTC",
+                          "--state-dir", str(tmp_path / "s")], capture_output=True, text=True, check=True).stdout
+    assert "read row by row, more slowly (a blank line" in out and "100 row(s) imported" in out

@@ -14,7 +14,7 @@ from pathlib import Path
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
 from gpuwear.config import Config, ConfigError, load_config, parse_listen
-from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError
+from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError, ledger_path
 from gpuwear.webconfig import WebConfigError
 
 # The scenarios shipped in gpuwear/backends/scenarios/ (a test keeps the list true); named here
@@ -22,6 +22,7 @@ from gpuwear.webconfig import WebConfigError
 BUILTIN_SCENARIOS = ("demo", "idle", "stress", "training")
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_SIGPIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader left
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -175,7 +176,6 @@ def _ledger_config(args: argparse.Namespace) -> Config:
 
 def _report(args: argparse.Namespace) -> int:
     from gpuwear.report import document, text_report
-    from gpuwear.service import ledger_path
 
     config = _ledger_config(args)
     path = ledger_path(config, args.simulated)
@@ -205,7 +205,6 @@ def _jobs(args: argparse.Namespace) -> int:
     import time
 
     from gpuwear import jobreport
-    from gpuwear.service import ledger_path
 
     config = _ledger_config(args)
     since = None
@@ -245,7 +244,6 @@ def _doctor(args: argparse.Namespace) -> int:
     from gpuwear.backends.simulated import ScenarioError, load_scenario
     from gpuwear.clock import SystemClock
     from gpuwear.doctor import Doctor, render
-    from gpuwear.service import ledger_path
 
     config = _ledger_config(args)
     if args.simulate:
@@ -262,7 +260,6 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from gpuwear.service import ledger_path
 
     config = _ledger_config(args)
     try:
@@ -311,7 +308,6 @@ def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from gpuwear.service import ledger_path
 
     config = _ledger_config(args)
     path = ledger_path(config, args.simulated)
@@ -422,6 +418,8 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
             if result.problems or result.dropped:
                 print(f"{path}: {result.problems} bad row(s) skipped, {result.dropped} out-of-range reading(s) "
                       "dropped")
+            if result.reader.startswith("rows: ") and result.reader != "rows: rows only":
+                print(f"{path}: read row by row, more slowly ({result.reader[6:]}); the figures are the same")
     finally:
         ledger.close()
     return EXIT_FAILURE if failed else 0
@@ -437,4 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except ConfigError as exc:  # any command's config file: every problem, one line each
         return _config_problems(args.file if args.command == "check-config" else args.config, exc)
+    except BrokenPipeError:  # `gpuwear report | head`: the reader left (whatever was to be saved is saved)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's flush does not fail again
+        return EXIT_SIGPIPE
 

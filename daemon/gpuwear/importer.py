@@ -276,6 +276,10 @@ class _Layout:
     # converter, the column)
     plan: tuple[tuple[int, str, bool, Callable[[str], Any], _Bound], ...]
 
+    def key(self) -> tuple[Any, ...]:
+        """What the rows are read as (two headers written differently can mean the same)."""
+        return (self.width, *((b.index, b.column, b.unit) for b in (self.time, *(p[4] for p in self.plan))))
+
 
 def _split_header(name: str) -> tuple[str, str | None]:
     """``" power.draw [W] "`` -> ``("power.draw", "w")``."""
@@ -447,6 +451,26 @@ def _clip(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
+ABSENT, VALUE, BAD = 0, 1, 2  # what a cell holds (cell_value)
+
+
+def cell_value(raw: str, b: _Bound) -> tuple[int, Any]:
+    """One cell as ``_row`` reads it (``raw`` as csv.reader with skipinitialspace gives it): (VALUE, value),
+    (ABSENT, None) for a "not read" marker, or (BAD, message)."""
+    if raw not in _NOT_READ:
+        try:
+            return VALUE, b.fast(raw)
+        except ValueError:
+            pass
+    raw = raw.strip()
+    if _missing(raw) or (raw == "-1" and b.column.minus_one_na):
+        return ABSENT, None
+    try:
+        return VALUE, b.convert(raw)
+    except ValueError as exc:
+        return BAD, f"column {b.header!r}: {exc}: {_clip(raw)}"
+
+
 def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | None,
          times: dict[str, tuple[float, float | None]]) -> ImportedRow | RowProblem:
     """One data row; ``times`` caches timestamps already read (the GPUs of one nvidia-smi tick share one)."""
@@ -584,6 +608,14 @@ def read_telemetry_csv(path: Path, *, columns: list[str] | None = None, tz: date
     Which GPU: ``ImportedRow.gpu`` is the row's uuid, else its PCI bus id, else ``"index:N"`` from the index
     column; a file with none of these (a single-GPU log) is taken to be GPU ``"index:0"``.
     """
+    layout, offset, line = open_telemetry_csv(path, columns=columns, max_bytes=max_bytes)
+    return _rows(Path(path), layout, offset, line, tz)
+
+
+def open_telemetry_csv(path: Path, *, columns: list[str] | None = None, max_bytes: int = 2 * 1024**3,
+                       ) -> tuple[_Layout, int, int]:
+    """Check a telemetry CSV file and read its header (see :func:`read_telemetry_csv`): its layout, the byte
+    offset of its first data row and the number of lines before it. Raises ImportFormatError."""
     path = Path(path)
     size = path.stat().st_size
     if size > max_bytes:
@@ -606,9 +638,9 @@ def read_telemetry_csv(path: Path, *, columns: list[str] | None = None, tz: date
             raise ImportFormatError(f"{path}: empty file")
         try:
             if _looks_like_header(first):
-                return _rows(path, _resolve(first), fh.tell(), lines.count, tz)
+                return _resolve(first), fh.tell(), lines.count
             if columns is not None:
-                return _rows(path, _resolve(columns), start, 0, tz)
+                return _resolve(columns), start, 0
         except ImportFormatError as exc:
             raise ImportFormatError(f"{path}: {exc}") from None
     raise ImportFormatError(f"{path}: the first row is not a known telemetry CSV header; for a noheader "

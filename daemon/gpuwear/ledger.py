@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwear import __version__
+from gpuwear.config import Config
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.schema import SchemaError, check_event, check_job, check_wear
@@ -41,6 +42,12 @@ PAGE_SIZE = 1024
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
 MAX_LOG_ROW_BYTES = 16 << 20  # a wear-log row inflates to no more than this (a larger one is corrupt)
 FILENAME = "ledger.sqlite"
+
+
+def ledger_path(config: Config, simulated: bool) -> Path:
+    """The ledger file; simulated GPUs keep theirs apart, so a real ledger never holds them."""
+    folder = config.resolved_state_dir()
+    return (folder / "simulated" if simulated else folder) / FILENAME
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

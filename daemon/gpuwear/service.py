@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -34,7 +33,7 @@ from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs import JobWatcher, ProcessResolver, SimulatedJobs
-from gpuwear.ledger import FILENAME, Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
+from gpuwear.ledger import Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
 from gpuwear.wear.jobs import JobRecord
@@ -165,12 +164,6 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     log.warning("SIMULATED GPUs (scenario %r, %d GPUs, speed x%g): these are not real hardware",
                 simulation.name, len(simulation.gpus), speed)
     return Source(sampler, clock, _info("simulated", simulation.name), speed, simulation)
-
-
-def ledger_path(config: Config, simulated: bool) -> Path:
-    """The ledger file; simulated GPUs keep theirs apart, so a real ledger never holds them."""
-    folder = config.resolved_state_dir()
-    return (folder / "simulated" if simulated else folder) / FILENAME
 
 
 class Daemon:

@@ -29,6 +29,7 @@ IDLE_UTILIZATION = 0.05  # below: idle, for the cooling baseline
 STEADY_UTILIZATION = 0.8  # at or above, for long enough: steady load
 STEADY_SECONDS = 300.0  # about ten die time constants
 STEADY_MIN_WATTS_ABOVE_IDLE = 20.0
+POWER_LIMIT_SHARE = 0.99  # power at or above this share of the enforced limit: the card is at its power limit
 
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
@@ -138,7 +139,7 @@ class GpuWear:
     energy_joules: float = 0.0
     energy_counter_seconds: float = 0.0  # seconds whose energy came from NVML's counter
     energy_integrated_seconds: float = 0.0  # seconds whose energy is ∫ power dt
-    power_limit_seconds: float = 0.0  # at or above 99 % of the enforced limit
+    power_limit_seconds: float = 0.0  # at or above POWER_LIMIT_SHARE of the enforced limit
     power_seconds: float = 0.0  # seconds with a power reading
     throttle_seconds: dict[str, float] = field(default_factory=dict)  # clock-event reason -> s
     violation_seconds: dict[str, float] = field(default_factory=dict)  # NVML violation counters, deltas
@@ -257,7 +258,7 @@ class GpuWear:
                 iv.temperature_bins[sensor] = celsius_bin(temp)
         if s.power_watts is not None:
             iv.power = True
-            iv.power_limit = bool(s.power_limit_watts and s.power_watts >= 0.99 * s.power_limit_watts)
+            iv.power_limit = bool(s.power_limit_watts and s.power_watts >= POWER_LIMIT_SHARE * s.power_limit_watts)
         if s.energy_joules is not None and self.last_energy is not None:
             delta = s.energy_joules - self.last_energy
             if delta < 0:  # the counter restarted (driver reload): it holds the energy since
