@@ -86,7 +86,7 @@ def test_generated_logs(seed: int, cadence: float, rows: int, tmp_path: Path) ->
     assert result.problems > 0 and result.dropped > 0
     assert {"duplicate_timestamp", "no_readings", "above_shutdown"} <= set(excluded)
     if cadence <= 1:
-        assert excluded["spike"] > 0
+        assert excluded["spike"] > 0 and excluded["memory_spike"] > 0
 
 
 @pytest.mark.parametrize("block_bytes", [1024, 4096, 65536])
@@ -223,6 +223,7 @@ def test_the_row_path_takes_what_columns_cannot(what: str, change: Any, tmp_path
 CELLS = {  # what a cell of each column can hold, the awkward included
     "temperature.gpu": ["45", "46", "47", "60", "61", "75", "140", "0", "200", "-41", "[N/A]", "N/A", "",
                         "[GPU is lost]", "1e999", "nan", "+45", "45.", ".5", "4_5", "hot", "-1"],
+    "temperature.memory": ["50", "51", "52", "70", "71", "90", "0", "140", "[N/A]", "-50"],
     "power.draw [W]": ["100.00 W", "250.5 W", "300 W", "299.9 w", "250000 mW", "1.5 kW", "[N/A]", "[Not Supported]",
                        "6000 W", "-5 W", "W", "1e3 W", "inf W", "12", "12  W", "0x10 W", "Infinity"],
     "enforced.power.limit [W]": ["300.00 W", "250.00 W", "0 W", "[N/A]"],

@@ -91,6 +91,23 @@ def test_a_lone_glitch_is_not_believed(tmp_path: Path, glitch: float) -> None:
     assert w.observed_seconds == 599.0  # the row's other readings still count
 
 
+@pytest.mark.parametrize("glitch", [0.0, 99.0])
+def test_a_lone_memory_glitch_is_not_believed(tmp_path: Path, glitch: float) -> None:
+    """HBM readings by the same rule, apart from the die's. Before: a lone 0 °C memory reading in a 55 °C log
+    added a 56 °C memory cycle; a 99 °C one a 44 °C cycle."""
+    lines = ["timestamp, uuid, temperature.gpu, temperature.memory, power.draw [W]\n"]
+    for i in range(600):
+        memory = glitch if i == 300 else 55 + (i % 3) * 0.5
+        lines.append(f"{stamp(START + i)}, GPU-hbm, 45, {memory:g}, 300.00 W\n")
+    path = tmp_path / "hbm.csv"
+    path.write_text("".join(lines))
+    result, w = run(tmp_path, path)
+    assert result.excluded["GPU-hbm"] == {"memory_spike": 1}
+    assert max((float(k.split(":")[0]) for k in w.all_cycles("memory")), default=0.0) < 5  # no phantom cycle
+    assert min(int(t) for t in w.temperature_seconds["memory"]) >= 55
+    assert w.temperature_seconds["gpu"] == {"45": 599.0}  # the die readings of that row are kept
+
+
 def test_a_real_step_is_believed(tmp_path: Path) -> None:
     """A load starting (45 -> 75 °C and staying) is not a spike."""
     rows = [(float(i), 45.0 if i < 300 else 75.0) for i in range(600)]

@@ -297,7 +297,7 @@ def test_sample_of_equals_the_dataclass_constructor() -> None:
     assert GpuSample.of(0.0, 0.0, {}) == GpuSample(timestamp=0.0, monotonic=0.0)
 
 
-def _live(faults: list[dict[str, Any]], seconds: int = 120) -> tuple[GpuWear, list[Event]]:
+def _live(faults: list[dict[str, Any]], seconds: int = 120, gpu: int = 0) -> tuple[GpuWear, list[Event]]:
     from test_nvml_backend import scenario
 
     rig = make_rig(scenario(*faults))
@@ -306,7 +306,7 @@ def _live(faults: list[dict[str, Any]], seconds: int = 120) -> tuple[GpuWear, li
         rig.run(1)
         tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
     tracker.flush()
-    w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
+    w = tracker.wear(rig.sampler.snapshot.gpus[gpu].identity.uuid)
     assert w is not None
     return w, tracker.take()[1]
 
@@ -323,6 +323,19 @@ def test_a_live_spike_is_judged_by_the_next_sample_like_an_import() -> None:
     assert glitched.observed_seconds == clean.observed_seconds  # the held tick's time is still observed
     assert sum(glitched.temperature_seconds["gpu"].values()) == pytest.approx(
         sum(clean.temperature_seconds["gpu"].values()) - 1.0)  # only its die reading is missing
+
+
+def test_a_live_memory_spike_is_judged_the_same_way() -> None:
+    """HBM readings (an H100's) go through the same rule, apart from the die's: a lone 0 °C memory reading is
+    dropped, the die reading of that tick is kept."""
+    clean, _ = _live([], gpu=1)
+    glitched, events = _live([{"at": 60.5, "gpu": 1, "kind": "garbage", "field": "memory_temperature", "value": 0}],
+                             gpu=1)
+    assert [e.detail for e in events if e.kind == "reading_dropped"] == [
+        {"field": "temperature_memory_celsius", "reason": "spike", "value": 0.0}]
+    assert "0" not in glitched.temperature_seconds["memory"]
+    assert glitched.all_cycles("memory") == clean.all_cycles("memory")
+    assert glitched.temperature_seconds["gpu"] == clean.temperature_seconds["gpu"]
 
 
 def test_a_real_jump_is_held_one_tick_then_believed() -> None:

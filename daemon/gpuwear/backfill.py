@@ -63,7 +63,8 @@ class _Gpu:
     buffered: list[_Reading] = field(default_factory=list)  # held until the cadence is known
     intervals: list[float] = field(default_factory=list)
     cadence: float | None = None
-    spike: SpikeFilter[_Reading] = field(default_factory=SpikeFilter)
+    spike: SpikeFilter[_Reading] = field(default_factory=SpikeFilter)  # die readings
+    memory_spike: SpikeFilter[_Reading] = field(default_factory=SpikeFilter)  # memory (HBM) readings
     last_time: float | None = None  # the last row taken (duplicates, order)
     previous: float | None = None  # the last reading integrated
     gap_from: float | None = None  # a break: the time from here to the next reading is not observed
@@ -143,15 +144,19 @@ def _has_readings(values: dict[str, Any]) -> bool:
     return any(v is not None and not any(part in k for part in NOT_READINGS) for k, v in values.items())
 
 
-def _integrate(g: _Gpu, r: _Reading, spike: bool) -> None:
+def _integrate(g: _Gpu, r: _Reading, spike: bool = False, memory_spike: bool = False) -> None:
     if r.kind != "reading":
         g.previous = None
         g.gap_from = g.last if r.kind == "gap" else None
         return
     values = r.values
-    if spike:
-        values = {**values, "temperature_gpu_celsius": None}
-        g.excluded["spike"] += 1
+    if spike or memory_spike:
+        values = dict(values)
+        for sensor, field_name, reason in ((spike, "temperature_gpu_celsius", "spike"),
+                                           (memory_spike, "temperature_memory_celsius", "memory_spike")):
+            if sensor:
+                values[field_name] = None
+                g.excluded[reason] += 1
     assert g.max_gap is not None
     if g.previous is None:
         if g.gap_from is not None:
@@ -181,14 +186,17 @@ def _feed(g: _Gpu, r: _Reading) -> None:
             _settle(g)
         return
     if r.kind != "reading":
-        out = g.spike.reset()
-        if out is not None:
-            _integrate(g, *out)
-        _integrate(g, r, False)
+        _judged(g, g.spike.reset(), g.memory_spike.reset())
+        _integrate(g, r)
         return
-    out = g.spike.push(r, r.timestamp, r.values.get("temperature_gpu_celsius"))
-    if out is not None:
-        _integrate(g, *out)
+    _judged(g, g.spike.push(r, r.timestamp, r.values.get("temperature_gpu_celsius")),
+            g.memory_spike.push(r, r.timestamp, r.values.get("temperature_memory_celsius")))
+
+
+def _judged(g: _Gpu, die: tuple[_Reading, bool] | None, memory: tuple[_Reading, bool] | None) -> None:
+    """The reading both spike filters have just decided (they see the same readings: one late, together)."""
+    if die is not None and memory is not None:
+        _integrate(g, die[0], die[1], memory[1])
 
 
 def _settle(g: _Gpu) -> None:
@@ -298,9 +306,7 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
         _feed(g, _Reading(timestamp, values, item.name or ""))
     for g in gpus.values():
         _settle(g)
-        out = g.spike.flush()
-        if out is not None:
-            _integrate(g, *out)
+        _judged(g, g.spike.flush(), g.memory_spike.flush())
     return finish(path, ledger, params, [GpuImport(g.uuid, g.wear, g.first, g.last, g.rows, g.skipped, g.excluded,
                                                    g.cadence, g.max_gap, g.dropped) for g in gpus.values()],
                   result.problems, "rows")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import dataclasses
 import datetime
 import math
 import statistics
@@ -453,7 +454,8 @@ class _Gpu:
     intervals: int = 0
     cadence: float | None = None
     held: Series | None = None  # the last reading, awaiting its next to be judged
-    before: tuple[float, float] | None = None  # the spike filter's last believed reading
+    before: tuple[float, float] | None = None  # the spike filter's last believed die reading (s, °C)
+    before_memory: tuple[float, float] | None = None  # and memory reading
     carry: Carry = field(default_factory=Carry)
     skipped: int = 0
     dropped: int = 0
@@ -667,15 +669,20 @@ def _judge(g: _Gpu, s: Series, final: bool) -> None:
         return
     reading = s.kind == READING
     spike = spikes(s.time, s.die, reading, g.before)
+    memory_spike = spikes(s.time, s.memory, reading, g.before_memory)
     if not final and s.kind[-1] == READING:  # its verdict needs the next entry: it waits for the next piece
         g.held = s.take(slice(len(s) - 1, None))
-        s, reading, spike = s.take(slice(0, len(s) - 1)), reading[:-1], spike[:-1]
+        s, reading = s.take(slice(0, len(s) - 1)), reading[:-1]
+        spike, memory_spike = spike[:-1], memory_spike[:-1]
         if not len(s):
             return
     g.before = believed_after(s.time, s.die, reading, spike, g.before)
+    g.before_memory = believed_after(s.time, s.memory, reading, memory_spike, g.before_memory)
     _count(g.excluded, "spike", int(spike.sum()))
+    _count(g.excluded, "memory_spike", int(memory_spike.sum()))
+    s = dataclasses.replace(s, die=np.where(spike, np.nan, s.die), memory=np.where(memory_spike, np.nan, s.memory))
     assert g.max_gap is not None
-    integrate(g.wear, s, spike, g.max_gap, g.carry)
+    integrate(g.wear, s, g.max_gap, g.carry)
 
 
 # --- the import --------------------------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def _bins(into: dict[str, float], keys: Ints, weights: Floats) -> None:
         into[str(k + lo)] = float(sums[k])
 
 
-def integrate(w: GpuWear, s: Series, spike: Bools, max_gap: float, carry: Carry) -> None:
+def integrate(w: GpuWear, s: Series, max_gap: float, carry: Carry) -> None:
     """Integrate decided entries into ``w`` as ``GpuWear.add``/``gap`` would, reading by reading, with the
     import's rules (backfill._integrate): an interval longer than ``max_gap`` is a gap; after a gap break, the
     time since the last reading is a gap; after a covered break, the next reading is a baseline."""
@@ -205,7 +205,7 @@ def integrate(w: GpuWear, s: Series, spike: Bools, max_gap: float, carry: Carry)
     if w.first_seen is None:
         w.first_seen = float(t[0])
     w.last_seen = float(t[-1]) if w.last_seen is None else max(w.last_seen, float(t[-1]))
-    die = np.where(spike[positions], np.nan, s.die[positions])
+    die = s.die[positions]
     memory = s.memory[positions]
     _rainflow(w, "gpu", die)
     _rainflow(w, "memory", memory)

@@ -12,6 +12,9 @@ that are not believed").
   that are not judged this way (a 60 s log may truly swing between 40 and 70 °C). One 140 °C glitch in a
   45 °C log otherwise adds a 95 °C cycle (worth ~7 reference cycles) and multiplies Arrhenius aging by ~5.
 
+Die and memory (HBM) readings are judged each on their own, by the same rules (a memory spike is counted as
+``memory_spike``); the shutdown threshold is the die's alone.
+
 Deciding a spike needs the next reading: only a :func:`suspect` reading (far from the last believed one,
 soon after it) can be one, and :func:`is_spike` decides it with the next. :class:`SpikeFilter` (imports)
 answers every reading one late; the live tracker holds back only suspect samples, with the same two

@@ -111,6 +111,7 @@ class _Seen:
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
     interrupted: bool = False  # a tick without a reading since the last integrated sample
     before: tuple[float, float] | None = None  # (wall, °C) of the last die reading believed
+    before_memory: tuple[float, float] | None = None  # (wall, °C) of the last memory (HBM) reading believed
     held: tuple[GpuSample, float, list[Job]] | None = None  # a suspect sample (sample, dt, jobs): judged by the next
 
 
@@ -205,7 +206,7 @@ class WearTracker:
                         "the jump is counted as neither observed nor unobserved", jump)
             for uuid, seen in self._seen.items():
                 w = self._wears[uuid]
-                seen.before = None  # spike judgement compares wall times: not across a jump
+                seen.before = seen.before_memory = None  # spike judgement compares wall times: not across a jump
                 self._event(w, wall, "clock_jump", {"seconds": jump})
                 if jump > 0:
                     w.skipped_seconds += jump
@@ -290,35 +291,46 @@ class WearTracker:
             self._event(w, sample.timestamp, "gap", {"seconds": dt, "reason": reason})
             self.jobs.stop_gpu(ident.uuid, sample.timestamp - dt)
             dt = 0.0
-            seen.before = None
+            seen.before = seen.before_memory = None
         else:
             self._release(w, seen, sample)
         seen.interrupted = False
         seen.monotonic = sample.monotonic
-        if suspect(seen.before, sample.timestamp, sample.temperature_gpu_celsius):
+        if (suspect(seen.before, sample.timestamp, sample.temperature_gpu_celsius)
+                or suspect(seen.before_memory, sample.timestamp, sample.temperature_memory_celsius)):
             seen.held = (sample, dt, jobs)  # a lone spike or a real jump: the next sample tells
             return
-        self._integrate(w, seen, sample, dt, jobs, spike=False)
+        self._integrate(w, seen, sample, dt, jobs, (False, False))
 
     def _release(self, w: GpuWear, seen: _Seen, following: GpuSample | None) -> None:
-        """Integrate the held suspect sample, its die reading dropped if ``following`` shows it a lone spike
-        (believed when nothing follows: a gap, a lost GPU, a stop)."""
+        """Integrate the held suspect sample, its die or memory reading dropped if ``following`` shows it a lone
+        spike (believed when nothing follows: a gap, a lost GPU, a stop)."""
         if seen.held is None:
             return
         sample, dt, jobs = seen.held
         seen.held = None
-        spike = following is not None and is_spike(seen.before, sample.timestamp, sample.temperature_gpu_celsius,
-                                                   following.timestamp, following.temperature_gpu_celsius)
-        self._integrate(w, seen, sample, dt, jobs, spike)
+        spikes = (False, False)
+        if following is not None:
+            spikes = (is_spike(seen.before, sample.timestamp, sample.temperature_gpu_celsius, following.timestamp,
+                               following.temperature_gpu_celsius),
+                      is_spike(seen.before_memory, sample.timestamp, sample.temperature_memory_celsius,
+                               following.timestamp, following.temperature_memory_celsius))
+        self._integrate(w, seen, sample, dt, jobs, spikes)
 
     def _integrate(self, w: GpuWear, seen: _Seen, sample: GpuSample, dt: float, jobs: list[Job],
-                   spike: bool) -> None:
-        if spike:
-            self._event(w, sample.timestamp, "reading_dropped", {"field": "temperature_gpu_celsius", "reason": "spike",
-                                                                 "value": sample.temperature_gpu_celsius})
+                   spikes: tuple[bool, bool]) -> None:
+        for spike, name in zip(spikes, ("temperature_gpu_celsius", "temperature_memory_celsius"), strict=True):
+            if spike:
+                self._event(w, sample.timestamp, "reading_dropped", {"field": name, "reason": "spike",
+                                                                     "value": getattr(sample, name)})
+        if spikes[0]:
             sample = replace(sample, temperature_gpu_celsius=None)
-        elif sample.temperature_gpu_celsius is not None:
+        if spikes[1]:
+            sample = replace(sample, temperature_memory_celsius=None)
+        if sample.temperature_gpu_celsius is not None:
             seen.before = (sample.timestamp, sample.temperature_gpu_celsius)
+        if sample.temperature_memory_celsius is not None:
+            seen.before_memory = (sample.timestamp, sample.temperature_memory_celsius)
         uuid = w.uuid
         before = {k: w.health.get(k) for k in _HEALTH_EVENTS}
         interval = w.add(sample, dt)
