@@ -198,6 +198,9 @@ def test_dst_changes(zone: str, day: datetime.datetime, tmp_path: Path) -> None:
     ("a quoted cell after ', '", lambda lines: lines.__setitem__(60, lines[60].replace(", NVIDIA Test GPU,",
                                                                                       ', "NVIDIA, Test GPU",'))),
     ("a header of another layout", lambda lines: lines.insert(70, "timestamp, uuid, temperature.gpu")),
+    ("NUL bytes in a column the import does not read", lambda lines: [
+        lines.__setitem__(i, lines[i] + (", note" if i == 0 else ", a\0b" if i == 80 else ", ok"))
+        for i in range(len(lines))]),
 ])
 def test_the_row_path_takes_what_columns_cannot(what: str, change: Any, tmp_path: Path) -> None:
     """Inputs the columnar reader cannot read as the row path does: it says so and writes nothing; import_file

@@ -319,7 +319,8 @@ def _fixed_width(s: pa.Array) -> tuple[Any, ...] | None:
 
 @dataclass
 class _Block:
-    """A block of rows: file line numbers, times, the problem rows' messages (by row), and the fields."""
+    """A block of rows: their file line numbers, times (and the later pass of a repeated local time), which
+    rows are problems, the fields, and the cells as read (for what the row path says of a problem row)."""
 
     lines: Ints
     ts: Floats
@@ -373,11 +374,11 @@ def _blocks(path: Path, layout: Any, offset: int, line0: int, tz: datetime.tzinf
                 problems.extend(_refused(line0 + number, text, layout.width))
             refused.clear()
             n = batch.num_rows
-            ahead = [x for x in skipped if x >= next_line]
-            candidates = np.arange(next_line, next_line + n + len(ahead))
-            lines = candidates[~np.isin(candidates, ahead)][:n]
+            candidates = np.arange(next_line, next_line + n + len(skipped))
+            lines = candidates[~np.isin(candidates, list(skipped))][:n]
             if n:
                 next_line = int(lines[-1]) + 1
+                skipped = {x for x in skipped if x >= next_line}
                 yield _block(batch, lines + line0, layout, clock)
 
 
@@ -399,6 +400,8 @@ def _block(batch: pa.RecordBatch, lines: Ints, layout: Any, clock: _Clock) -> _B
     widest = sum(pc.max(pc.binary_length(batch.column(i))).as_py() or 0 for i in range(layout.width))
     if widest + layout.width + 1 >= importer.MAX_LINE_BYTES:
         raise ColumnarError("a line may be longer than the row path reads")
+    if any(_has_nul(batch.column(i)) for i in range(layout.width)):  # in any column: the row path skips the line
+        raise ColumnarError("NUL bytes in a row")
     ts, later, bad = clock.read(batch.column(layout.time.index))
     cols: dict[str, _Col] = {}
     for index, name, _identity, _fast, b in layout.plan:
@@ -412,6 +415,15 @@ def _block(batch: pa.RecordBatch, lines: Ints, layout: Any, clock: _Clock) -> _B
     for col in cols.values():
         problem |= col.status == BAD
     return _Block(lines, ts, later, problem, cols, batch)
+
+
+def _has_nul(array: pa.Array) -> bool:
+    """Whether any cell holds a NUL byte (a scan of the cells' bytes, not of the buffer's padding)."""
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset:array.offset + len(array) + 1]
+    data = array.buffers()[2]
+    if data is None or not len(offsets) or offsets[-1] == offsets[0]:
+        return False
+    return int(np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]].min()) == 0
 
 
 def _problem(block: _Block, row: int, layout: Any, tz: datetime.tzinfo | None) -> str | None:
