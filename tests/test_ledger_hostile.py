@@ -729,3 +729,21 @@ def test_what_a_save_takes_does_not_change_under_the_next_tick() -> None:
             check_wear(w)
     finally:
         rig.backend.close()
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o777])
+def test_a_shared_directory_is_refused_and_left_as_it_was(tmp_path: Path, mode: int) -> None:
+    """`--state-dir /tmp` (run as root): before, the ledger tightened the shared directory itself to 0700, and every
+    other user of the machine lost /tmp. Now refused with one line, the directory untouched."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    with pytest.raises(LedgerError, match="shared directory"):
+        Ledger.open(shared / "ledger.sqlite")
+    with pytest.raises(LedgerError, match="shared directory"):
+        StateLock.acquire(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == mode and not list(shared.iterdir())
+    r = subprocess.run([sys.executable, "-m", "gpuwear", "import", "nvidia-smi", str(tmp_path / "none.csv"),
+                        "--state-dir", str(shared)], capture_output=True, text=True)
+    assert r.returncode == 1 and "shared directory" in r.stderr and "Traceback" not in r.stderr
+    assert stat.S_IMODE(shared.stat().st_mode) == mode

@@ -209,7 +209,7 @@ def fault_scenario(product: str, *faults: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("product", "fault", "status", "code"), [
     ("h100-sxm", None, "ok", None),
-    ("rtx4090", None, "unknown", "memory_health_unknown"),
+    ("rtx4090", None, "ok", "memory_health_unknown"),  # a verdict on what it reports; the unknown part a reason
     ("h100-sxm", {"kind": "remap_rows", "uncorrected": 1, "failure": True}, "act", "row_remap_failure"),
     ("h100-sxm", {"kind": "remap_rows", "uncorrected": 1, "pending": True}, "watch", "row_remap_pending"),
     ("h100-sxm", {"kind": "remap_rows", "corrected": 2}, "watch", "remapped_rows"),

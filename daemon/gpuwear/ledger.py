@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -177,7 +178,12 @@ def private_folder(folder: Path) -> None:
     if not folder.is_dir():
         folder.mkdir(parents=True, mode=0o700, exist_ok=True)
         os.chmod(folder, 0o700)
-    elif folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o077:
+        return
+    st = folder.stat()
+    if st.st_mode & (stat.S_IWOTH | stat.S_ISVTX):  # /tmp, /var/tmp: other users' files live there
+        raise LedgerError(f"{folder} is a shared directory (writable by everyone): give gpuwear a folder of its own "
+                          "(state_dir, --state-dir), which it keeps private")
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
         os.chmod(folder, 0o700)
 
 

@@ -365,8 +365,9 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_attributed_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal "
                   "aging (central band) split by kind (job / idle), as time at wear.arrhenius.reference_celsius.",
                   ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()]),
-    MetricDef("gpuwear_health_status", "gauge", "", "Health verdict: 1 for the current status (ok, unknown, "
-                  "watch, act), 0 for the others.", ("status",), _status),
+    MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
+                  "status (ok, watch, act), 0 for the others (unknown is kept for old queries and is always 0: "
+                  "what a card cannot report is a reason of severity unknown).", ("status",), _status),
     MetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
                   "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active),
 )

@@ -5,13 +5,13 @@ The JSON keys are a contract (see README): add keys, never rename or remove them
 
 from __future__ import annotations
 
-import math
+import time
 from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.ledger import Event
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import estimates, resistance_trend, verdict
+from gpuwear.wear.models import WORD_PROFILES, estimates, resistance_trend, verdict
 from gpuwear.wear.schema import READING_GROUPS
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
@@ -109,31 +109,96 @@ def _percentile(hist: dict[str, float], q: float) -> int | None:
     return None
 
 
-def _band_text(e: dict[str, Any], unit: str) -> str:
-    lo, hi = min(e["low"], e["central"], e["high"]), max(e["low"], e["central"], e["high"])
-    return f"{lo:.3g} to {hi:.3g} {unit} (central {e['central']:.3g})"
+def _num(x: float) -> str:
+    """A figure a person reads at a glance: two significant digits, no exponent."""
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def _span(hours: float) -> str:
+    return _hours(hours * 3600)
+
+
+def _range_text(r: dict[str, Any], show: Any) -> str:
+    """'smallest (with ...) to largest (with ...)'."""
+    return f"{show(r['smallest'])} with {r['smallest_with']} to {show(r['largest'])} with {r['largest_with']}"
+
+
+def _profile(d: dict[str, Any], key: str) -> dict[str, Any]:
+    return next(p for p in d["reference_profiles"] if p["profile"] == key)
+
+
+def _health_words(d: dict[str, Any]) -> str:
+    h = d["health"]
+    shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
+    if h["status"] in ("act", "watch"):
+        first = next(r for r in shown if r["severity"] == h["status"])
+        lead = "It needs action now" if h["status"] == "act" else "Keep an eye on it"
+        return f"{lead}: {first['text']}."
+    text = "Nothing it reports is wrong"
+    if h.get("not_known"):
+        text += " (it reports no ECC counters or memory temperature, so its memory health is not known)"
+    return text + "."
 
 
 def _plain_words(d: dict[str, Any]) -> str:
-    """One or two sentences a non-expert can act on."""
-    profiles = [p for p in d["reference_profiles"] if p["observed_thermal_aging_ratio"] is not None]
-    status = d["health"]["status"]
-    health = {"ok": "Nothing in its measured health asks for action.",
-              "unknown": "Its memory health cannot be known (the card reports no ECC counters); nothing else "
-                         "measured asks for action." if len(d["health"]["reasons"]) == 1 else
-                         "Some of its health cannot be known; see the reasons above.",
-              "watch": "Keep an eye on it: see the reasons above.",
-              "act": "It needs action now: see the reasons above."}[status]
-    if not profiles or d["observed_seconds"] < 60:
-        return f"Too little observed yet to compare its wear. {health}"
-    closest = min(profiles, key=lambda p: abs(math.log(max(p["observed_thermal_aging_ratio"], 1e-12))))
-    idle = next((p for p in profiles if p["profile"] == "idle_24_7"), None)
-    text = (f"Over the {_hours(d['observed_seconds'])} observed, its silicon aged by heat "
-            f"{closest['observed_thermal_aging_ratio']:.2g} times as fast as a card used for "
-            f"\"{closest['description']}\" would have (central estimate)")
-    if idle is not None and closest is not idle:
-        text += f", and {idle['observed_thermal_aging_ratio']:.2g} times as fast as an idle one"
-    return text + f". Wear is an estimate from models, not a measured remaining life. {health}"
+    """The answer to "is this card being worn?" in a few sentences: measured health, both wear mechanisms on a
+    scale a person grasps, against everyday references, and what it rests on."""
+    health = _health_words(d)
+    if d["observed_seconds"] < 60:
+        return f"{health} Too little observed yet to say how it is being worn."
+    a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
+    gaming = _profile(d, "gaming_4h_day")
+    heat_days = a["central"] / gaming["thermal_aging_hours_per_day"]
+    cycle_days = c["central"] / gaming["cycle_fatigue_cycles_per_day"]
+    text = (f"{health} Heat aged its chip as much as {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
+            f"would, about what {_num(heat_days)} days of gaming 4 h a day do; its temperature swings were worth "
+            f"{_num(c['central'])} full {c['reference_peak_celsius'] - c['reference_range_celsius']:g} → "
+            f"{c['reference_peak_celsius']:g} °C cycles, about what {_num(cycle_days)} days of such gaming make.")
+    if heat_days > 0 and cycle_days > 0:
+        larger, ratio = ("thermal cycling", cycle_days / heat_days) if cycle_days >= heat_days else (
+            "heat aging", heat_days / cycle_days)
+        if ratio >= 1.5:
+            text += f" Measured against gaming, {larger} is the larger stress here ({_num(ratio)} times the other)."
+    first = d["first_seen"]
+    since = f" since {time.strftime('%Y-%m-%d', time.gmtime(first))}" if first is not None else ""
+    coverage = d["coverage_ratio"]
+    share = f" ({100 * coverage:.0f} % of that time)" if coverage is not None else ""
+    return (text + f" This rests on {_hours(d['observed_seconds'])} observed{since}{share}; nothing before is known. "
+            "Wear is an estimate from models (docs/wear-model.md), not a measured remaining life.")
+
+
+def _wear_lines(d: dict[str, Any]) -> list[str]:
+    """Both mechanisms, each on an absolute scale and against everyday profiles (not against 24/7 training, which a
+    deep-learning card would only be compared with itself), and the card's own busy and idle time."""
+    a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
+    comparison = d["comparison"]
+    out = ["  Wear (estimates from named models, not a remaining life):",
+           f"    Heat aging (Arrhenius): as much as {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
+           f"(central; {_range_text(a['range'], _span)})",
+           f"    Thermal cycling (Coffin-Manson): {_num(c['central'])} full {c['reference_range_celsius']:g} °C cycles "
+           f"peaking at {c['reference_peak_celsius']:g} °C (central; {_range_text(c['range'], _num)})"]
+    if comparison["compared"]:
+        for mechanism, key in (("heat aging", "observed_thermal_aging_ratio"),
+                               ("cycling", "observed_cycle_fatigue_ratio")):
+            parts = [f"{_num(p[key])} × a day of \"{p['description']}\""
+                     for p in d["reference_profiles"] if p["profile"] in WORD_PROFILES and p[key] is not None]
+            if parts:
+                out.append(f"    Per day observed, {mechanism}: " + "; ".join(parts))
+    else:
+        out.append(f"    Not compared per day with everyday profiles: {_hours(comparison['observed_seconds'])} "
+                   f"observed, at least {_hours(comparison['minimum_seconds'])} needed")
+    own = d["own_history"]
+    if own["busy_to_idle_ratio"] is not None:
+        out.append(f"    Its own history: while busy it aged {_num(own['busy_to_idle_ratio'])} times as fast (heat) "
+                   "as while idle")
+    return out
+
+
+def _band_text(e: dict[str, Any], unit: str) -> str:
+    lo, hi = min(e["low"], e["central"], e["high"]), max(e["low"], e["central"], e["high"])
+    return f"{lo:.3g} to {hi:.3g} {unit} (central {e['central']:.3g})"
 
 
 def text_report(doc: dict[str, Any]) -> str:
@@ -147,11 +212,15 @@ def text_report(doc: dict[str, Any]) -> str:
         serial = f", serial {d['serial']}" if d["serial"] else ""
         out.append(f"{d['name'] or 'unknown GPU'} ({d['uuid']}{serial})")
         h = d["health"]
-        out.append(f"  Health: {h['status'].upper()}")
-        for r in h["reasons"]:
+        shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
+        out.append(f"  Health: {h['status'].upper()}" + (": nothing it reports asks for action" if not shown else ""))
+        for r in shown:
             out.append(f"    - [{r['severity']}] {r['text']}")
-        if not h["reasons"]:
-            out.append("    - no memory error, retired page, row remap, critical XID or thermal stress recorded")
+        for r in h["reasons"]:
+            if r["severity"] == "unknown":
+                out.append(f"    Not known: {r['text']}")
+        out.append(f"  In plain words: {_plain_words(d)}")
+        out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]
         cov = f" ({100 * coverage:.0f} % of the time since first seen)" if coverage is not None else ""
         out.append(f"  Observed: {_hours(d['observed_seconds'])}{cov}; busy {_hours(d['busy_seconds'])}; "
@@ -194,7 +263,7 @@ def text_report(doc: dict[str, Any]) -> str:
             out.append(f"    Cooling: {trend['last_celsius_per_watt']:.3f} °C per W above idle at steady load "
                        f"({trend['days']} day(s) measured)")
         a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
-        out.append("  Estimated wear (bands from three parameter sets; estimates, not a remaining life):")
+        out.append("  Model details (bands from three parameter sets; estimates, not a remaining life):")
         out.append(f"    Thermal aging: {_band_text(a, 'hours')} at {a['reference_celsius']:g} °C "
                    f"(Arrhenius, Ea {a['parameters']['activation_energy_ev']['low']:g} / "
                    f"{a['parameters']['activation_energy_ev']['central']:g} / "
@@ -208,11 +277,10 @@ def text_report(doc: dict[str, Any]) -> str:
         else:
             out.append(f"      not compared with everyday profiles: {_hours(comparison['observed_seconds'])} observed, "
                        f"at least {_hours(comparison['minimum_seconds'])} needed for a per-day comparison")
-        for prof in d["reference_profiles"]:
+        for prof in d["reference_profiles"]:  # all four, training included, for the record
             if prof["observed_thermal_aging_ratio"] is not None:
                 out.append(f"      vs \"{prof['description']}\": aging x{prof['observed_thermal_aging_ratio']:.2g}"
                            + (f", cycles x{prof['observed_cycle_fatigue_ratio']:.2g}"
                               if prof["observed_cycle_fatigue_ratio"] is not None else ""))
-        out.append(f"  In plain words: {_plain_words(d)}")
         out.append("")
     return "\n".join(out).rstrip() + "\n"

@@ -85,13 +85,46 @@ class Profile:
         return {f"{round(r)}:{round(p)}": n for r, p, n in self.cycles}
 
 
+# docs/wear-model.md §7 states these assumptions and the figures they give (tests/test_models.py holds the two equal)
 PROFILES = (
     Profile("idle_24_7", "24/7 idle at 35 °C", ((35, 24),), ()),
+    # two sessions a day (35 -> 70 °C) and 20 dips of 10 °C (menus, loading screens)
     Profile("gaming_4h_day", "4 h a day of gaming at 70 °C, idle at 35 °C otherwise", ((70, 4), (35, 20)),
-            ((35, 70, 2),)),
-    Profile("training_24_7", "24/7 deep-learning training at 75 °C", ((75, 24),), ((10, 75, 24), (40, 75, 1))),
-    Profile("stress_24_7", "24/7 stress test or mining at 85 °C", ((85, 24),), ((50, 85, 1),)),
+            ((35, 70, 2), (10, 70, 20))),
+    # two job boundaries (35 -> 75 °C) and 24 checkpoint dips (55 -> 75 °C)
+    Profile("training_24_7", "24/7 datacenter training at 75 °C", ((75, 24),), ((40, 75, 2), (20, 75, 24))),
+    Profile("stress_24_7", "24/7 stress test or mining at 85 °C", ((85, 24),), ()),
 )
+# what a card's figures are put against in words: not the training profile, which a deep-learning card would only be
+# compared with itself
+WORD_PROFILES = ("idle_24_7", "gaming_4h_day", "stress_24_7")
+
+
+def band_range(values: dict[str, float], labels: dict[str, str]) -> dict[str, Any]:
+    """A band from smallest to largest, each end with the parameters that give it (the "low" set is not always
+    the smallest figure: below the reference temperature a low activation energy ages more)."""
+    small = min(values, key=lambda b: (values[b], b))
+    large = max(values, key=lambda b: (values[b], b))
+    return {"smallest": values[small], "smallest_with": labels[small], "largest": values[large],
+            "largest_with": labels[large]}
+
+
+def aging_labels(p: WearConfig) -> dict[str, str]:
+    return {b: f"Ea {ea:g} eV" for b, ea in p.arrhenius.activation_energy_ev.items()}
+
+
+def cycle_labels(p: WearConfig) -> dict[str, str]:
+    return {b: f"exponent {m:g}" + (f", peak term {q:g} K" if q else "")
+            for (b, m), (_, q) in zip(p.cycles.exponent.items(), p.cycles.peak_term_kelvin.items(), strict=True)}
+
+
+def aging_per_hour(hist: dict[str, float], p: WearConfig) -> float | None:
+    """Equivalent hours at the reference temperature per hour of a histogram (central), None when empty."""
+    seconds = sum(hist.values())
+    if seconds <= 0:
+        return None
+    a = p.arrhenius
+    return thermal_aging_hours(hist, a.reference_celsius, a.activation_energy_ev.central) * 3600.0 / seconds
 
 
 @functools.lru_cache(maxsize=8)
@@ -124,6 +157,8 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
                                    "parameters": {"exponent": dict(c.exponent.items()),
                                                   "peak_term_kelvin": dict(c.peak_term_kelvin.items()),
                                                   "hysteresis_celsius": w.gate_celsius}}
+    aging_out["range"] = band_range({b: aging_out[b] for b in ("low", "central", "high")}, aging_labels(p))
+    fatigue_out["range"] = band_range({b: fatigue_out[b] for b in ("low", "central", "high")}, cycle_labels(p))
     if "memory" in w.temperature_seconds:
         aging_out["memory"] = aging(w.temperature_seconds["memory"])
         fatigue_out["memory"] = fatigue(w.all_cycles("memory"))
@@ -146,8 +181,13 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
                      "revolutions_estimated_from_speed_ratio": fan.ratio_seconds > 0,
                      "equivalent_hours_at_rated_rpm": round(revolutions / p.fan.rated_rpm / 60.0, 6),
                      "rated_rpm": p.fan.rated_rpm, "l10_hours": dict(p.fan.l10_hours.items())})
+    busy = aging_per_hour(w.kinds.get("job", {}).get("temperature_seconds", {}), p)
+    idle = aging_per_hour(w.kinds.get("idle", {}).get("temperature_seconds", {}), p)
+    own = {"busy_aging_hours_per_hour": None if busy is None else round(busy, 6),
+           "idle_aging_hours_per_hour": None if idle is None else round(idle, 6),
+           "busy_to_idle_ratio": round(busy / idle, 4) if busy is not None and idle else None}
     return {"thermal_aging_equivalent_hours": aging_out, "cycle_fatigue_equivalent_cycles": fatigue_out,
-            "fan_wear": fans, "reference_profiles": profiles,
+            "fan_wear": fans, "reference_profiles": profiles, "own_history": own,
             "comparison": {"observed_seconds": round(w.observed_seconds, 3),
                            "minimum_seconds": MIN_COMPARISON_SECONDS,
                            "compared": w.observed_seconds >= MIN_COMPARISON_SECONDS}}
@@ -197,8 +237,8 @@ def verdict(w: GpuWear, p: WearConfig) -> dict[str, Any]:
                "the driver loaded: results computed since may be wrong; reset the GPU")
     retired = h.get("retired_pages_single_bit", 0) + h.get("retired_pages_double_bit", 0)
     if retired >= 60:
-        reason("act", "retired_pages_limit", f"{retired} retired memory pages: at NVIDIA's limit of 60, the GPU "
-               "should be replaced")
+        reason("act", "retired_pages_limit", f"{retired} retired memory pages: at or above 60, NVIDIA's DCGM health "
+               "check reports the GPU as failing; have it checked by its vendor")
     elif retired > 0:
         reason("watch", "retired_pages", f"{retired} retired memory page(s): normal in small numbers; keep watching")
     if h.get("remapped_rows_uncorrected", 0) > 0 or h.get("remapped_rows_corrected", 0) > 0:
@@ -243,5 +283,9 @@ def verdict(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     if not h.get("ecc_enabled") and not h.get("memory_temperature_reported"):
         reason("unknown", "memory_health_unknown", "this card reports neither ECC counters nor memory temperature: "
                "its memory health cannot be known")
-    status = max((r["severity"] for r in reasons), key=STATUS_ORDER.index, default="ok")
-    return {"status": status, "reasons": reasons}
+    # the verdict is on what the card reports; what it cannot report is said beside it, not instead of it (a GeForce
+    # card with nothing wrong is "ok", its memory health "not known")
+    status = max((r["severity"] for r in reasons if r["severity"] != "unknown"), key=STATUS_ORDER.index,
+                 default="ok")
+    return {"status": status, "reasons": reasons, "not_known": [r["code"] for r in reasons
+                                                               if r["severity"] == "unknown"]}
