@@ -3,7 +3,8 @@
 #
 #   $PREFIX/venv                          a virtual environment holding gpuwear (pip install of this repo)
 #   $PREFIX/share/gpuwear/config.yaml     the default configuration as installed (to tell an edited one)
-#   $PREFIX/share/doc/gpuwear/            docs/deployment.md
+#   $PREFIX/share/doc/gpuwear/            docs/deployment.md, docs/alerts.md (the alerts' runbook)
+#   $PREFIX/share/gpuwear/gpuwear-rules.yml  the Prometheus alert rules, their runbook_url set to RUNBOOK_URL
 #   /etc/systemd/system/gpuwear.service   the unit, its ExecStart pointing into $PREFIX
 #   /etc/gpuwear/config.yaml              the configuration, never overwritten once edited
 #
@@ -15,6 +16,9 @@
 #   PYTHON=python3        the interpreter the venv is made from (3.10 or newer)
 #   PIP_ARGS=             extra arguments for pip install, split on spaces (e.g. "--no-index
 #                         --find-links /srv/wheels" for a machine without an index)
+#   RUNBOOK_URL=file://$PREFIX/share/doc/gpuwear/alerts.md
+#                         where the alerts' runbook_url links point (absolute): set it to where your
+#                         team reads docs/alerts.md (a wiki, a git host) for links that open anywhere
 #
 # Safe to run again: it upgrades gpuwear in place and keeps an edited configuration.
 set -euo pipefail
@@ -24,6 +28,7 @@ DESTDIR=${DESTDIR:-}
 PREFIX=${PREFIX:-/opt/gpuwear}
 PYTHON=${PYTHON:-python3}
 PIP_ARGS=${PIP_ARGS:-}
+RUNBOOK_URL=${RUNBOOK_URL:-file://$PREFIX/share/doc/gpuwear/alerts.md}
 UNIT_NAME=gpuwear.service
 SERVICE_USER=gpuwear
 
@@ -35,6 +40,11 @@ case "$PREFIX" in
     *) die "PREFIX must be an absolute path other than /, got '$PREFIX'" ;;
 esac
 [ "$PREFIX" != / ] || die "PREFIX must not be /"
+case "$RUNBOOK_URL" in
+    *://*) ;;
+    *) die "RUNBOOK_URL must be an absolute URL (https://..., file:///...), got '$RUNBOOK_URL'" ;;
+esac
+case "$RUNBOOK_URL" in *'|'*|*'#'*) die "RUNBOOK_URL must not contain '|' or '#', got '$RUNBOOK_URL'" ;; esac
 DESTDIR=${DESTDIR%/}
 if [ -z "$DESTDIR" ] && [ "$(id -u)" -ne 0 ]; then
     die "run as root (or set DESTDIR to stage the files somewhere else)"
@@ -81,6 +91,11 @@ say "installed $version"
 
 install -d -m 0755 "$share" "$DESTDIR$PREFIX/share/doc/gpuwear"
 install -m 0644 "$REPO/docs/deployment.md" "$DESTDIR$PREFIX/share/doc/gpuwear/deployment.md"
+install -m 0644 "$REPO/docs/alerts.md" "$DESTDIR$PREFIX/share/doc/gpuwear/alerts.md"
+sed -e "s|runbook_url: file:///opt/gpuwear/share/doc/gpuwear/alerts.md#|runbook_url: $RUNBOOK_URL#|" \
+    "$REPO/deploy/prometheus/gpuwear-rules.yml" >"$work/gpuwear-rules.yml"
+install -m 0644 "$work/gpuwear-rules.yml" "$share/gpuwear-rules.yml"
+say "installed the alert rules $share/gpuwear-rules.yml (runbook: $RUNBOOK_URL); load them in Prometheus (docs/alerts.md)"
 
 # 2. the unit, pointing at PREFIX (the path on the target, without DESTDIR)
 install -d -m 0755 "$unit_dir"

@@ -145,11 +145,12 @@ class Staged:
         return self.root / "etc/gpuwear/config.yaml"
 
 
-def _script(script: Path, destdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DESTDIR": str(destdir), "PREFIX": PREFIX}
+def _script(script: Path, destdir: Path, *args: str, check: bool = True,
+            **env: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DESTDIR": str(destdir), "PREFIX": PREFIX, **env}
     result = subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, check=False,
                             timeout=INSTALL_SECONDS)
-    assert result.returncode == 0, f"{script.name} failed:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0 or not check, f"{script.name} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
 
@@ -188,6 +189,11 @@ def test_install_stages_venv_unit_and_config(staged: Staged) -> None:
     assert (staged.root / PREFIX.lstrip("/") / "share/gpuwear/config.yaml").read_bytes() == \
         (REPO / "config.yaml").read_bytes()
     assert (staged.root / PREFIX.lstrip("/") / "share/doc/gpuwear/deployment.md").is_file()
+    # the alert rules and their runbook, where the rules' absolute runbook_url points by default
+    assert (staged.root / PREFIX.lstrip("/") / "share/doc/gpuwear/alerts.md").read_bytes() == \
+        (REPO / "docs/alerts.md").read_bytes()
+    assert (staged.root / PREFIX.lstrip("/") / "share/gpuwear/gpuwear-rules.yml").read_bytes() == \
+        (REPO / "deploy/prometheus/gpuwear-rules.yml").read_bytes()
     assert _unit_values(staged.unit.read_text(), "ExecStart") == [EXEC_START]
     assert "DESTDIR is set: not calling systemctl" in staged.output
     assert "DynamicUser=yes" in staged.output  # no user created, and it says why
@@ -659,3 +665,16 @@ def test_dockerfile_builds_the_image_the_manifests_run() -> None:
     assert "image: gpuwear:0.1.0" in manifest and "docker build -t gpuwear:0.1.0" in text
     for copied in ("pyproject.toml", "README.md", "config.yaml", "daemon"):
         assert (REPO / copied).exists(), copied
+
+
+def test_the_runbook_url_is_set_at_install(copy_of_staged: Staged) -> None:
+    """RUNBOOK_URL points every alert's runbook_url where a team reads docs/alerts.md (before: relative
+    `docs/alerts.md#...` links that opened nowhere); a relative one is refused before anything is installed."""
+    _script(INSTALL, copy_of_staged.root, RUNBOOK_URL="https://wiki.example.com/gpuwear/alerts.md")
+    rules = yaml.safe_load((copy_of_staged.root / PREFIX.lstrip("/") / "share/gpuwear/gpuwear-rules.yml").read_text())
+    urls = [r["annotations"]["runbook_url"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(u == f"https://wiki.example.com/gpuwear/alerts.md#{r.lower()}" for u, r in zip(
+        urls, [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r], strict=True))
+    refused = _script(INSTALL, copy_of_staged.root, check=False, RUNBOOK_URL="docs/alerts.md")
+    assert refused.returncode == 1 and "RUNBOOK_URL must be an absolute URL" in refused.stderr
+

@@ -181,6 +181,7 @@ def _corrupt(path: Path, sql: str, *args: Any) -> None:
 BAD_RECORDS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "NaN in a counter": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "energy_joules": math.nan}),)),
     "a string for seconds": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "observed_seconds": "x"}),)),
+    "a GPU index that is not one": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "index": -3}),)),
     "bad JSON": ("UPDATE gpus SET wear = ?", ('{"schema": 1, "uuid": ',)),
     "a flipped byte": ("UPDATE gpus SET wear = replace(wear, '\"observed_seconds\":3600', "
                        "'\"observed_seconds\":3\x600')", ()),

@@ -61,6 +61,9 @@ def test_consumer_card_unsupported_fields_are_none_logged_once_and_asked_again_o
     assert sample.fan_speed_rpm is not None and all(r and r > 0 for r in sample.fan_speed_rpm)
     ecc_lines = [r for r in caplog.records if "GPU 0" in r.getMessage() and "ecc_mode (not_supported)" in r.message]
     assert len(ecc_lines) == 1  # logged when it became unavailable, not at each probe, with the others of that read
+    # one start-up line per GPU says all it does not support (before: a line per field, 14 at each start)
+    lines = [r.getMessage().split(" (")[0] for r in caplog.records if "): unavailable:" in r.getMessage()]
+    assert sorted(lines) == ["GPU 0", "GPU 1"], lines
     # Ten ticks with a 2 s slow interval: five slow reads. What is unsupported is asked again on each slow read
     # only (a MIG toggle changes what is supported), never on the fast ones: ECC mode 5 times per GPU, the
     # RTX's violation counters (a fast reading) 5 times per policy against the H100's 10.

@@ -33,6 +33,7 @@ RULE_TESTS = sorted((REPO / "deploy" / "prometheus" / "tests").glob("*.yml"))
 EXAMPLE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 GOLDEN = sorted((REPO / "tests" / "golden").glob("*.prom"))
 RUNBOOK = REPO / "docs" / "alerts.md"
+RUNBOOK_URL = "file:///opt/gpuwear/share/doc/gpuwear/alerts.md"  # where install.sh puts it with the default PREFIX
 SCENARIOS = REPO / "tests" / "scenarios"
 JOB = "gpuwear"
 SEVERITIES = {"critical", "warning", "info"}
@@ -178,8 +179,7 @@ def daemon_and_prometheus(tmp_path: Path, scenario: str, gpus: int, rules: Path 
     config["global"]["evaluation_interval"] = "1s"
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == JOB]
     job["static_configs"] = [{"targets": [daemon_addr]}]
-    if rules is not None:
-        config["rule_files"] = [str(rules)]
+    config["rule_files"] = [str(rules)] if rules is not None else []
     config_path = tmp_path / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
@@ -265,7 +265,7 @@ def test_alert_metadata(name: str) -> None:
     assert rule["labels"]["severity"] in SEVERITIES, rule["labels"]
     annotations = rule["annotations"]
     assert set(annotations) >= {"summary", "description", "runbook_url"}, annotations
-    assert annotations["runbook_url"] == f"docs/alerts.md#{name.lower()}"
+    assert annotations["runbook_url"] == f"{RUNBOOK_URL}#{name.lower()}"  # absolute (install.sh sets it)
     if name not in DAEMON_ALERTS:
         for label in ("$labels.gpu", "$labels.uuid", "$labels.instance"):
             assert label in annotations["description"], f"{name}: description does not quote {label}"
@@ -404,3 +404,17 @@ def test_cool_scenario_stays_silent(tmp_path: Path) -> None:
         assert verdicts == {"0": "ok", "1": "ok"}, verdicts
         unknown = {s["metric"]["gpu"] for s in rig.query('gpuwear_health_reason{severity="unknown"} == 1')}
         assert unknown == {"0"}, unknown
+
+
+def test_the_shipped_prometheus_config_loads_the_rules(tmp_path: Path) -> None:
+    """deploy/prometheus/prometheus.yml with gpuwear-rules.yml beside it, as the docs install them: promtool finds
+    every alert. Before: the example had no rule_files, so a Prometheus set up from it never alerted."""
+    promtool = require("promtool")
+    for source in (EXAMPLE_CONFIG, RULES):
+        (tmp_path / source.name).write_text(source.read_text())
+    out = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rules = len([r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]])
+    assert f"SUCCESS: {rules} rules found" in out.stdout + out.stderr, out.stdout + out.stderr
+

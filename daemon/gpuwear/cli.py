@@ -8,6 +8,8 @@ import logging
 import os
 import sqlite3
 import sys
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
 from gpuwear.config import Config, ConfigError, load_config, parse_listen
 from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError, ledger_path
+from gpuwear.wear.accumulate import GpuWear
 from gpuwear.webconfig import WebConfigError
 
 # The scenarios shipped in gpuwear/backends/scenarios/ (a test keeps the list true); named here
@@ -23,6 +26,8 @@ BUILTIN_SCENARIOS = ("demo", "idle", "stress", "training")
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_SIGPIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader left
+JOBS_SHOWN = 20  # `gpuwear jobs` lists this many of the newest jobs unless told otherwise
+GPU_HELP = "only this GPU: its index (as nvidia-smi numbers it), its UUID or the start of its UUID"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,15 +52,19 @@ def _parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="what the wear ledger knows about each GPU, in words or JSON")
     _ledger_arguments(report)
-    report.add_argument("--gpu", metavar="UUID", help="only this GPU")
+    report.add_argument("--gpu", metavar="GPU", help=GPU_HELP)
     report.add_argument("--json", action="store_true", help="a stable machine-readable document")
 
     jobs = sub.add_parser("jobs", help="which job wore which GPU, and by how much")
     jobs.add_argument("job", nargs="?", metavar="JOB", help="one job (its id, name or record) across its GPUs")
     _ledger_arguments(jobs)
     jobs.add_argument("--since", metavar="DURATION", help="only jobs ended within this long (30m, 12h, 1d, 2w)")
-    jobs.add_argument("--gpu", metavar="UUID", help="only this GPU")
+    jobs.add_argument("--gpu", metavar="GPU", help=GPU_HELP)
     jobs.add_argument("--json", action="store_true", help="a stable machine-readable document")
+    shown = jobs.add_mutually_exclusive_group()
+    shown.add_argument("--limit", type=int, metavar="N", help=f"the newest N jobs (default {JOBS_SHOWN} in words, "
+                       "all in --json); shares and totals stay those of the whole window")
+    shown.add_argument("--all", action="store_true", help="every job in the window")
 
     doctor = sub.add_parser("doctor", help="check the driver, devices, GPUs, ledger and port; say what to fix")
     _ledger_arguments(doctor)
@@ -68,8 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                              "llm-gpu-stress NVML logger's CSV)")
     smi.add_argument("files", nargs="+", metavar="FILE")
     _ledger_arguments(smi)
-    smi.add_argument("--gpu", metavar="UUID", help="the GPU the logs are of, when they carry no uuid column "
-                     "(required when they carry neither uuid nor pci.bus_id)")
+    smi.add_argument("--gpu", metavar="GPU", help="the GPU the logs are of, when they carry no uuid column "
+                     "(required when they carry neither uuid nor pci.bus_id): its UUID, or for a GPU the ledger knows "
+                     "its index or the start of its UUID")
     smi.add_argument("--max-gap", type=float, metavar="SECONDS",
                      help="the longest pause between two rows counted as observed time (default: 5 times the "
                      "log's median sampling interval, between sampling's max_gap_seconds and 3600)")
@@ -81,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     _ledger_arguments(led)
 
     export = sub.add_parser("export", help="one GPU's history as a file another box can import")
-    export.add_argument("uuid", metavar="UUID")
+    export.add_argument("uuid", metavar="GPU", help="its index, UUID or the start of its UUID")
     _ledger_arguments(export)
     export.add_argument("--output", metavar="FILE", help="write here instead of standard output")
     return parser
@@ -169,6 +179,44 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def gpu_indexes(wears: Iterable[GpuWear]) -> dict[str, int]:
+    """UUID -> the index nvidia-smi gave the GPU when the daemon last saw it, where no other GPU of the ledger had
+    that index (a card replaced in the same slot leaves two)."""
+    wears = list(wears)
+    taken = Counter(w.index for w in wears if w.index is not None)
+    return {w.uuid: w.index for w in wears if w.index is not None and taken[w.index] == 1}
+
+
+class NoSuchGpuError(ValueError):
+    """``--gpu`` names no GPU of the ledger (ambiguous names raise a plain ValueError)."""
+
+
+def select_gpu(spec: str, wears: dict[str, GpuWear]) -> str:
+    """``--gpu``: an index as nvidia-smi numbers the GPU (as the daemon last saw it), a UUID, or the start of one
+    (``GPU-`` may be left out, any case). Raises ValueError naming the known GPUs when it names none or several."""
+    def known() -> str:
+        return ", ".join(f"{i} {u}" if (i := w.index) is not None else u for u, w in sorted(wears.items())) or "none"
+
+    text = spec.strip()
+    if text.isdigit():
+        matches = [u for u, w in wears.items() if w.index == int(text)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise ValueError(f"--gpu {spec}: index {text} was {' and '.join(sorted(matches))} (a card replaced in "
+                             "that slot?): give the UUID")
+    if text in wears:
+        return text
+    want = text.lower().removeprefix("gpu-")
+    matches = [u for u in wears if want and u.lower().removeprefix("gpu-").startswith(want)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"--gpu {spec}: the start of {len(matches)} GPUs' UUIDs ({', '.join(sorted(matches))}): "
+                         "give more of it")
+    raise NoSuchGpuError(f"--gpu {spec}: no such GPU (known: {known()})")
+
+
 def _ledger_config(args: argparse.Namespace) -> Config:
     config = load_config(args.config)
     return replace(config, state_dir=args.state_dir) if args.state_dir is not None else config
@@ -189,10 +237,13 @@ def _report(args: argparse.Namespace) -> int:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
-    selected = [w for uuid, w in sorted(wears.items()) if args.gpu is None or uuid == args.gpu]
-    if args.gpu is not None and not selected:
-        return _fail(f"--gpu {args.gpu}: no such GPU in {path} (known: {', '.join(sorted(wears)) or 'none'})",
-                     EXIT_USAGE)
+    wanted = None
+    if args.gpu is not None:
+        try:
+            wanted = select_gpu(args.gpu, wears)
+        except ValueError as exc:
+            return _fail(f"{exc} in {path}", EXIT_USAGE)
+    selected = [w for uuid, w in sorted(wears.items()) if wanted is None or uuid == wanted]
     doc = document(selected, config.wear, events, str(path), args.simulated, live)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=False))
@@ -219,22 +270,30 @@ def _jobs(args: argparse.Namespace) -> int:
         try:
             records = sorted(ledger.jobs(since) + ledger.import_periods(since), key=lambda r: -r["start"])
             gpus = ledger.load(config.wear.cycles.hysteresis_celsius)
-            imported = set(ledger.load_imported(config.wear.cycles.hysteresis_celsius))
+            every = ledger.load_all(config.wear.cycles.hysteresis_celsius)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    if args.limit is not None and args.limit < 1:
+        return _fail(f"--limit: expected a number of jobs, 1 or more, got {args.limit}", EXIT_USAGE)
+    wanted = None
+    if args.gpu is not None:
+        try:
+            wanted = select_gpu(args.gpu, every)
+        except ValueError as exc:
+            return _fail(f"{exc} in {path}", EXIT_USAGE)
     if args.job:
-        wanted = [r for r in records if args.job in (r["record"], r["id"], r["name"])]
-        if not wanted:
+        matching = [r for r in records if args.job in (r["record"], r["id"], r["name"])]
+        if not matching:
             return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
-        records = wanted[:1]
-    doc = jobreport.document(records, gpus, config.wear, since, args.gpu)
+        records = matching[:1]
+    doc = jobreport.document(records, gpus, config.wear, since, wanted)
+    limit = None if args.all else args.limit if args.limit is not None else None if args.json else JOBS_SHOWN
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(jobreport.limited(doc, limit), indent=2))
     else:
-        index_of = {uuid: i for i, uuid in enumerate(sorted(set(gpus) | imported))}
-        print(jobreport.text(doc, index_of), end="")
+        print(jobreport.text(doc, gpu_indexes(every.values()), limit), end="")
     return 0
 
 
@@ -265,7 +324,11 @@ def _export(args: argparse.Namespace) -> int:
     try:
         ledger = Ledger.open_read_only(ledger_path(config, args.simulated))
         try:
-            doc = ledger.export(args.uuid)
+            try:
+                uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
+            except ValueError as exc:
+                return _fail(str(exc).replace("--gpu ", ""), EXIT_USAGE)
+            doc = ledger.export(uuid)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
@@ -383,13 +446,25 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
         ledger = Ledger.open(path)
     except (LedgerError, OSError, sqlite3.Error) as exc:
         return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
+    gpu = args.gpu
+    if gpu is not None:  # a GPU the ledger knows (by index, UUID or its start), else the UUID of a card it does not
+        try:
+            gpu = select_gpu(gpu, ledger.load_all(config.wear.cycles.hysteresis_celsius))
+        except NoSuchGpuError as exc:
+            if gpu.strip().isdigit():  # an index names a card the daemon has seen; a new one needs its UUID
+                ledger.close()
+                return _fail(f"{exc}; for a card the ledger does not know yet, give its UUID (nvidia-smi -L)",
+                             EXIT_USAGE)
+        except ValueError as exc:
+            ledger.close()
+            return _fail(str(exc), EXIT_USAGE)
     failed = 0
     try:
         for name in args.files:
             path = Path(name)
             progress = _Progress(path) if sys.stderr.isatty() else None
             try:
-                result = import_file(path, ledger, config.wear, gpu=args.gpu, columns=columns, tz=tz,
+                result = import_file(path, ledger, config.wear, gpu=gpu, columns=columns, tz=tz,
                                      max_gap=args.max_gap,
                                      say=lambda line: print(f"gpuwear: {line}", file=sys.stderr), progress=progress)
             except (ImportFormatError, OSError) as exc:

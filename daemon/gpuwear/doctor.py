@@ -103,9 +103,13 @@ class Doctor:
             return
         try:
             ledger = Ledger.open_read_only(self.ledger_file)
-            gpus = ledger.load(2.0)
-            ledger.close()
-            self.check(True, f"ledger {self.ledger_file}: {len(gpus)} GPU(s) recorded")
+            try:
+                live, every = ledger.load(2.0), ledger.load_all(2.0)
+            finally:
+                ledger.close()
+            imported = len(every) - len(live)
+            self.check(True, f"ledger {self.ledger_file}: {len(every)} GPU(s) recorded"
+                       + (f" ({imported} known from imported logs only)" if imported else ""))
         except LedgerError as exc:
             self.check(False, f"ledger: {exc}", "the daemon moves an unreadable ledger aside at start; "
                        "restore it from a backup if you have one")

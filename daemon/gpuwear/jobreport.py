@@ -115,33 +115,45 @@ def _label(job: dict[str, Any]) -> str:
         f"{job['id']} [{job['kind']}]"
 
 
-def text(doc: dict[str, Any], index_of: dict[str, int]) -> str:
-    """The jobs as a table a person reads, with who caused what share of each GPU's wear."""
+def limited(doc: dict[str, Any], limit: int | None) -> dict[str, Any]:
+    """The document with its newest ``limit`` jobs (all: None); totals and shares stay the whole window's."""
+    if limit is None or len(doc["jobs"]) <= limit:
+        return {**doc, "jobs_in_window": len(doc["jobs"])}
+    return {**doc, "jobs": doc["jobs"][:limit], "jobs_in_window": len(doc["jobs"])}
+
+
+def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None) -> str:
+    """The jobs as a table a person reads, with who caused what share of each GPU's wear: the newest ``limit``
+    (all: None), and how many more there are."""
     if not doc["jobs"]:
         return "No job, idle period or import recorded in this window.\n"
+    shown = limited(doc, limit)
     lines = ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
              "idle lines are the time between jobs and imported lines the history read from logs, so each",
              "GPU's lines add up to 100 % and to what `gpuwear report` shows for it.", ""]
     header = f"{'JOB':<44} {'USER':<10} {'START':<16} {'DURATION':>9} {'GPU':>3} {'MAX °C':>6} {'ENERGY':>9} " \
              f"{'AGING':>6} {'CYCLES':>6}"
     lines.append(header)
-    for job in doc["jobs"]:
+    for job in shown["jobs"]:
         first = True
         for s in job["gpus"]:
             label = (_label(job) + (" (running)" if job["running"] else ""))[:44] if first else ""
             user = (job["user"] or "")[:10] if first else ""
             start = _when(job["start"]) if first else ""
             duration = f"{job['duration_seconds'] / 3600:.2f} h" if first else ""
-            gpu = str(index_of.get(s["uuid"], "?"))
+            gpu = str(index_of.get(s["uuid"], "-"))
             lines.append(f"{label:<44} {user:<10} {start:<16} {duration:>9} {gpu:>3} "
                          f"{s['max_celsius'].get('gpu', float('nan')):>6.0f} {s['energy_joules'] / 3.6e6:>6.2f} kWh "
                          f"{_pct(s['share']['thermal_aging']):>6} {_pct(s['share']['cycle_fatigue']):>6}")
             first = False
+    more = len(doc["jobs"]) - len(shown["jobs"])
+    if more:
+        lines.append(f"... and {more} older line(s) in this window: `gpuwear jobs --all`, `--limit N` or `--since`")
     lines.append("")
     hottest = doc["hottest"]
     if hottest:
         job = next(j for j in doc["jobs"] if j["record"] == hottest["record"])
-        lines.append(f"Hottest: {_label(job)} ran GPU {index_of.get(hottest['uuid'], '?')} up to "
+        lines.append(f"Hottest: {_label(job)} ran GPU {index_of.get(hottest['uuid'], hottest['uuid'])} up to "
                      f"{hottest['max_celsius']:.0f} °C.")
     by_job: dict[str, float] = {}
     total = sum(t["thermal_aging_equivalent_hours"] for t in doc["totals"].values())

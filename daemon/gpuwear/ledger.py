@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 # 2: the wear log (saves write what changed); 3: records may hold "seen" (which kinds of reading a history held),
 # which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 EXPORT_VERSION = 1  # the `gpuwear export` document
 PAGE_SIZE = 1024
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
@@ -96,6 +96,7 @@ CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' re
 _MIGRATIONS = {
     1: "CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL);",
     2: "SELECT 1",  # nothing to change: records without "seen" are read as before
+    3: "SELECT 1",  # nothing to change: records without "index" are read as before
 }
 
 
@@ -474,12 +475,14 @@ class Ledger:
 
 
 _KEPT = frozenset({"schema", "uuid", "name"})
+_NUMBERS = frozenset({"index"})  # 0 is a value here (GPU 0), not an empty one
 
 
 def _compact(w: dict[str, Any]) -> dict[str, Any]:
     """An accumulator document without its zero, empty and null values (``GpuWear.from_json`` and the validator
     read a missing key as its default): a third smaller, and so fewer pages written at each save."""
-    return {k: v for k, v in w.items() if k in _KEPT or (v is not None and v != 0 and v != {} and v != [])}
+    return {k: v for k, v in w.items()
+            if k in _KEPT or (v is not None and (v != 0 or k in _NUMBERS) and v != {} and v != [])}
 
 
 def _dump(w: dict[str, Any]) -> str:

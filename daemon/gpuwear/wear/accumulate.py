@@ -121,6 +121,7 @@ class GpuWear:
     name: str = ""
     serial: str | None = None
     pci_bus_id: str | None = None  # where it was last seen (imports without a UUID match on it)
+    index: int | None = None  # NVML's index (nvidia-smi's GPU number) when last seen live: `--gpu 0`
     first_seen: float | None = None  # wall clock, Unix s
     last_seen: float | None = None
     observed_seconds: float = 0.0  # integrated sample time
@@ -453,7 +454,7 @@ class GpuWear:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA, "uuid": self.uuid, "name": self.name, "serial": self.serial,
-            "pci_bus_id": self.pci_bus_id,
+            "pci_bus_id": self.pci_bus_id, "index": self.index,
             "first_seen": self.first_seen, "last_seen": self.last_seen,
             "observed_seconds": self.observed_seconds, "down_seconds": self.down_seconds,
             "gap_seconds": self.gap_seconds, "gaps": self.gaps, "start_gap": self.start_gap,
@@ -478,7 +479,7 @@ class GpuWear:
         if d.get("schema") != SCHEMA:
             raise ValueError(f"unknown wear schema {d.get('schema')!r}")
         w = cls(uuid=d["uuid"], name=d.get("name", ""), serial=d.get("serial"), pci_bus_id=d.get("pci_bus_id"),
-                gate_celsius=gate_celsius)
+                index=d.get("index"), gate_celsius=gate_celsius)
         for key in ("first_seen", "last_seen"):
             setattr(w, key, d.get(key))
         for key in ("observed_seconds", "down_seconds", "gap_seconds", "energy_joules", "energy_counter_seconds",

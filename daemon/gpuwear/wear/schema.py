@@ -176,7 +176,7 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
                                     limit=MAX_INTERVALS),
 }
-_KNOWN = {"schema", "uuid", "name", "serial", "pci_bus_id", "first_seen", "last_seen", "gaps", "lost_events",
+_KNOWN = {"schema", "uuid", "name", "serial", "pci_bus_id", "index", "first_seen", "last_seen", "gaps", "lost_events",
           "energy_joules", "fans", "thermal", "gate_celsius", *_SECONDS_FIELDS, *_MAPS}
 
 
@@ -192,6 +192,8 @@ def check_wear(doc: Any, where: str = "", schema: int = 1) -> Any:
     text(doc.get("name", ""), _join(where, "name"))
     text(doc.get("serial"), _join(where, "serial"), optional=True)
     text(doc.get("pci_bus_id"), _join(where, "pci_bus_id"), optional=True, limit=64)
+    if doc.get("index") is not None:
+        integer(doc["index"], _join(where, "index"), high=4095)
     first = wall(doc.get("first_seen"), _join(where, "first_seen"))
     last = wall(doc.get("last_seen"), _join(where, "last_seen"))
     if first is not None and last is not None and first > last:

@@ -243,6 +243,7 @@ class WearTracker:
         if w is None:
             w = self._wears[ident.uuid] = GpuWear(ident.uuid, gate_celsius=self._params.cycles.hysteresis_celsius)
         w.name, w.serial, w.pci_bus_id = ident.name, ident.serial or w.serial, ident.pci_bus_id or w.pci_bus_id
+        w.index = ident.index
         seen = self._seen.get(ident.uuid)
         if seen is None:  # first sight in this process: the time since the ledger last saw it is a gap
             seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids))
