@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine: lint (ruff), types (mypy) and pytest,
-# including the end-to-end tests against a real Prometheus server (Debian's prometheus package,
-# installed here when missing). Arguments go to pytest, e.g. ./test.sh -x -m 'not e2e'
+# including the end-to-end tests against a real Prometheus server and the page in a real browser
+# (Debian's prometheus, chromium and chromium-driver packages, installed here when missing).
+# Arguments go to pytest, e.g. ./test.sh -x -m 'not e2e'
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-    install=(apt-get install -y --no-install-recommends prometheus)
+# Debian packages the tests drive: Prometheus and promtool (e2e, rules), Chromium and ChromeDriver (the page)
+missing=()
+command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ]; then
+    install=(apt-get install -y --no-install-recommends "${missing[@]}")
     if [ "$(id -u)" -eq 0 ]; then
         as_root=(env DEBIAN_FRONTEND=noninteractive)
     elif command -v sudo >/dev/null; then
         as_root=(sudo env DEBIAN_FRONTEND=noninteractive)
     else
-        echo "test.sh: prometheus and promtool are missing: as root, run: apt-get install prometheus" >&2
+        echo "test.sh: ${missing[*]} missing: as root, run: apt-get install ${missing[*]}" >&2
         exit 1
     fi
-    echo "test.sh: installing Debian's prometheus package (prometheus, promtool)" >&2
+    echo "test.sh: installing Debian's packages ${missing[*]}" >&2
     "${as_root[@]}" apt-get update -q
     "${as_root[@]}" "${install[@]}"
 fi

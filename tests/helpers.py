@@ -30,12 +30,17 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+_PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus", "chromium": "chromium",
+             "chromedriver": "chromium-driver"}
+
+
 def require(tool: str) -> str:
     """The path of a tool the test needs; a failure (never a skip) saying how to install it."""
     path = shutil.which(tool)
     if path is None:
-        pytest.fail(f"`{tool}` is not on PATH: install Debian's prometheus package "
-                    "(sudo apt-get install prometheus), or run ./test.sh, which does", pytrace=False)
+        package = _PACKAGES.get(tool, tool)
+        pytest.fail(f"`{tool}` is not on PATH: install Debian's {package} package "
+                    f"(sudo apt-get install {package}), or run ./test.sh, which does", pytrace=False)
     return path
 
 

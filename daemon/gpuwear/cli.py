@@ -53,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="what the wear ledger knows about each GPU, in words or JSON")
     _ledger_arguments(report)
     report.add_argument("--gpu", metavar="GPU", help=GPU_HELP)
-    report.add_argument("--json", action="store_true", help="a stable machine-readable document")
+    shape = report.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="a stable machine-readable document")
+    shape.add_argument("--html", metavar="FILE", help="the page (as the daemon serves at /): one self-contained file")
 
     jobs = sub.add_parser("jobs", help="which job wore which GPU, and by how much")
     jobs.add_argument("job", nargs="?", metavar="JOB", help="one job (its id, name or record) across its GPUs")
@@ -223,29 +225,32 @@ def _ledger_config(args: argparse.Namespace) -> Config:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from gpuwear.report import document, text_report
+    from gpuwear import page
+    from gpuwear.report import documents, text_report
 
     config = _ledger_config(args)
     path = ledger_path(config, args.simulated)
     try:
         ledger = Ledger.open_read_only(path)
         try:
-            wears = ledger.load_all(config.wear.cycles.hysteresis_celsius)
-            live = set(ledger.load(config.wear.cycles.hysteresis_celsius))
-            events = {uuid: ledger.events(uuid) for uuid in wears}
+            wanted = None
+            if args.gpu is not None:
+                try:
+                    wanted = select_gpu(args.gpu, ledger.load_all(config.wear.cycles.hysteresis_celsius))
+                except ValueError as exc:
+                    return _fail(f"{exc} in {path}", EXIT_USAGE)
+            doc, jobs = documents(ledger, config.wear, str(path), args.simulated, wanted)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
-    wanted = None
-    if args.gpu is not None:
+    if args.html is not None:
         try:
-            wanted = select_gpu(args.gpu, wears)
-        except ValueError as exc:
-            return _fail(f"{exc} in {path}", EXIT_USAGE)
-    selected = [w for uuid, w in sorted(wears.items()) if wanted is None or uuid == wanted]
-    doc = document(selected, config.wear, events, str(path), args.simulated, live)
-    if args.json:
+            Path(args.html).write_text(page.render(doc, jobs), encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"--html {args.html}: {exc.strerror or exc}", EXIT_FAILURE)
+        print(f"wrote {args.html}: open it in a browser")
+    elif args.json:
         print(json.dumps(doc, indent=2, sort_keys=False))
     else:
         print(text_report(doc), end="")

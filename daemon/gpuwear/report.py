@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.ledger import Event
+from gpuwear.ledger import Event, Ledger
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import WORD_PROFILES, estimates, resistance_trend, verdict
 from gpuwear.wear.schema import READING_GROUPS
@@ -75,6 +75,21 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
     }
 
 
+def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
+              gpu: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The report document of a ledger (or one GPU of it) and its jobs document (every retained job, for the
+    page's shares), read in one go."""
+    from gpuwear import jobreport
+
+    wears = ledger.load_all(p.cycles.hysteresis_celsius)
+    live = ledger.load(p.cycles.hysteresis_celsius)
+    events = {uuid: ledger.events(uuid) for uuid in wears}
+    records = sorted(ledger.jobs(None) + ledger.import_periods(None), key=lambda r: -r["start"])
+    selected = [w for uuid, w in sorted(wears.items()) if gpu is None or uuid == gpu]
+    return (document(selected, p, events, where, simulated, set(live)),
+            jobreport.document(records, live, p, None, gpu))
+
+
 def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]], ledger: str,
              simulated: bool, live: set[str] | None = None) -> dict[str, Any]:
     """``live``: the GPUs the ledger holds live history of (None: all of them)."""
@@ -88,7 +103,7 @@ _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not repor
 # -- words ------------------------------------------------------------------------------
 
 
-def _hours(seconds: float) -> str:
+def duration(seconds: float) -> str:
     h = seconds / 3600
     if h >= 48:
         return f"{h / 24:.1f} days"
@@ -109,7 +124,7 @@ def _percentile(hist: dict[str, float], q: float) -> int | None:
     return None
 
 
-def _num(x: float) -> str:
+def roughly(x: float) -> str:
     """A figure a person reads at a glance: two significant digits, no exponent."""
     if x >= 100:
         return f"{x:,.0f}"
@@ -117,7 +132,7 @@ def _num(x: float) -> str:
 
 
 def _span(hours: float) -> str:
-    return _hours(hours * 3600)
+    return duration(hours * 3600)
 
 
 def _range_text(r: dict[str, Any], show: Any) -> str:
@@ -142,7 +157,7 @@ def _health_words(d: dict[str, Any]) -> str:
     return text + "."
 
 
-def _plain_words(d: dict[str, Any]) -> str:
+def plain_words(d: dict[str, Any]) -> str:
     """The answer to "is this card being worn?" in a few sentences: measured health, both wear mechanisms on a
     scale a person grasps, against everyday references, and what it rests on."""
     health = _health_words(d)
@@ -153,19 +168,19 @@ def _plain_words(d: dict[str, Any]) -> str:
     heat_days = a["central"] / gaming["thermal_aging_hours_per_day"]
     cycle_days = c["central"] / gaming["cycle_fatigue_cycles_per_day"]
     text = (f"{health} Heat aged its chip as much as {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
-            f"would, about what {_num(heat_days)} days of gaming 4 h a day do; its temperature swings were worth "
-            f"{_num(c['central'])} full {c['reference_peak_celsius'] - c['reference_range_celsius']:g} → "
-            f"{c['reference_peak_celsius']:g} °C cycles, about what {_num(cycle_days)} days of such gaming make.")
+            f"would, about what {roughly(heat_days)} days of gaming 4 h a day do; its temperature swings were worth "
+            f"{roughly(c['central'])} full {c['reference_peak_celsius'] - c['reference_range_celsius']:g} → "
+            f"{c['reference_peak_celsius']:g} °C cycles, about what {roughly(cycle_days)} days of such gaming make.")
     if heat_days > 0 and cycle_days > 0:
         larger, ratio = ("thermal cycling", cycle_days / heat_days) if cycle_days >= heat_days else (
             "heat aging", heat_days / cycle_days)
         if ratio >= 1.5:
-            text += f" Measured against gaming, {larger} is the larger stress here ({_num(ratio)} times the other)."
+            text += f" Measured against gaming, {larger} is the larger stress here ({roughly(ratio)} times the other)."
     first = d["first_seen"]
     since = f" since {time.strftime('%Y-%m-%d', time.gmtime(first))}" if first is not None else ""
     coverage = d["coverage_ratio"]
     share = f" ({100 * coverage:.0f} % of that time)" if coverage is not None else ""
-    return (text + f" This rests on {_hours(d['observed_seconds'])} observed{since}{share}; nothing before is known. "
+    return (text + f" This rests on {duration(d['observed_seconds'])} observed{since}{share}; nothing before is known. "
             "Wear is an estimate from models (docs/wear-model.md), not a measured remaining life.")
 
 
@@ -177,21 +192,21 @@ def _wear_lines(d: dict[str, Any]) -> list[str]:
     out = ["  Wear (estimates from named models, not a remaining life):",
            f"    Heat aging (Arrhenius): as much as {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
            f"(central; {_range_text(a['range'], _span)})",
-           f"    Thermal cycling (Coffin-Manson): {_num(c['central'])} full {c['reference_range_celsius']:g} °C cycles "
-           f"peaking at {c['reference_peak_celsius']:g} °C (central; {_range_text(c['range'], _num)})"]
+           f"    Thermal cycling (Coffin-Manson): {roughly(c['central'])} full {c['reference_range_celsius']:g} °C "
+           f"cycles peaking at {c['reference_peak_celsius']:g} °C (central; {_range_text(c['range'], roughly)})"]
     if comparison["compared"]:
         for mechanism, key in (("heat aging", "observed_thermal_aging_ratio"),
                                ("cycling", "observed_cycle_fatigue_ratio")):
-            parts = [f"{_num(p[key])} × a day of \"{p['description']}\""
+            parts = [f"{roughly(p[key])} × a day of \"{p['description']}\""
                      for p in d["reference_profiles"] if p["profile"] in WORD_PROFILES and p[key] is not None]
             if parts:
                 out.append(f"    Per day observed, {mechanism}: " + "; ".join(parts))
     else:
-        out.append(f"    Not compared per day with everyday profiles: {_hours(comparison['observed_seconds'])} "
-                   f"observed, at least {_hours(comparison['minimum_seconds'])} needed")
+        out.append(f"    Not compared per day with everyday profiles: {duration(comparison['observed_seconds'])} "
+                   f"observed, at least {duration(comparison['minimum_seconds'])} needed")
     own = d["own_history"]
     if own["busy_to_idle_ratio"] is not None:
-        out.append(f"    Its own history: while busy it aged {_num(own['busy_to_idle_ratio'])} times as fast (heat) "
+        out.append(f"    Its own history: while busy it aged {roughly(own['busy_to_idle_ratio'])} times as fast (heat) "
                    "as while idle")
     return out
 
@@ -219,12 +234,12 @@ def text_report(doc: dict[str, Any]) -> str:
         for r in h["reasons"]:
             if r["severity"] == "unknown":
                 out.append(f"    Not known: {r['text']}")
-        out.append(f"  In plain words: {_plain_words(d)}")
+        out.append(f"  In plain words: {plain_words(d)}")
         out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]
         cov = f" ({100 * coverage:.0f} % of the time since first seen)" if coverage is not None else ""
-        out.append(f"  Observed: {_hours(d['observed_seconds'])}{cov}; busy {_hours(d['busy_seconds'])}; "
-                   f"energy {d['energy_joules'] / 3.6e6:.2f} kWh; not observed {_hours(d['unobserved_seconds'])}")
+        out.append(f"  Observed: {duration(d['observed_seconds'])}{cov}; busy {duration(d['busy_seconds'])}; "
+                   f"energy {d['energy_joules'] / 3.6e6:.2f} kWh; not observed {duration(d['unobserved_seconds'])}")
         out.append("  Stress:")
         for sensor, label in (("gpu", "Die"), ("memory", "Memory")):
             hist = d["time_at_temperature_seconds"].get(sensor)
@@ -236,7 +251,7 @@ def text_report(doc: dict[str, Any]) -> str:
                     f"{_percentile(hist, 0.95)} °C, highest {max(int(t) for t in hist)} °C")
             for name, seconds in d["time_above_thresholds_seconds"].items():
                 if THRESHOLD_SENSORS[name] == sensor and name != "shutdown":
-                    line += f"; {_hours(seconds)} at or above its {name} limit ({d['thresholds_celsius'][name]:g} °C)"
+                    line += f"; {duration(seconds)} at or above its {name} limit ({d['thresholds_celsius'][name]:g} °C)"
             out.append(line)
         for sensor, cycles in d["thermal_cycles"].items():
             big = sum(c["count"] for c in cycles if c["range_celsius"] >= 10)
@@ -273,10 +288,10 @@ def text_report(doc: dict[str, Any]) -> str:
                    "(Coffin-Manson / Norris-Landzberg)")
         comparison = d["comparison"]
         if comparison["compared"]:
-            out.append(f"      compared per day, on {_hours(comparison['observed_seconds'])} observed:")
+            out.append(f"      compared per day, on {duration(comparison['observed_seconds'])} observed:")
         else:
-            out.append(f"      not compared with everyday profiles: {_hours(comparison['observed_seconds'])} observed, "
-                       f"at least {_hours(comparison['minimum_seconds'])} needed for a per-day comparison")
+            out.append(f"      not compared with everyday profiles: {duration(comparison['observed_seconds'])} "
+                       f"observed, at least {duration(comparison['minimum_seconds'])} needed for a per-day comparison")
         for prof in d["reference_profiles"]:  # all four, training included, for the record
             if prof["observed_thermal_aging_ratio"] is not None:
                 out.append(f"      vs \"{prof['description']}\": aging x{prof['observed_thermal_aging_ratio']:.2g}"

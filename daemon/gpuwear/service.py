@@ -210,6 +210,7 @@ class Daemon:
         if source.simulation is not None:
             resolver = SimulatedJobs(source.simulation.jobs, resolver).resolve
         self.job_watcher = JobWatcher(resolver)
+        self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.moved_aside is not None)
         collector = GpuwearCollector(self.published)
@@ -324,6 +325,30 @@ class Daemon:
 
     RUNNING_JOBS_EVERY_SECONDS = 600.0  # a running job's record is saved this often, and when it ends
 
+    def page(self) -> bytes:
+        """The page at / (gpuwear.page): the ledger as last saved, rendered again only after the next save."""
+        saved = self._ledger_status.last_success_wall
+        cached = self._page
+        if cached is not None and cached[0] == saved:
+            return cached[1]
+        from gpuwear import page
+        from gpuwear.report import documents
+
+        try:
+            ledger = Ledger.open_read_only(self.ledger_file)
+            try:
+                doc, jobs = documents(ledger, self.config.wear, str(self.ledger_file),
+                                      self.source.simulation is not None)
+            finally:
+                ledger.close()
+        except (LedgerError, sqlite3.Error, OSError) as exc:  # not saved yet, or unreadable: say so, cache nothing
+            doc = {"ledger": str(self.ledger_file), "simulated": self.source.simulation is not None, "gpus": []}
+            return page.render(doc, note=f"the ledger cannot be read yet ({exc})").encode()
+        note = "as of the last save" + (f", {time.strftime('%H:%M:%S', time.localtime(saved))}" if saved else "")
+        body = page.render(doc, jobs, note=note).encode()
+        self._page = (saved, body)
+        return body
+
     def persist(self, final: bool = False) -> bool:
         """Save the accumulators, events and jobs in one transaction; on failure keep them for the next try. A
         running job's record is saved every RUNNING_JOBS_EVERY_SECONDS (a crash loses at most that of its
@@ -389,7 +414,7 @@ class Daemon:
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,
-                                  self.limits)
+                                  self.limits, self.page)
         self._server.start()
         wall_interval = self._intervals(self.config)[0]
         loops: list[tuple[str, Callable[[], float], Callable[[], object]]] = [

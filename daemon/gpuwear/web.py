@@ -366,8 +366,9 @@ class FrontDoor:
 
     def __init__(self, address: tuple[str, int], exposition: Exposition, web: WebConfig,
                  health: Callable[[], str | None], alive: Callable[[], str | None],
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, page: Callable[[], bytes] | None = None) -> None:
         self.exposition = exposition
+        self.page = page  # the HTML of / (rendered on the render thread), else a link to /metrics
         self.limits = limits = limits or Limits()
         self.health = health  # None when healthy, else what is wrong
         self.alive = alive  # the same for the sampling loop alone (a restart can cure it)
@@ -613,7 +614,10 @@ class FrontDoor:
         if denied == 429:
             return 429, [("Retry-After", "1"), ("Content-Type", text)], b"too many login attempts\n"
         if request.path == "/":
-            return 200, [("Content-Type", "text/html; charset=utf-8")], _LANDING
+            page = _LANDING
+            if self.page is not None:
+                page = await asyncio.get_running_loop().run_in_executor(self._render, self.page)
+            return 200, [("Content-Type", "text/html; charset=utf-8")], page
         _, content_type = choose_encoder(request.headers.get("accept", ""))
         gzipped = _accepts_gzip(request.headers.get("accept-encoding", ""))
         openmetrics = content_type.startswith("application/openmetrics-text")

@@ -1,0 +1,213 @@
+"""The page: `gpuwear report` for people who would rather look than read, served at `/` by the daemon (the same
+auth as /metrics) and written by `gpuwear report --html FILE`.
+
+One self-contained HTML document (inline CSS and SVG, no script, nothing fetched): per GPU, the verdict and the
+answer in plain words first, then the two wear mechanisms against everyday references, time at temperature
+against the card's own thresholds, cycles by size, the jobs' shares of its wear and what the answer rests on.
+Every figure comes from the report document (``report.document``): the elements that show one carry it in
+``data-figure`` / ``data-value``, so a test can hold the page to ``report --json``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from typing import Any
+
+from gpuwear.report import duration, plain_words, roughly
+from gpuwear.wear.models import WORD_PROFILES
+
+_STATUS = {"ok": ("OK", "#1b7f3b"), "watch": ("WATCH", "#b45309"), "act": ("ACT", "#b91c1c"),
+           "unknown": ("UNKNOWN", "#4b5563")}
+_SHORT = {"idle_24_7": "idle, 35 °C", "gaming_4h_day": "gaming 4 h a day", "stress_24_7": "mining, 85 °C",
+          "training_24_7": "training, 75 °C"}
+_CYCLE_BUCKETS = ((2, 5), (5, 10), (10, 20), (20, 30), (30, 40), (40, 60), (60, 999))
+_STYLE = """
+body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;background:#f6f7f9;color:#111827}
+main{max-width:60rem;margin:0 auto;padding:1rem}
+h1{font-size:1.5rem;margin:.5rem 0}h2{font-size:1.25rem;margin:0 0 .25rem}h3{font-size:1rem;margin:1rem 0 .25rem}
+.gpu{background:#fff;border:1px solid #e5e7eb;border-radius:.5rem;padding:1rem;margin:1rem 0}
+.verdict{display:inline-block;color:#fff;border-radius:.25rem;padding:.1rem .5rem;font-weight:700}
+.muted{color:#4b5563;font-size:.9rem}.answer{font-size:1.05rem}
+.cards{display:flex;flex-wrap:wrap;gap:1rem}.card{flex:1 1 16rem;border:1px solid #e5e7eb;border-radius:.5rem;
+padding:.75rem}.big{font-size:1.6rem;font-weight:700}
+svg{width:100%;max-width:34rem;height:auto;display:block}svg text{font:13px system-ui,sans-serif;fill:#374151}
+table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.2rem .4rem;border-bottom:1px solid #eee}
+.banner{background:#fef3c7;border:1px solid #f59e0b;padding:.5rem;border-radius:.25rem}
+"""
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _figure(name: str, value: Any, shown: str) -> str:
+    return f'<span data-figure="{_e(name)}" data-value="{_e(value)}">{_e(shown)}</span>'
+
+
+def _bars(rows: list[tuple[str, float, bool]], unit: str, width: int = 360) -> str:
+    """Horizontal bars (label, value, highlighted) on one linear scale, as an SVG (readable on a phone: the view
+    box is about a phone's width, the page caps it on a desktop)."""
+    top = max((v for _, v, _ in rows), default=0.0) or 1.0
+    height, label_w = 24 * len(rows) + 8, 125
+    out = [f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{_e(unit)}">']
+    for i, (label, value, mine) in enumerate(rows):
+        y = 4 + 24 * i
+        w = max(1.0, (width - label_w - 45) * value / top) if value > 0 else 0.0
+        out.append(f'<text x="0" y="{y + 15}">{_e(label)}</text>'
+                   f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="16" '
+                   f'fill="{"#2563eb" if mine else "#9ca3af"}"/>'
+                   f'<text x="{label_w + w + 6:.1f}" y="{y + 15}">{_e(roughly(value))}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _histogram(hist: dict[str, float], thresholds: dict[str, float], sensor: str, width: int = 360) -> str:
+    """Hours at each whole °C as columns, the card's own thresholds as dashed lines."""
+    temps = sorted(int(t) for t in hist)
+    marks = {name: v for name, v in thresholds.items()
+             if (sensor == "gpu" and name in ("slowdown", "gpu_max")) or (sensor == "memory" and name == "memory_max")}
+    lo = min([temps[0], *(int(v) for v in marks.values())]) - 2
+    hi = max([temps[-1], *(int(v) for v in marks.values())]) + 2
+    top = max(hist.values()) / 3600 or 1.0
+    h, base, left = 190, 160, 34
+    span = max(hi - lo, 1)
+
+    def x(t: float) -> float:
+        return left + (width - left - 10) * (t - lo) / span
+
+    out = [f'<svg viewBox="0 0 {width} {h}" role="img" aria-label="hours at each temperature">',
+           f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#9ca3af"/>']
+    bar = max(1.0, (width - left - 10) / span - 1)
+    for t in temps:
+        hours = hist[str(t)] / 3600
+        bh = (base - 10) * hours / top
+        out.append(f'<rect x="{x(t):.1f}" y="{base - bh:.1f}" width="{bar:.1f}" height="{bh:.1f}" fill="#2563eb">'
+                   f'<title>{t} °C: {_e(duration(hist[str(t)]))}</title></rect>')
+    for i, (name, value) in enumerate(sorted(marks.items(), key=lambda kv: kv[1])):
+        label = {"gpu_max": "max", "memory_max": "max"}.get(name, name)  # staggered: limits sit close together
+        anchor = "end" if x(value) > width * 0.6 else "start"
+        dx = -3 if anchor == "end" else 3
+        out.append(f'<line x1="{x(value):.1f}" y1="10" x2="{x(value):.1f}" y2="{base}" stroke="#b91c1c" '
+                   f'stroke-dasharray="4 3"/><text x="{x(value) + dx:.1f}" y="{22 + 15 * i}" fill="#b91c1c" '
+                   f'text-anchor="{anchor}">{_e(label)} {value:g} °C</text>')
+    for t in range(math.ceil(lo / 10) * 10, hi + 1, 10):
+        out.append(f'<text x="{x(t) - 8:.1f}" y="{base + 16}">{t}°</text>')
+    out.append(f'<text x="0" y="14">{_e(roughly(top))} h</text></svg>')
+    return "".join(out)
+
+
+def _cycles(cycles: list[dict[str, float]]) -> str:
+    rows = []
+    for lo, hi in _CYCLE_BUCKETS:
+        n = sum(c["count"] for c in cycles if lo <= c["range_celsius"] < hi)
+        rows.append((f"{lo}–{hi} °C" if hi < 999 else f"{lo} °C and more", n, False))
+    return _bars(rows, "cycles by size")
+
+
+def _references(d: dict[str, Any], key: str, per_day: str, label: str) -> str:
+    """This card's figure per observed day against the everyday profiles' (not 24/7 training: circular)."""
+    if not d["comparison"]["compared"]:
+        return (f'<p class="muted">Not compared per day: {_e(duration(d["comparison"]["observed_seconds"]))} '
+                f'observed, {_e(duration(d["comparison"]["minimum_seconds"]))} needed.</p>')
+    days = d["observed_seconds"] / 86400
+    mine = d[key]["central"] / days
+    rows = [(_SHORT[p["profile"]], p[per_day], False) for p in d["reference_profiles"]
+            if p["profile"] in WORD_PROFILES]
+    rows.insert(1, ("this card", mine, True))
+    return (f'<p class="muted">{_e(label)} per day: this card (per day observed) and everyday use</p>'
+            + _bars(rows, label))
+
+
+def _jobs(uuid: str, jobs: dict[str, Any] | None) -> str:
+    if jobs is None:
+        return ""
+    rows = []
+    for job in jobs["jobs"]:
+        for s in job["gpus"]:
+            if s["uuid"] == uuid and s["share"]["thermal_aging"]:
+                name = {"idle": "idle time", "imported": f"imported: {job['id']}"}.get(job["kind"]) or (
+                    job["name"] or job["id"])
+                rows.append((str(name)[:18], 100 * s["share"]["thermal_aging"]))
+    if not rows:
+        return '<h3>Jobs</h3><p class="muted">No job recorded for this GPU.</p>'
+    merged: dict[str, float] = {}
+    for name, share in rows:
+        merged[name] = merged.get(name, 0.0) + share
+    top = sorted(merged.items(), key=lambda kv: -kv[1])[:8]
+    return ("<h3>Who caused its heat aging (% of it, by recorded job)</h3>"
+            + _bars([(name, share, False) for name, share in top], "% of its thermal aging"))
+
+
+def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
+    h = d["health"]
+    status, colour = _STATUS[h["status"]]
+    a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
+    out = [f'<section class="gpu" id="{_e(d["uuid"])}"><h2>{_e(d["name"] or "unknown GPU")}</h2>',
+           f'<p class="muted">{_e(d["uuid"])}' + (f', serial {_e(d["serial"])}' if d["serial"] else "") + "</p>",
+           f'<p><span class="verdict" style="background:{colour}" data-figure="status" data-value="{h["status"]}">'
+           f'{status}</span> ']
+    shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
+    out.append("; ".join(_e(r["text"]) for r in shown) if shown else "nothing it reports asks for action")
+    out.append("</p>")
+    for r in h["reasons"]:
+        if r["severity"] == "unknown":
+            out.append(f'<p class="muted">Not known: {_e(r["text"])}</p>')
+    out.append(f'<p class="answer">{_e(plain_words(d))}</p>')
+    out.append('<div class="cards"><div class="card"><h3>Heat aging (Arrhenius)</h3>'
+               f'<div class="big">{_figure("thermal_aging_central_hours", a["central"], duration(a["central"] * 3600))}'
+               f'</div><p class="muted">at a steady {a["reference_celsius"]:g} °C; '
+               f'{_e(duration(a["range"]["smallest"] * 3600))} with {_e(a["range"]["smallest_with"])} to '
+               f'{_e(duration(a["range"]["largest"] * 3600))} with {_e(a["range"]["largest_with"])}</p>'
+               + _references(d, "thermal_aging_equivalent_hours", "thermal_aging_hours_per_day",
+                             "equivalent hours at 60 °C") + "</div>")
+    out.append('<div class="card"><h3>Thermal cycling (Coffin-Manson)</h3>'
+               f'<div class="big">{_figure("cycle_fatigue_central", c["central"], roughly(c["central"]))} cycles</div>'
+               f'<p class="muted">full {c["reference_range_celsius"]:g} °C cycles peaking at '
+               f'{c["reference_peak_celsius"]:g} °C; {_e(roughly(c["range"]["smallest"]))} with '
+               f'{_e(c["range"]["smallest_with"])} to {_e(roughly(c["range"]["largest"]))} with '
+               f'{_e(c["range"]["largest_with"])}</p>'
+               + _references(d, "cycle_fatigue_equivalent_cycles", "cycle_fatigue_cycles_per_day",
+                             "equivalent cycles") + "</div></div>")
+    for sensor, label in (("gpu", "Die"), ("memory", "Memory")):
+        hist = d["time_at_temperature_seconds"].get(sensor)
+        if hist:
+            out.append(f"<h3>{label}: time at each temperature, against the card's own limits</h3>"
+                       + _histogram(hist, d["thresholds_celsius"], sensor))
+    cycles = d["thermal_cycles"].get("gpu")
+    if cycles:
+        out.append("<h3>Thermal cycles of the die, by size</h3>" + _cycles(cycles))
+    out.append(_jobs(d["uuid"], jobs))
+    coverage = d["coverage_ratio"]
+    first = d["first_seen"]
+    out.append("<h3>What this rests on</h3><p>"
+               + _figure("observed_seconds", d["observed_seconds"], duration(d["observed_seconds"])) + " observed"
+               + (f" since {_e(time.strftime('%Y-%m-%d', time.gmtime(first)))}" if first else "")
+               + (" (" + _figure("coverage_ratio", coverage, f"{100 * coverage:.0f} %") + " of that time)"
+                  if coverage is not None else "")
+               + "; energy " + _figure("energy_joules", d["energy_joules"], f"{d['energy_joules'] / 3.6e6:.2f} kWh")
+               + ". Nothing before is known. Estimates from named models (docs/wear-model.md), "
+                 "not a measured remaining life.</p></section>")
+    return "".join(out)
+
+
+def render(doc: dict[str, Any], jobs: dict[str, Any] | None = None, generated: float | None = None,
+           note: str | None = None) -> str:
+    """The page of a report document (and the jobs document of the same ledger, for the shares)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if generated is None else generated))
+    parts = ["<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             '<link rel="icon" href="data:,">',  # no /favicon.ico request (a 404 in the console)
+             f"<title>gpuwear: does deep learning wear this card?</title><style>{_STYLE}</style></head><body><main>",
+             "<h1>Is deep learning wearing these cards?</h1>",
+             f'<p class="muted">gpuwear, {_e(when)}; ledger {_e(doc["ledger"])}'
+             + (f"; {_e(note)}" if note else "") + ' · <a href="/metrics">metrics</a></p>']
+    if doc["simulated"]:
+        parts.append('<p class="banner"><strong>Simulated GPUs</strong> (gpuwear --simulate): not real '
+                     "hardware.</p>")
+    if not doc["gpus"]:
+        parts.append("<p>No GPU in the ledger yet: the first save comes a minute after the daemon starts.</p>")
+    parts.extend(_gpu(d, jobs) for d in doc["gpus"])
+    parts.append("</main></body></html>\n")
+    return "".join(parts)

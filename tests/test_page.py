@@ -1,0 +1,127 @@
+"""The page (`/` on the daemon, `gpuwear report --html`) in a real browser: Debian's Chromium, headless, driven by
+ChromeDriver. At desktop and phone widths: screenshots (kept in tests/out/page/), no console error, the verdict and
+the answer in words within the first screen, and every figure on the page equal to `gpuwear report --json`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+
+from gpuwear.config import Config
+from gpuwear.service import Daemon, open_source
+from helpers import fetch, free_port, require, started, wait_for
+
+OUT = Path(__file__).parent / "out" / "page"
+WIDTHS = {"desktop": (1280, 900), "phone": (390, 844)}
+
+def gpuwear(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwear", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About six simulated hours of the demo (a GeForce and an H100), saved."""
+    folder = tmp_path_factory.mktemp("state")
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(folder))
+    daemon = Daemon(config, open_source(config, "demo", 3600.0, False))
+    daemon.start()
+    time.sleep(6)
+    daemon.stop()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = require("chromium"), require("chromedriver")
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    b = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        yield b
+    finally:
+        b.quit()
+
+
+def _look(browser: Any, url: str, name: str) -> dict[str, Any]:
+    """The page at each width: screenshot, console errors, what the first screen shows, the figures."""
+    from selenium.webdriver.common.by import By
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, Any] = {}
+    for width_name, (width, height) in WIDTHS.items():
+        browser.set_window_size(width, height)
+        browser.get(url)
+        browser.save_screenshot(str(OUT / f"{name}-{width_name}.png"))
+        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not errors, errors
+        inner = browser.execute_script("return window.innerHeight")
+        first = browser.find_element(By.CSS_SELECTOR, "section.gpu")
+        verdict = first.find_element(By.CSS_SELECTOR, "[data-figure=status]")
+        answer = first.find_element(By.CSS_SELECTOR, "p.answer")
+        assert verdict.location["y"] < inner, f"{width_name}: the verdict is below the first screen"
+        assert answer.location["y"] < inner, f"{width_name}: the answer is below the first screen"
+        overflow = browser.execute_script("return document.documentElement.scrollWidth > window.innerWidth")
+        assert not overflow, f"{width_name}: the page is wider than the screen"
+        seen[width_name] = {
+            section.get_attribute("id"): {e.get_attribute("data-figure"): e.get_attribute("data-value")
+                                          for e in section.find_elements(By.CSS_SELECTOR, "[data-figure]")}
+            for section in browser.find_elements(By.CSS_SELECTOR, "section.gpu")}
+        seen[f"{width_name}_text"] = browser.find_element(By.TAG_NAME, "body").text
+    return seen
+
+
+def _same_figures(figures: dict[str, dict[str, str]], doc: dict[str, Any]) -> None:
+    assert set(figures) == {g["uuid"] for g in doc["gpus"]}
+    for g in doc["gpus"]:
+        f = figures[g["uuid"]]
+        assert f["status"] == g["health"]["status"]
+        assert float(f["observed_seconds"]) == g["observed_seconds"]
+        assert float(f["coverage_ratio"]) == g["coverage_ratio"]
+        assert float(f["energy_joules"]) == g["energy_joules"]
+        assert float(f["thermal_aging_central_hours"]) == g["thermal_aging_equivalent_hours"]["central"]
+        assert float(f["cycle_fatigue_central"]) == g["cycle_fatigue_equivalent_cycles"]["central"]
+
+
+def test_the_report_page_in_a_browser(state: Path, browser: Any) -> None:
+    page = state / "report.html"
+    r = gpuwear("report", "--simulated", "--state-dir", str(state), "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    html = page.read_text()
+    assert "<script" not in html and "http://" not in html.replace('href="/metrics"', "")  # self-contained
+    seen = _look(browser, page.as_uri(), "report")
+    doc = json.loads(gpuwear("report", "--simulated", "--state-dir", str(state), "--json").stdout)
+    for width in WIDTHS:
+        _same_figures(seen[width], doc)
+    assert {p.name for p in OUT.glob("report-*.png")} == {f"report-{w}.png" for w in WIDTHS}
+    text = seen["phone_text"]
+    assert "Simulated GPUs" in text and "nothing it reports asks for action" in text
+    assert "Not known: this card reports neither ECC counters nor memory temperature" in text  # once, not headline
+    assert text.count("Not known:") == 1
+
+
+def test_the_daemon_serves_it_at_the_root(state: Path, browser: Any, tmp_path: Path) -> None:
+    """`/` on a running daemon (x1: no save for a minute, so the page and `report --json` read the same ledger),
+    behind the same door as /metrics."""
+    port = free_port()
+    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen", f"127.0.0.1:{port}",
+                  "--state-dir", str(state)], tmp_path / "daemon.log", tmp_path):
+        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_gpu_up", 30.0)
+        status, body = fetch(f"http://127.0.0.1:{port}/")
+        assert status == 200 and "Is deep learning wearing these cards?" in body and "as of the last save" in body
+        seen = _look(browser, f"http://127.0.0.1:{port}/", "daemon")
+        doc = json.loads(gpuwear("report", "--simulated", "--state-dir", str(state), "--json").stdout)
+    _same_figures(seen["desktop"], doc)
