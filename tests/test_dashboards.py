@@ -278,7 +278,9 @@ def test_every_panel_query_returns_data_from_the_demo(tmp_path: Path) -> None:
     may_be_empty = {expr for expr in exprs if promql_metric_names(expr) & set(MAY_BE_EMPTY)}
     assert len(may_be_empty) <= 4, f"too many exceptions: {sorted(may_be_empty)}"
 
-    with daemon_and_prometheus(tmp_path, "demo", gpus=2) as rig:
+    # x300: the 20 s of scraping cover 100 simulated minutes, past the demo's first evaluation pause (32 min in),
+    # where its first thermal cycle closes
+    with daemon_and_prometheus(tmp_path, "demo", gpus=2, speed=300) as rig:
         time.sleep(SCRAPE_SECONDS)
         empty, rejected = [], []
         for expr, where in sorted(exprs.items()):

@@ -70,4 +70,4 @@ def test_a_cards_history_follows_it_to_another_box(tmp_path: Path) -> None:
         assert b[0][key] == a[key]
     assert b[0]["thermal_aging_equivalent_hours"]["central"] == a["thermal_aging_equivalent_hours"]["central"]
     missing = gpuwear("export", "GPU-nope", "--simulated", "--state-dir", str(box_a))
-    assert missing.returncode == 1 and "no GPU GPU-nope" in missing.stderr
+    assert missing.returncode == 2 and "GPU-nope: no such GPU (known: 0 GPU-" in missing.stderr

@@ -48,6 +48,8 @@ def write_prometheus_config(path: Path, target: str) -> Path:
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == JOB]
     job["static_configs"] = [{"targets": [target]}]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    rules = REPO / "deploy" / "prometheus" / "gpuwear-rules.yml"  # the example loads the rules beside it
+    (path.parent / rules.name).write_text(rules.read_text())
     return path
 
 

@@ -25,10 +25,12 @@ def gpuwear(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo (two GPUs, index 0 and 1) for about six simulated hours, and one imported trace."""
+    """Two simulated GPUs (index 0 and 1) running short jobs for about six simulated hours, and one imported
+    trace."""
     folder = tmp_path_factory.mktemp("state")
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(folder))
-    daemon = Daemon(config, open_source(config, "demo", 3600.0, False))
+    scenario = str(Path(__file__).parent / "scenarios" / "short-jobs.yaml")
+    daemon = Daemon(config, open_source(config, scenario, 3600.0, False))
     daemon.start()
     time.sleep(6)
     daemon.stop()

@@ -19,6 +19,8 @@ from gpuwear.jobs import Job, JobWatcher, ProcessResolver, SimulatedJobs, job_fr
 from gpuwear.wear.models import thermal_aging_hours
 from gpuwear.wear.tracker import WearTracker
 
+SHORT_JOBS = str(Path(__file__).parent / "scenarios" / "short-jobs.yaml")  # many jobs in little time
+
 # Recorded /proc/PID/cgroup contents (the ids are made up in the shapes real systems use).
 CGROUPS = {
     "slurm_v1": ("12:memory:/slurm/uid_1000/job_4242/step_0/task_1\n11:devices:/slurm/uid_1000/job_4242/step_0\n"
@@ -67,6 +69,7 @@ def spawn(script: str, new_session: bool = True) -> subprocess.Popen[str]:
 
 LAUNCHER = """
 import subprocess, sys, time
+
 ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
 print(" ".join(str(r.pid) for r in ranks), flush=True)
 time.sleep(120)
@@ -160,7 +163,7 @@ def test_real_ddp_job_across_two_gpus_through_fake_nvml(ddp: tuple[subprocess.Po
 
 def test_jobs_and_idle_add_up_to_the_gpu_totals() -> None:
     """A simulated multi-hour schedule: every GPU's job and idle lines reconcile with its totals."""
-    rig, tracker = run_with_jobs("demo", 4500)  # type: ignore[arg-type]  # the demo schedule and a bit
+    rig, tracker = run_with_jobs(SHORT_JOBS, 4500)  # type: ignore[arg-type]  # the schedule's loop and a bit
     records = tracker.jobs.take()
     p = WearConfig()
     for status in rig.sampler.snapshot.gpus:
@@ -196,7 +199,7 @@ def test_gpuwear_jobs_command(tmp_path: Path) -> None:
     from helpers import free_port
 
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
-    daemon = Daemon(config, open_source(config, "demo", 3000.0, False))
+    daemon = Daemon(config, open_source(config, SHORT_JOBS, 3000.0, False))
     daemon.start()
     time.sleep(20)  # most of a simulated day at x3000 (ticks of 60 s of simulated time)
     daemon.stop()

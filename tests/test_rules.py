@@ -166,8 +166,9 @@ class Stack:
 
 
 @contextmanager
-def daemon_and_prometheus(tmp_path: Path, scenario: str, gpus: int, rules: Path | None = None) -> Iterator[Stack]:
-    """The daemon on ``scenario`` at --speed 60, scraped every second by a Prometheus server
+def daemon_and_prometheus(tmp_path: Path, scenario: str, gpus: int, rules: Path | None = None,
+                          speed: int = SPEED) -> Iterator[Stack]:
+    """The daemon on ``scenario`` at --speed ``speed`` (60), scraped every second by a Prometheus server
     evaluating ``rules`` every second; ready once Prometheus holds all ``gpus`` GPUs."""
     prometheus_bin = require("prometheus")
     daemon_port, prometheus_port = free_ports(2)
@@ -186,7 +187,7 @@ def daemon_and_prometheus(tmp_path: Path, scenario: str, gpus: int, rules: Path 
     with ExitStack() as stack:
         stack.enter_context(logs_on_failure(daemon_log, prometheus_log))
         daemon = stack.enter_context(started(
-            [sys.executable, "-m", "gpuwear", "run", "--simulate", scenario, "--speed", str(SPEED),
+            [sys.executable, "-m", "gpuwear", "run", "--simulate", scenario, "--speed", str(speed),
              "--listen", daemon_addr, "--state-dir", str(tmp_path / "state")], daemon_log, tmp_path))
         deadline = time.monotonic() + DAEMON_READY_SECONDS
         while True:

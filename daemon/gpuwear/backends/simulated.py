@@ -1,9 +1,10 @@
 """Simulated GPUs: a small physical model behind the fake NVML library.
 
 Each simulated GPU has a product (its capabilities and limits), a workload schedule from a
-scenario file, and a state advanced in simulated time: power follows the workload, the die
-and memory heat towards ``ambient + power x thermal resistance`` with first-order time
-constants of tens of seconds, a fan curve lowers the resistance of fan-cooled cards, and
+scenario file, and a state advanced in simulated time: power follows the workload, the die heats
+towards ``ambient + power x thermal resistance`` through two poles fitted on real traces
+(:func:`thermal_step`: the die and its spreader in about a second, the heatsink in about three
+minutes), the memory through one, a fan curve lowers the resistance of fan-cooled cards, and
 the clocks are cut (thermal slowdown) near the device's own thresholds. Scripted faults
 (GPU lost, ECC errors, XIDs, NOT_SUPPORTED fields, hung calls, garbage readings) fire at
 given simulated times. Nothing here knows about NVML's C interface; ``fakenvml`` does.
@@ -28,6 +29,15 @@ REASON_HW_SLOWDOWN = 0x8
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
+
+
+# The two-pole die model, fitted by bench/thermal_fit.py on the real traces of tests/fixtures/traces/: the RTX 6000 Ada
+# (a blower fixed at 30 %, 72 min, 13-153 W) gives RMS 0.26 °C with a die pole of <= 1 s holding 13 % of the thermal
+# resistance and a heatsink pole of 177 s (one pole: 0.93 °C, tau 109 s); the RTX 4060 Laptop (6 h of gpu-burn
+# bursts) RMS 1.43 °C with 11 s / 37 % and 177 s (one pole: 1.72 °C). Cards without a trace take the desktop fit.
+TAU_DIE_SECONDS = 1.0
+TAU_SINK_SECONDS = 177.0
+DIE_SHARE = 0.132
 
 
 class ScenarioError(ValueError):
@@ -58,7 +68,6 @@ class Product:
     r_th_best: float  # °C/W die above ambient at full fan (or fixed for passive cards)
     r_th_worst: float  # °C/W at minimum fan speed
     r_th_memory: float  # °C/W memory above ambient
-    tau_die_seconds: float
     tau_memory_seconds: float
     sm_max_hz: float
     memory_max_hz: float
@@ -68,6 +77,9 @@ class Product:
     tegra: bool = False  # a Jetson-like integrated GPU: NVML initialises and lists it, and answers nothing else
     module_extra_watts: float = 0.0  # GH200: the energy counter is the module's, Grace CPU included
     min_branch: str = "r470"  # the oldest driver branch that supports the card
+    tau_die_seconds: float = TAU_DIE_SECONDS  # the die's pole (thermal_step)
+    tau_sink_seconds: float = TAU_SINK_SECONDS  # the heatsink's
+    die_share: float = DIE_SHARE  # the die pole's share of the thermal resistance
 
 
 PRODUCTS: dict[str, Product] = {
@@ -79,16 +91,35 @@ PRODUCTS: dict[str, Product] = {
             idle_watts=22.0, full_load_watts=470.0, shutdown_celsius=98, slowdown_celsius=95,
             gpu_max_celsius=90, memory_max_celsius=None, fans=2, fan_max_rpm=3000, ecc=False,
             retired_pages=False, remapped_rows=False, r_th_best=0.095, r_th_worst=0.2,
-            r_th_memory=0.0, tau_die_seconds=25.0, tau_memory_seconds=40.0,
+            r_th_memory=0.0, tau_memory_seconds=40.0,
             sm_max_hz=2.52e9, memory_max_hz=10.5e9, min_branch="r525",
+        ),
+        Product(  # the card of the rtx6000ada trace, with that trace's fit (blower at 30 %: r_th_worst)
+            key="rtx6000ada", name="NVIDIA RTX 6000 Ada Generation", architecture=8,
+            cuda_capability=(8, 9), memory_total_bytes=48 * 2**30, tdp_watts=300.0,
+            idle_watts=14.0, full_load_watts=300.0, shutdown_celsius=98, slowdown_celsius=93,
+            gpu_max_celsius=90, memory_max_celsius=None, fans=1, fan_max_rpm=None, ecc=True,
+            retired_pages=False, remapped_rows=True, r_th_best=0.18, r_th_worst=0.4469,
+            r_th_memory=0.0, tau_memory_seconds=60.0,
+            sm_max_hz=3.105e9, memory_max_hz=10.001e9, min_branch="r525",
+        ),
+        Product(  # the card of the rtx4060laptop trace, with that trace's fit (a laptop: no fan NVML can read)
+            key="rtx4060-laptop", name="NVIDIA GeForce RTX 4060 Laptop GPU", architecture=8,
+            cuda_capability=(8, 9), memory_total_bytes=8 * 2**30, tdp_watts=40.0,
+            idle_watts=4.0, full_load_watts=40.0, shutdown_celsius=105, slowdown_celsius=102,
+            gpu_max_celsius=87, memory_max_celsius=None, fans=0, fan_max_rpm=None, ecc=False,
+            retired_pages=False, remapped_rows=False, r_th_best=0.8588, r_th_worst=0.8588,
+            r_th_memory=0.0, tau_memory_seconds=60.0,
+            sm_max_hz=2.37e9, memory_max_hz=8.001e9, min_branch="r525",
+            tau_die_seconds=11.31, die_share=0.3714,
         ),
         Product(
             key="gtx1080ti", name="NVIDIA GeForce GTX 1080 Ti", architecture=4,
             cuda_capability=(6, 1), memory_total_bytes=11 * 2**30, tdp_watts=250.0,
-            idle_watts=12.0, full_load_watts=265.0, shutdown_celsius=96, slowdown_celsius=93,
+            idle_watts=12.0, full_load_watts=250.0, shutdown_celsius=96, slowdown_celsius=93,
             gpu_max_celsius=91, memory_max_celsius=None, fans=1, fan_max_rpm=4800, ecc=False,
             retired_pages=False, remapped_rows=False, r_th_best=0.22, r_th_worst=0.36,
-            r_th_memory=0.0, tau_die_seconds=20.0, tau_memory_seconds=40.0,
+            r_th_memory=0.0, tau_memory_seconds=40.0,
             sm_max_hz=1.911e9, memory_max_hz=5.505e9, idle_sm_hz=139e6,
         ),
         Product(
@@ -97,16 +128,16 @@ PRODUCTS: dict[str, Product] = {
             idle_watts=72.0, full_load_watts=690.0, shutdown_celsius=92, slowdown_celsius=89,
             gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
             retired_pages=False, remapped_rows=True, r_th_best=0.075, r_th_worst=0.075,
-            r_th_memory=0.082, tau_die_seconds=30.0, tau_memory_seconds=60.0,
+            r_th_memory=0.082, tau_memory_seconds=60.0,
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r525",
         ),
         Product(
             key="a100-sxm", name="NVIDIA A100-SXM4-80GB", architecture=7,
             cuda_capability=(8, 0), memory_total_bytes=80 * 2**30, tdp_watts=400.0,
-            idle_watts=60.0, full_load_watts=410.0, shutdown_celsius=92, slowdown_celsius=89,
+            idle_watts=60.0, full_load_watts=400.0, shutdown_celsius=92, slowdown_celsius=89,
             gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
             retired_pages=False, remapped_rows=True, r_th_best=0.11, r_th_worst=0.11,
-            r_th_memory=0.12, tau_die_seconds=30.0, tau_memory_seconds=60.0,
+            r_th_memory=0.12, tau_memory_seconds=60.0,
             sm_max_hz=1.41e9, memory_max_hz=1.593e9, mig_capable=True,
         ),
         Product(
@@ -115,7 +146,7 @@ PRODUCTS: dict[str, Product] = {
             idle_watts=90.0, full_load_watts=700.0, shutdown_celsius=92, slowdown_celsius=89,
             gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
             retired_pages=False, remapped_rows=True, r_th_best=0.07, r_th_worst=0.07,
-            r_th_memory=0.08, tau_die_seconds=30.0, tau_memory_seconds=60.0,
+            r_th_memory=0.08, tau_memory_seconds=60.0,
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, module_extra_watts=150.0,
             min_branch="r535",
         ),
@@ -125,16 +156,16 @@ PRODUCTS: dict[str, Product] = {
             idle_watts=5.0, full_load_watts=50.0, shutdown_celsius=105, slowdown_celsius=99,
             gpu_max_celsius=95, memory_max_celsius=None, fans=0, fan_max_rpm=None, ecc=False,
             retired_pages=False, remapped_rows=False, r_th_best=0.6, r_th_worst=0.6,
-            r_th_memory=0.0, tau_die_seconds=40.0, tau_memory_seconds=60.0,
+            r_th_memory=0.0, tau_memory_seconds=60.0,
             sm_max_hz=1.3e9, memory_max_hz=3.2e9, tegra=True,
         ),
         Product(
             key="v100", name="Tesla V100-PCIE-16GB", architecture=5,
             cuda_capability=(7, 0), memory_total_bytes=16 * 2**30, tdp_watts=250.0,
-            idle_watts=26.0, full_load_watts=260.0, shutdown_celsius=90, slowdown_celsius=87,
+            idle_watts=26.0, full_load_watts=250.0, shutdown_celsius=90, slowdown_celsius=87,
             gpu_max_celsius=83, memory_max_celsius=85, fans=0, fan_max_rpm=None, ecc=True,
             retired_pages=True, remapped_rows=False, r_th_best=0.19, r_th_worst=0.19,
-            r_th_memory=0.2, tau_die_seconds=35.0, tau_memory_seconds=60.0,
+            r_th_memory=0.2, tau_memory_seconds=60.0,
             sm_max_hz=1.38e9, memory_max_hz=0.877e9,
         ),
     )
@@ -182,6 +213,8 @@ class GpuState:
 
     die_celsius: float
     memory_celsius: float
+    die_rise: float = 0.0  # the die pole's rise above ambient (°C)
+    sink_rise: float = 0.0  # the heatsink pole's
     power_watts: float = 0.0
     fan_ratio: float = 0.3
     clock_factor: float = 1.0
@@ -213,13 +246,24 @@ class GpuState:
     energy_glitch_mj: float | None = None  # the energy counter answers this once (a backwards glitch)
 
 
+def thermal_step(die_rise: float, sink_rise: float, watts: float, resistance: float, product: Product,
+                 dt: float) -> tuple[float, float]:
+    """The two poles' rises above ambient (°C) after ``dt`` seconds at ``watts`` through ``resistance`` (°C/W): each
+    moves towards its share of ``watts x resistance`` with its own time constant (exactly, for a constant power)."""
+    target = watts * resistance
+    die = die_rise + (target * product.die_share - die_rise) * (1.0 - math.exp(-dt / product.tau_die_seconds))
+    sink = sink_rise + (target * (1.0 - product.die_share) - sink_rise) * (
+        1.0 - math.exp(-dt / product.tau_sink_seconds))
+    return die, sink
+
+
 class SimGpu:
     """One simulated GPU: product, schedule and state, advanced by :meth:`step`."""
 
     def __init__(self, index: int, product: Product, schedule: list[Phase], offset: float,
                  ambient_celsius: float, seed: int, cooling_factor: float = 1.0) -> None:
         self.index = index
-        self.cooling_factor = cooling_factor  # > 1: a dusty heatsink or dried paste
+        self.cooling_factor = cooling_factor  # > 1: a dusty heatsink, dried paste, a failed fan
         self.product = product
         self.schedule = schedule
         self.offset = offset
@@ -228,8 +272,10 @@ class SimGpu:
         self.serial = f"13{seed % 10**6:06d}{index:04d}"
         self.pci_bus_id = f"00000000:{0x17 + index * 0x20:02X}:00.0"
         self.rng = random.Random(seed * 1000 + index)
-        self.state = GpuState(die_celsius=ambient_celsius + product.idle_watts * product.r_th_best,
-                              memory_celsius=ambient_celsius + product.idle_watts * product.r_th_memory)
+        idle_rise = product.idle_watts * product.r_th_best  # settled at idle, fans at their lowest useful speed
+        self.state = GpuState(die_celsius=ambient_celsius + idle_rise,
+                              memory_celsius=ambient_celsius + product.idle_watts * product.r_th_memory,
+                              die_rise=idle_rise * product.die_share, sink_rise=idle_rise * (1 - product.die_share))
         self.cycle_seconds = sum(p.seconds for p in schedule)
 
     def phase_at(self, t: float) -> tuple[Phase, float]:
@@ -292,8 +338,8 @@ class SimGpu:
             target = min(1.0, max(p.min_fan_ratio, (s.die_celsius - 35.0) / 45.0))
             move = 0.05 * dt
             s.fan_ratio += max(-move, min(move, target - s.fan_ratio))
-        die_target = self.ambient_celsius + demand * self._thermal_resistance()
-        s.die_celsius += (die_target - s.die_celsius) * (1.0 - math.exp(-dt / p.tau_die_seconds))
+        s.die_rise, s.sink_rise = thermal_step(s.die_rise, s.sink_rise, demand, self._thermal_resistance(), p, dt)
+        s.die_celsius = self.ambient_celsius + s.die_rise + s.sink_rise
         mem_target = self.ambient_celsius + demand * p.r_th_memory
         s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
 
@@ -511,7 +557,8 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             raise ScenarioError(f"{where}.schedule: expected a non-empty list of phases")
         schedule = [_phase(p, f"{where}.schedule[{j}]") for j, p in enumerate(schedule_spec)]
         offset = _number(spec.get("offset_seconds", 0), f"{where}.offset_seconds")
-        cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 3.0)
+        # > 1: a dusty heatsink or dried paste; up to 5, a failed fan or a heatsink off its die
+        cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 5.0)
         unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig"}
         if unknown:
             raise ScenarioError(f"{where}.{sorted(map(str, unknown))[0][:60]}: unknown key")
