@@ -646,7 +646,7 @@ def test_unit_runs_under_a_real_systemd(tmp_path: Path) -> None:
         started = time.monotonic()
         run("systemctl", "stop", "gpuwear")
         assert time.monotonic() - started < 3.0
-        ledger = "/var/lib/private/gpuwear/simulated/ledger.sqlite"
+        ledger = "/var/lib/private/gpuwear/simulated/demo/ledger.sqlite"
         owner, mode = run("stat", "-c", "%u %a", ledger).split()
         assert owner != "0" and mode == "600"
         assert run("readlink", "/var/lib/gpuwear") == "private/gpuwear"

@@ -36,8 +36,8 @@ def test_doctor_on_simulated_gpus(tmp_path: Path) -> None:
 
 def test_doctor_finds_the_port_taken_and_a_bad_ledger(tmp_path: Path) -> None:
     port = free_port()
-    ledger = tmp_path / "simulated" / "ledger.sqlite"
-    ledger.parent.mkdir()
+    ledger = tmp_path / "simulated" / "demo" / "ledger.sqlite"
+    ledger.parent.mkdir(parents=True)
     ledger.write_bytes(b"not a database at all" * 10)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", port))

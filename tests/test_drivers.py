@@ -396,7 +396,7 @@ def test_a_driver_upgrade_makes_the_daemon_exit_non_zero_after_saving(tmp_path: 
     assert "exiting so that gpuwear is started again" in result.stderr.splitlines()[-1]
     from gpuwear.ledger import Ledger
 
-    ledger = Ledger.open_read_only(state / "simulated" / "ledger.sqlite")
+    ledger = Ledger.open_read_only(state / "simulated" / "upgrade" / "ledger.sqlite")
     try:
         saved = ledger.load(2.0)
     finally:

@@ -236,7 +236,7 @@ def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path,
             pytest.fail("the ledger never filled up")
         assert daemon.persist() is True, caplog.text[-3000:]  # the failed connection closed, a fresh one opened
         assert daemon.ledger is not None and daemon.ledger._db is not db  # (without the full one's page limit)
-    ledger = Ledger.open_read_only(tmp_path / "simulated" / "ledger.sqlite")
+    ledger = Ledger.open_read_only(tmp_path / "simulated" / "demo" / "ledger.sqlite")
     assert ledger.load(2.0)  # never a broken ledger
     ledger.close()
 

@@ -207,7 +207,7 @@ BAD_RECORDS: dict[str, tuple[str, tuple[Any, ...]]] = {
 def test_a_bad_record_moves_the_ledger_aside_and_the_daemon_serves(case: str, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     state = tmp_path / "state"
-    path = ledger_with_history(state / "simulated")
+    path = ledger_with_history(state / "simulated" / "demo")
     sql, params = BAD_RECORDS[case]
     _corrupt(path, sql, *params)
     assert main(["report", "--simulated", "--state-dir", str(state)]) == 1  # a clear line, no traceback
@@ -233,7 +233,7 @@ def test_a_bad_record_moves_the_ledger_aside_and_the_daemon_serves(case: str, tm
 
 def test_a_ledger_of_a_newer_gpuwear_is_refused_and_kept(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    path = ledger_with_history(state / "simulated")
+    path = ledger_with_history(state / "simulated" / "demo")
     _corrupt(path, "UPDATE meta SET value = '9' WHERE key = 'schema_version'")
     _corrupt(path, "INSERT OR REPLACE INTO meta VALUES ('written_by', '7.0')")
     with pytest.raises(LedgerTooNewError, match=r"written by gpuwear 7.0 \(ledger schema 9\)"):
@@ -308,7 +308,7 @@ def test_an_import_while_the_daemon_runs_is_refused_and_lost_never(
         running_daemon: tuple[subprocess.Popen[str], Path, int], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     proc, state, _ = running_daemon
-    simulated = state / "simulated" / "ledger.sqlite"
+    simulated = state / "simulated" / "demo" / "ledger.sqlite"
     file = tmp_path / "gap.json"
     old = wear_doc(first=T0 - 86400 * 30, seconds=1800)
     file.write_text(json.dumps(export_doc(old)))
@@ -354,9 +354,9 @@ def test_a_read_only_state_directory_at_start_is_written_once_it_allows(tmp_path
     try:
         os.chmod(base, 0o755)
         state = base / "state"
-        folder = state / "simulated"
+        folder = state / "simulated" / "demo"
         ledger_with_history(folder)
-        for p in (state, folder, *folder.iterdir()):
+        for p in (state, folder.parent, folder, *folder.iterdir()):
             os.chown(p, 65534, 65534)
         os.chmod(folder, 0o500)  # read-only for its owner
         port = free_port()
@@ -683,7 +683,7 @@ def test_a_clock_ahead_at_start_forgets_no_job_record(tmp_path: Path) -> None:
         clock.advance(1.0)
         daemon._tick()
     daemon.stop()
-    path = tmp_path / "simulated" / "ledger.sqlite"
+    path = tmp_path / "simulated" / "demo" / "ledger.sqlite"
     count = sqlite3.connect(path).execute("SELECT count(*) FROM jobs").fetchone()[0]
     assert count > 0
     ahead = ManualClock(start_wall=clock.wall() + TEN_YEARS)

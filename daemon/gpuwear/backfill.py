@@ -312,7 +312,7 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
                   result.problems, "rows")
 
 
-def import_ledger_export(doc: Any, source: str, ledger: Ledger) -> dict[str, int]:
+def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated: bool = False) -> dict[str, int]:
     """Import a `gpuwear export` document, validated whole first (:func:`check_export`: one bad value refuses the
     file, nothing is written). Each part of the card's history becomes an import unless its time span overlaps
     history this ledger already holds for the card (its live span, earlier imports, or an earlier part of this
@@ -322,6 +322,9 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger) -> dict[str, int
         check_export(doc, EXPORT_VERSION, WEAR_SCHEMA)
     except SchemaError as exc:
         raise ImportFormatError(str(exc)) from None
+    if doc.get("simulated") and not allow_simulated:  # a simulation's figures must never pass for a real card's
+        raise ImportFormatError("the history of a simulated GPU (exported with --simulated): import it into a "
+                                "simulation's ledger (--simulated SCENARIO), or pass --allow-simulated")
     uuid = str(doc["uuid"])
     covered = ledger.covered(uuid)
     imports = []

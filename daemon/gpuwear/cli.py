@@ -91,6 +91,15 @@ def _parser() -> argparse.ArgumentParser:
     led = imp_sub.add_parser("ledger", help="a card's history exported from another box (gpuwear export)")
     led.add_argument("files", nargs="+", metavar="FILE")
     _ledger_arguments(led)
+    led.add_argument("--allow-simulated", action="store_true",
+                     help="take a simulated GPU's history into this ledger (refused by default: it would pass for "
+                     "a real card's)")
+
+    forget = sub.add_parser("forget", help="remove one GPU from the ledger: its history, imports, events and job "
+                            "shares (asks first)")
+    forget.add_argument("gpu", metavar="GPU", help="its index, UUID or the start of its UUID")
+    _ledger_arguments(forget)
+    forget.add_argument("--yes", action="store_true", help="do not ask (needed where there is no terminal to ask)")
 
     export = sub.add_parser("export", help="one GPU's history as a file another box can import")
     export.add_argument("uuid", metavar="GPU", help="its index, UUID or the start of its UUID")
@@ -102,8 +111,9 @@ def _parser() -> argparse.ArgumentParser:
 def _ledger_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="configuration file (model parameters, state_dir)")
     parser.add_argument("--state-dir", metavar="DIR", help="state directory (config: state_dir)")
-    parser.add_argument("--simulated", action="store_true",
-                        help="the ledger of the simulated GPUs (gpuwear run --simulate) instead of the real one")
+    parser.add_argument("--simulated", nargs="?", const="demo", metavar="SCENARIO",
+                        help="the ledger of a simulation (gpuwear run --simulate SCENARIO; default demo) instead of "
+                        "the real one")
 
 
 def _fail(message: str, code: int) -> int:
@@ -239,7 +249,7 @@ def _report(args: argparse.Namespace) -> int:
                     wanted = select_gpu(args.gpu, ledger.load_all(config.wear.cycles.hysteresis_celsius))
                 except ValueError as exc:
                     return _fail(f"{exc} in {path}", EXIT_USAGE)
-            doc, jobs = documents(ledger, config.wear, str(path), args.simulated, wanted)
+            doc, jobs = documents(ledger, config.wear, str(path), args.simulated is not None, wanted)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
@@ -318,7 +328,7 @@ def _doctor(args: argparse.Namespace) -> int:
         print("SIMULATED GPUs: not real hardware")
     else:
         backend = NvmlBackend()
-    simulated = bool(args.simulate) or args.simulated
+    simulated = args.simulated or (Path(args.simulate).stem if args.simulate else None)
     findings = Doctor(config, backend, ledger_path(config, simulated)).run()
     return 0 if render(findings) else EXIT_FAILURE
 
@@ -333,7 +343,7 @@ def _export(args: argparse.Namespace) -> int:
                 uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
             except ValueError as exc:
                 return _fail(str(exc).replace("--gpu ", ""), EXIT_USAGE)
-            doc = ledger.export(uuid)
+            doc = ledger.export(uuid, simulated=args.simulated is not None)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
@@ -361,7 +371,8 @@ def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
                 raise ImportFormatError(f"{size} bytes: larger than any export gpuwear writes "
                                         f"({MAX_EXPORT_BYTES >> 20} MiB at most)")
             doc = json.loads(Path(name).read_text(encoding="utf-8"))
-            result = import_ledger_export(doc, f"ledger:{name}", ledger)
+            result = import_ledger_export(doc, f"ledger:{name}", ledger,
+                                          allow_simulated=args.allow_simulated or args.simulated is not None)
         except RecursionError:
             print(f"gpuwear: {name}: not imported: nested too deeply to be an export", file=sys.stderr)
             failed += 1
@@ -505,8 +516,50 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     return EXIT_FAILURE if failed else 0
 
 
+def _forget(args: argparse.Namespace) -> int:
+    config = _ledger_config(args)
+    path = ledger_path(config, args.simulated)
+    if not path.exists():
+        return _fail(f"no ledger at {path}", EXIT_FAILURE)
+    try:
+        lock = StateLock.acquire(path.parent)
+    except StateLockedError as exc:
+        return _fail(f"{exc}; stop the daemon first (`systemctl stop gpuwear`): it would save the GPU again",
+                     EXIT_FAILURE)
+    except (LedgerError, OSError) as exc:
+        return _fail(f"cannot open the wear ledger: {exc}", EXIT_FAILURE)
+    try:
+        ledger = Ledger.open(path)
+        try:
+            wears = ledger.load_all(config.wear.cycles.hysteresis_celsius)
+            try:
+                uuid = select_gpu(args.gpu, wears)
+            except ValueError as exc:
+                return _fail(str(exc).replace("--gpu ", "") + f" in {path}", EXIT_USAGE)
+            w = wears[uuid]
+            what = f"GPU {uuid} ({w.name or 'unknown name'}, {w.observed_seconds / 3600:.1f} h observed)"
+            if not args.yes:
+                if not sys.stdin.isatty():
+                    return _fail(f"forgetting {what} cannot be undone: pass --yes to confirm (no terminal to ask)",
+                                 EXIT_USAGE)
+                answer = input(f"Forget {what}: its history, imports, events and job shares? It cannot be undone. "
+                               "[y/N] ")
+                if answer.strip().lower() not in ("y", "yes"):
+                    print("nothing forgotten")
+                    return 0
+            removed = ledger.forget(uuid)
+        finally:
+            ledger.close()
+    except (LedgerError, sqlite3.Error, OSError) as exc:
+        return _fail(f"cannot forget: {exc}", EXIT_FAILURE)
+    finally:
+        lock.release()
+    print(f"forgot {what}: " + ", ".join(f"{n} {kind}" for kind, n in removed.items()))
+    return 0
+
+
 COMMANDS = {"run": _run, "report": _report, "jobs": _jobs, "import": _import, "export": _export,
-            "doctor": _doctor, "check-config": _check_config}
+            "forget": _forget, "doctor": _doctor, "check-config": _check_config}
 
 
 def main(argv: list[str] | None = None) -> int:

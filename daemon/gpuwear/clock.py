@@ -44,6 +44,13 @@ class ScaledClock:
     def wall(self) -> float:
         return self._wall0 + (self.monotonic() - self._mono0)
 
+    def resume_after(self, wall: float) -> None:
+        """Move simulated wall time on to just after ``wall`` (where an earlier run's history ends) if it is behind
+        it: a run at --speed 600 ends hours ahead of the real clock, and the next one must not go back in time."""
+        now = self.wall()
+        if wall >= now:
+            self._wall0 += wall - now + 1.0
+
 
 class ManualClock:
     """A clock that only moves when told to (tests)."""

@@ -45,10 +45,14 @@ MAX_LOG_ROW_BYTES = 16 << 20  # a wear-log row inflates to no more than this (a 
 FILENAME = "ledger.sqlite"
 
 
-def ledger_path(config: Config, simulated: bool) -> Path:
-    """The ledger file; simulated GPUs keep theirs apart, so a real ledger never holds them."""
+def ledger_path(config: Config, simulated: str | None) -> Path:
+    """The ledger file of the real GPUs, or of a simulation scenario (its name: a built-in one, or a scenario file's
+    name without .yaml): each scenario keeps its own history apart, and a real ledger never holds simulated GPUs."""
     folder = config.resolved_state_dir()
-    return (folder / "simulated" if simulated else folder) / FILENAME
+    if simulated is None:
+        return folder / FILENAME
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in simulated).lstrip(".")
+    return folder / "simulated" / (name or "_") / FILENAME
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -362,16 +366,47 @@ class Ledger:
             out[uuid] = out[uuid].merged(w) if uuid in out else GpuWear(uuid, gate_celsius=gate_celsius).merged(w)
         return out
 
-    def export(self, uuid: str) -> dict[str, Any]:
+    def export(self, uuid: str, simulated: bool = False) -> dict[str, Any]:
         """One GPU's history (live and imported, and its events) as a document another box's
-        ledger can import: the ledger follows the card."""
+        ledger can import: the ledger follows the card. A simulated card's says so (``"simulated": true``)."""
         live = _read_docs(self._db).get(uuid)
         imports = [json.loads(w) for (w,) in self._db.execute("SELECT wear FROM imports WHERE uuid = ?", (uuid,))]
         if live is None and not imports:
             raise LedgerError(f"{self.path}: no GPU {uuid}")
         parts = ([live] if live else []) + imports
-        return {"format": "gpuwear-ledger-export", "version": EXPORT_VERSION, "uuid": uuid, "parts": parts,
-                "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail} for e in self.events(uuid)]}
+        doc = {"format": "gpuwear-ledger-export", "version": EXPORT_VERSION, "uuid": uuid, "parts": parts,
+               "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail} for e in self.events(uuid)]}
+        return {**doc, "simulated": True} if simulated else doc
+
+    def forget(self, uuid: str) -> dict[str, int]:
+        """Remove every record of one GPU in one transaction: its live record, its imports, its events and its share of
+        each job (a job left with no GPU goes). The wear log is folded into the records first: its rows name GPUs.
+        Returns what was removed, by kind; LedgerError when the ledger holds nothing of that GPU."""
+        docs = _read_docs(self._db)
+        imports = self._db.execute("SELECT count(*) FROM imports WHERE uuid = ?", (uuid,)).fetchone()[0]
+        if uuid not in docs and not imports:
+            raise LedgerError(f"{self.path}: no GPU {uuid}")
+        removed = {"records": int(uuid in docs), "imports": imports, "events": 0, "jobs": 0}
+        with self._transaction() as db:
+            for u, d in docs.items():
+                if u != uuid:
+                    db.execute("UPDATE gpus SET wear = ? WHERE uuid = ?", (json.dumps(d, separators=(",", ":")), u))
+            db.execute("DELETE FROM wear_log")
+            db.execute("DELETE FROM gpus WHERE uuid = ?", (uuid,))
+            db.execute("DELETE FROM imports WHERE uuid = ?", (uuid,))
+            removed["events"] = db.execute("DELETE FROM events WHERE uuid = ?", (uuid,)).rowcount
+            for record, data in db.execute("SELECT record, data FROM jobs").fetchall():
+                job = _json_object(data, f"job {record!r}")
+                gpus = [g for g in job.get("gpus", []) if g.get("uuid") != uuid]
+                if len(gpus) == len(job.get("gpus", [])):
+                    continue
+                removed["jobs"] += 1
+                if gpus:
+                    db.execute("UPDATE jobs SET data = ? WHERE record = ?", (json.dumps({**job, "gpus": gpus}), record))
+                else:
+                    db.execute("DELETE FROM jobs WHERE record = ?", (record,))
+        self._saved = None  # what is committed changed under the save cache
+        return removed
 
     def load_all(self, gate_celsius: float) -> dict[str, GpuWear]:
         """Live and imported history merged, by UUID (what a report shows)."""

@@ -157,7 +157,7 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     from gpuwear.backends.simulated import load_scenario
 
     simulation = load_scenario(simulate)
-    clock = ScaledClock(speed) if speed != 1.0 else SystemClock()
+    clock = ScaledClock(speed)  # even at x1: the daemon moves it on to where the scenario's history ends
     backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
     sampler = _sampler(backend, clock, config)
     _open_waiting(sampler, 0.0)  # as on real GPUs: a driver upgrade not finished is waited for, serving
@@ -180,7 +180,7 @@ class Daemon:
         self.config_path = config_path  # re-read on SIGHUP
         self.source = source
         self.web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
-        self.ledger_file = ledger_path(config, source.simulation is not None)
+        self.ledger_file = ledger_path(config, None if source.simulation is None else source.simulation.name)
         self.ledger: Ledger | None = None
         self._lock: StateLock | None = None  # the state directory, held for the daemon's life
         self._history_loaded = False  # the ledger's history is in the tracker (never merged twice)
@@ -192,6 +192,8 @@ class Daemon:
             wears, imported = self.ledger.load(gate), self.ledger.load_imported(gate)
             running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
             self._history_loaded = True
+            if isinstance(source.clock, ScaledClock):  # a simulation goes on from where its history ends
+                source.clock.resume_after(max((w.last_seen or 0.0 for w in wears.values()), default=0.0))
         except (StateLockedError, LedgerTooNewError):  # another daemon, or a newer gpuwear's ledger: refuse to run
             if self.ledger is not None:
                 self.ledger.close()
@@ -532,6 +534,8 @@ class Daemon:
             self._tick_lock.release()
         self.source.sampler.close()
         self.tracker.flush()  # a sample held back to judge it as a spike is believed: nothing follows it
+        if self.source.simulation is not None:  # the simulated jobs end with the simulation (`jobs`: not "running")
+            self.tracker.end_jobs()
         self.persist(final=True)
         if self.ledger is not None:
             self.ledger.close()

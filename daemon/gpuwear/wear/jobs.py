@@ -145,6 +145,14 @@ class JobAccounts:
                 events[what] = events.get(what, 0) + 1
                 self._dirty[rec.record] = rec
 
+    def end_all(self) -> None:
+        """End every running job and idle line where it was last seen (a simulation that stops: its jobs end with
+        it, where a real daemon's go on running and are taken up again at its next start)."""
+        for rec in [*self.active.values(), *self.idle.values()]:
+            self._close(rec, rec.last_seen)
+        self.active.clear()
+        self.idle.clear()
+
     def expire(self, wall: float) -> None:
         """End the jobs whose processes have been gone longer than the grace period (a
         restart within it continues the same job)."""

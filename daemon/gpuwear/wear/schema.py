@@ -240,7 +240,9 @@ def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, An
     another) and events. Raises :class:`SchemaError` at the first problem."""
     if not isinstance(doc, dict) or doc.get("format") != "gpuwear-ledger-export":
         raise SchemaError("", "not a gpuwear ledger export (gpuwear export UUID)")
-    mapping(doc, "", lambda k: k in ("format", "version", "uuid", "parts", "events"), limit=5)
+    mapping(doc, "", lambda k: k in ("format", "version", "uuid", "parts", "events", "simulated"), limit=6)
+    if "simulated" in doc and doc["simulated"] is not True:
+        raise SchemaError("simulated", "present only as true (the history of simulated GPUs)")
     version = integer(doc.get("version"), "version", 1, 10**6)
     if version > export_version:
         raise SchemaError("version", f"written by a newer gpuwear (export version {version}; this one reads "

@@ -344,6 +344,11 @@ class WearTracker:
                 self._event(w, sample.timestamp, "health", {"field": k, "from": before[k], "to": w.health.get(k)})
                 self.jobs.event(uuid, f"health {k}")
 
+    def end_jobs(self) -> None:
+        """End every running job and idle line (a simulation stopping)."""
+        with self._lock:
+            self.jobs.end_all()
+
     def flush(self) -> None:
         """Integrate every held suspect sample as believed (at stop, before the last save)."""
         with self._lock:
