@@ -1,6 +1,6 @@
 """The nvidia-smi CSV parser alone, and the floor under it.
 
-    python bench/import_bench.py parse FILE   # iterate gpuwear.importer.read_telemetry_csv
+    python bench/import_bench.py parse FILE   # iterate gpuwear.imports.parse.read_telemetry_csv
     python bench/import_bench.py csv FILE     # iterate the stdlib csv.reader over the same file
     python bench/import_bench.py floats FILE  # csv.reader, and float() of the numeric columns (units cut off)
     python bench/import_bench.py rows FILE    # backfill.import_rows into a fresh ledger: the row path, whole
@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuwear.backfill import import_file, import_rows
+from gpuwear.imports.backfill import import_file, import_rows
 from gpuwear.config import Config
-from gpuwear.importer import RowProblem, read_telemetry_csv
+from gpuwear.imports.parse import RowProblem, read_telemetry_csv
 from gpuwear.ledger import Ledger
 
 

@@ -19,7 +19,7 @@ SHARED = ["ctypes", "yaml", "pynvml", "gpuwear.backends.simulated", "gpuwear.bac
           "gpuwear.backends.nvml"]
 PROGRAMS = {
     "gpuwear": ["prometheus_client", "sqlite3", "gpuwear.wear.tracker",
-                "gpuwear.jobs", "gpuwear.collector", "gpuwear.webconfig", "gpuwear.service", "gpuwear.cli"],
+                "gpuwear.jobs.resolve", "gpuwear.collector", "gpuwear.webconfig", "gpuwear.service", "gpuwear.cli"],
     "nvitop-exporter": ["prometheus_client", "psutil", "nvitop", "nvitop_exporter", "nvitop_exporter.cli"],
 }
 

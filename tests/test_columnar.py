@@ -1,4 +1,4 @@
-"""The columnar import (gpuwear.columnar, gpuwear.wear.batch) against the row path (backfill.import_rows), the
+"""The columnar import (gpuwear.imports.columnar, gpuwear.wear.batch) against the row path (backfill.import_rows), the
 reference: the same ledger bit for bit (every float of every accumulator), the same counts and the same messages,
 on real traces, generated logs with every kind of trouble, logs split into blocks anywhere, and random logs
 (hypothesis). And the daemon never loads numpy or pyarrow."""
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwear import columnar
-from gpuwear.backfill import FileResult, import_file, import_rows
 from gpuwear.config import Config
+from gpuwear.imports import columnar
+from gpuwear.imports.backfill import FileResult, import_file, import_rows
 from gpuwear.ledger import Ledger
 from gpuwear.wear.batch import turning_points
 from gpuwear.wear.rainflow import RainflowCounter

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import make_rig
 from gpuwear.config import ConfigError, WearConfig, load_config
-from gpuwear.jobs import JobWatcher, SimulatedJobs, job_from_cgroup
+from gpuwear.jobs.resolve import JobWatcher, SimulatedJobs, job_from_cgroup
 from gpuwear.wear.tracker import WearTracker
 
 PRODUCTS = ("rtx4090", "h100-sxm", "v100")

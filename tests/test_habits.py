@@ -35,13 +35,13 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     time.sleep(6)
     daemon.stop()
     r = gpuwear("import", "nvidia-smi", str(TRACE), "--gpu", "GPU-trace-0001", "--timezone", "UTC",
-                "--state-dir", str(folder), "--simulated")
+                "--state-dir", str(folder), "--simulated", "short-jobs")
     assert r.returncode == 0, r.stderr
     return folder
 
 
 def _report(state: Path, gpu: str) -> subprocess.CompletedProcess[str]:
-    return gpuwear("report", "--state-dir", str(state), "--simulated", "--json", "--gpu", gpu)
+    return gpuwear("report", "--state-dir", str(state), "--simulated", "short-jobs", "--json", "--gpu", gpu)
 
 
 @pytest.mark.parametrize(("spec", "uuid"), [("0", RTX), ("1", H100), (H100, H100), (H100.lower(), H100),
@@ -63,35 +63,37 @@ def test_a_gpu_that_is_not_one_is_refused_with_the_known_ones(state: Path, spec:
 
 
 def test_jobs_and_export_take_the_same_gpu(state: Path) -> None:
-    by_index = gpuwear("jobs", "--state-dir", str(state), "--simulated", "--json", "--gpu", "1")
-    by_uuid = gpuwear("jobs", "--state-dir", str(state), "--simulated", "--json", "--gpu", H100)
+    by_index = gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--json", "--gpu", "1")
+    by_uuid = gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--json", "--gpu", H100)
     assert by_index.returncode == 0 and json.loads(by_index.stdout) == json.loads(by_uuid.stdout)
     assert {s["uuid"] for j in json.loads(by_index.stdout)["jobs"] for s in j["gpus"]} == {H100}
-    exported = gpuwear("export", "0", "--state-dir", str(state), "--simulated")
+    exported = gpuwear("export", "0", "--state-dir", str(state), "--simulated", "short-jobs")
     assert exported.returncode == 0 and json.loads(exported.stdout)["uuid"] == RTX
 
 
 def test_jobs_lists_the_newest_and_says_how_many_more(state: Path) -> None:
     """Before: 119 lines for 20 simulated hours, with no limit."""
-    full = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "--json").stdout)
+    full = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--json").stdout)
     assert len(full["jobs"]) > 20 and full["jobs_in_window"] == len(full["jobs"])
-    text = gpuwear("jobs", "--state-dir", str(state), "--simulated").stdout
+    text = gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs").stdout
     rows = [line for line in text.splitlines() if line[:1] not in ("", " ") and "JOB" not in line
             and not line.startswith(("Jobs,", "idle", "GPU's", "...", "Hottest", "Share"))]
     assert len({row[:44] for row in rows}) <= 20
     assert f"... and {len(full['jobs']) - 20} older line(s)" in text
-    everything = gpuwear("jobs", "--state-dir", str(state), "--simulated", "--all").stdout
+    everything = gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--all").stdout
     assert "older line(s)" not in everything and len(everything) > len(text)
-    five = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "--json", "--limit", "5").stdout)
+    five = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--json", "--limit",
+                              "5").stdout)
     assert [j["record"] for j in five["jobs"]] == [j["record"] for j in full["jobs"][:5]]
     assert five["totals"] == full["totals"] and five["jobs_in_window"] == len(full["jobs"])  # shares: the window's
-    bad = gpuwear("jobs", "--state-dir", str(state), "--simulated", "--limit", "0")
+    bad = gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--limit", "0")
     assert bad.returncode == 2 and "--limit" in bad.stderr
 
 
 def test_jobs_show_the_index_nvidia_smi_gives(state: Path) -> None:
-    doc = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "--json", "--gpu", "0").stdout)
-    text = gpuwear("jobs", "--state-dir", str(state), "--simulated", "--gpu", "0", "--limit", "3").stdout
+    doc = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--json", "--gpu",
+                             "0").stdout)
+    text = gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--gpu", "0", "--limit", "3").stdout
     first = doc["jobs"][0]
     line = next(line for line in text.splitlines() if line.startswith(("(idle)", first["name"] or first["id"])))
     assert line.split()[line.split().index("h") + 1] == "0"  # the GPU column, after the duration
@@ -99,5 +101,6 @@ def test_jobs_show_the_index_nvidia_smi_gives(state: Path) -> None:
 
 def test_doctor_counts_every_gpu_of_the_ledger(state: Path) -> None:
     """Before: "0 GPU(s) recorded" while report listed the imported ones too."""
-    out = gpuwear("doctor", "--simulate", "--state-dir", str(state)).stdout
+    out = gpuwear("doctor", "--simulate", str(Path(__file__).parent / "scenarios" / "short-jobs.yaml"), "--state-dir",
+                  str(state)).stdout
     assert "3 GPU(s) recorded (1 known from imported logs only)" in out, out

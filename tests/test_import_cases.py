@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwear import columnar
-from gpuwear.backfill import FileResult, gap_threshold, import_file, import_rows
 from gpuwear.config import Config
-from gpuwear.importer import ImportFormatError
+from gpuwear.imports import columnar
+from gpuwear.imports.backfill import FileResult, gap_threshold, import_file, import_rows
+from gpuwear.imports.parse import ImportFormatError
 from gpuwear.ledger import Ledger
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.plausibility import SpikeFilter

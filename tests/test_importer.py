@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from gpuwear import importer
-from gpuwear.importer import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv, supported_columns
+from gpuwear.imports import parse as importer
+from gpuwear.imports.parse import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv, supported_columns
 from gpuwear.sample import GpuIdentity, GpuSample
 
 TRACES = REPO / "tests" / "fixtures" / "traces"

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import make_rig
 from gpuwear.config import WearConfig
-from gpuwear.jobs import Job, JobWatcher, ProcessResolver, SimulatedJobs, job_from_cgroup
+from gpuwear.jobs.resolve import Job, JobWatcher, ProcessResolver, SimulatedJobs, job_from_cgroup
 from gpuwear.wear.models import thermal_aging_hours
 from gpuwear.wear.tracker import WearTracker
 
@@ -205,7 +205,8 @@ def test_gpuwear_jobs_command(tmp_path: Path) -> None:
     daemon.stop()
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path), "--simulated"],
+        return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path), "--simulated",
+                               "short-jobs"],
                               capture_output=True, text=True, timeout=60, check=False)
 
     doc = json.loads(run("jobs", "--json").stdout)

@@ -480,7 +480,8 @@ def test_old_job_records_are_forgotten_and_lifetime_figures_stay_whole(tmp_path:
 
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path),
                     jobs=JobsConfig(retention_days=0.01))  # 14.4 simulated minutes
-    daemon = Daemon(config, open_source(config, "demo", 600.0, False))
+    short_jobs = str(Path(__file__).parent / "scenarios" / "short-jobs.yaml")  # jobs ending every few minutes
+    daemon = Daemon(config, open_source(config, short_jobs, 600.0, False))
     daemon.start()
     counts = []
     try:

@@ -270,7 +270,7 @@ def _report(args: argparse.Namespace) -> int:
 def _jobs(args: argparse.Namespace) -> int:
     import time
 
-    from gpuwear import jobreport
+    from gpuwear.jobs import report as jobreport
 
     config = _ledger_config(args)
     since = None
@@ -360,8 +360,8 @@ MAX_EXPORT_BYTES = 64 << 20
 
 
 def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
-    from gpuwear.backfill import import_ledger_export
-    from gpuwear.importer import ImportFormatError
+    from gpuwear.imports.ledger import import_ledger_export
+    from gpuwear.imports.parse import ImportFormatError
 
     failed = 0
     for name in args.files:
@@ -437,8 +437,8 @@ class _Progress:
 def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     import zoneinfo
 
-    from gpuwear.backfill import import_file
-    from gpuwear.importer import ImportFormatError
+    from gpuwear.imports.backfill import import_file
+    from gpuwear.imports.parse import ImportFormatError
 
     if args.format == "nvidia-smi" and args.max_gap is not None and not 0 < args.max_gap <= 86400:
         return _fail(f"--max-gap: expected seconds between 0 and 86400, got {args.max_gap:g}", EXIT_USAGE)

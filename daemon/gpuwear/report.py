@@ -79,7 +79,7 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
               gpu: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The report document of a ledger (or one GPU of it) and its jobs document (every retained job, for the
     page's shares), read in one go."""
-    from gpuwear import jobreport
+    from gpuwear.jobs import report as jobreport
 
     wears = ledger.load_all(p.cycles.hysteresis_celsius)
     live = ledger.load(p.cycles.hysteresis_celsius)

@@ -32,11 +32,11 @@ from gpuwear.backends.nvml import (
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
-from gpuwear.jobs import JobWatcher, ProcessResolver, SimulatedJobs
+from gpuwear.jobs.attribute import JobRecord
+from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs
 from gpuwear.ledger import Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
-from gpuwear.wear.jobs import JobRecord
 from gpuwear.wear.tracker import WearTracker
 from gpuwear.web import FrontDoor, Limits
 from gpuwear.webconfig import WebConfig, WebConfigError, load_web_config

@@ -15,12 +15,12 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.jobs import Job
+from gpuwear.jobs.attribute import JobAccounts, JobRecord
+from gpuwear.jobs.resolve import Job
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.jobs import JobAccounts, JobRecord
 from gpuwear.wear.models import estimates, resistance_trend, thermal_aging_hours, verdict
 from gpuwear.wear.plausibility import is_spike, suspect
 from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwear.jobs import Job
+from gpuwear.jobs.resolve import Job
 from gpuwear.wear.accumulate import GpuWear, Interval
 
 IDLE = "idle"

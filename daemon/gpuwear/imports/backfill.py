@@ -20,13 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.importer import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv
-from gpuwear.ledger import EXPORT_VERSION, Ledger
+from gpuwear.imports.parse import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv
+from gpuwear.ledger import Ledger
 from gpuwear.sample import GpuSample, validated
-from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.plausibility import SpikeFilter, above_shutdown
-from gpuwear.wear.schema import SchemaError, check_export
 
 CADENCE_INTERVALS = 200  # a GPU's first intervals in a file, whose median is the log's cadence
 GAP_CADENCE_MULTIPLE = 5.0  # a pause longer than this many sampling intervals is a gap, not observed time
@@ -215,14 +213,14 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
     """Import one file into ``ledger`` (one transaction). Raises ``ImportFormatError`` when
     the file as a whole cannot be used; a bad row is reported through ``say`` and skipped.
 
-    The file is read by columns (:mod:`gpuwear.columnar`, numpy and pyarrow: ~15x faster) unless ``rows_only``
+    The file is read by columns (:mod:`gpuwear.imports.columnar`, numpy and pyarrow: ~15x faster) unless ``rows_only``
     or that path cannot reproduce the row path exactly for this file (it says why in FileResult.reader, having
     written and said nothing); then row by row (:func:`import_rows`). Both give the same ledger.
     """
     why = "rows only"
     if not rows_only:
         try:
-            from gpuwear import columnar
+            from gpuwear.imports import columnar
         except ImportError as exc:  # numpy or pyarrow not installed: the row path needs neither
             why = f"no columnar reader ({exc})"
         else:
@@ -310,35 +308,3 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
     return finish(path, ledger, params, [GpuImport(g.uuid, g.wear, g.first, g.last, g.rows, g.skipped, g.excluded,
                                                    g.cadence, g.max_gap, g.dropped) for g in gpus.values()],
                   result.problems, "rows")
-
-
-def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated: bool = False) -> dict[str, int]:
-    """Import a `gpuwear export` document, validated whole first (:func:`check_export`: one bad value refuses the
-    file, nothing is written). Each part of the card's history becomes an import unless its time span overlaps
-    history this ledger already holds for the card (its live span, earlier imports, or an earlier part of this
-    file): accumulators cannot be split in time, so an overlapping part is skipped whole and never counted twice.
-    Returns parts imported and skipped."""
-    try:
-        check_export(doc, EXPORT_VERSION, WEAR_SCHEMA)
-    except SchemaError as exc:
-        raise ImportFormatError(str(exc)) from None
-    if doc.get("simulated") and not allow_simulated:  # a simulation's figures must never pass for a real card's
-        raise ImportFormatError("the history of a simulated GPU (exported with --simulated): import it into a "
-                                "simulation's ledger (--simulated SCENARIO), or pass --allow-simulated")
-    uuid = str(doc["uuid"])
-    covered = ledger.covered(uuid)
-    imports = []
-    skipped = 0
-    for part in doc["parts"]:
-        first, last = part.get("first_seen"), part.get("last_seen")
-        if first is None or last is None:
-            continue
-        # the part's whole span, not the intervals it says it observed: a file cannot talk its way past what the
-        # ledger holds, and a part cannot be split in time anyway
-        if any(a <= last and first <= b for a, b in covered):
-            skipped += 1
-            continue
-        covered.append((first, last))
-        imports.append((uuid, source, first, last, 0, part))
-    ledger.save([], [], imports)
-    return {"imported": len(imports), "skipped": skipped}

@@ -1,6 +1,6 @@
 """The fast path of `gpuwear import nvidia-smi`: the log read as columns (pyarrow's CSV reader, numpy), in blocks of
-a few MB, each GPU's rows carried through the same stages as :func:`gpuwear.backfill.import_file`'s row path, with
-the state one block leaves for the next. Only the import command loads this module (numpy and pyarrow add ~60 MB
+a few MB, each GPU's rows carried through the same stages as the row path (``backfill.import_rows``), with the
+state one block leaves for the next. Only the import command loads this module (numpy and pyarrow add ~60 MB
 to a process; the daemon never imports them: tests/test_columnar.py checks).
 
 Every rule is the row path's, and the result is its ledger bit for bit (tests/test_columnar.py, on random and
@@ -32,10 +32,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from gpuwear import importer
-from gpuwear.backfill import CADENCE_INTERVALS, NOT_READINGS, FileResult, GpuImport, finish, gap_threshold, resolve_gpu
 from gpuwear.config import WearConfig
-from gpuwear.importer import ABSENT, BAD, VALUE, ImportFormatError, RowProblem
+from gpuwear.imports import parse as importer
+from gpuwear.imports.backfill import (
+    CADENCE_INTERVALS,
+    NOT_READINGS,
+    FileResult,
+    GpuImport,
+    finish,
+    gap_threshold,
+    resolve_gpu,
+)
+from gpuwear.imports.parse import ABSENT, BAD, VALUE, ImportFormatError, RowProblem
 from gpuwear.ledger import Ledger
 from gpuwear.sample import PHYSICAL_RANGES
 from gpuwear.wear.accumulate import GpuWear

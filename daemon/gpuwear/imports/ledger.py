@@ -1,0 +1,43 @@
+"""`gpuwear import ledger`: a card's history exported by another box (`gpuwear export`), taken whole or not at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuwear.imports.parse import ImportFormatError
+from gpuwear.ledger import EXPORT_VERSION, Ledger
+from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
+from gpuwear.wear.schema import SchemaError, check_export
+
+
+def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated: bool = False,
+                         ) -> dict[str, int]:
+    """Import a `gpuwear export` document, validated whole first (:func:`check_export`: one bad value refuses the
+    file, nothing is written). Each part of the card's history becomes an import unless its time span overlaps
+    history this ledger already holds for the card (its live span, earlier imports, or an earlier part of this
+    file): accumulators cannot be split in time, so an overlapping part is skipped whole and never counted twice.
+    Returns parts imported and skipped."""
+    try:
+        check_export(doc, EXPORT_VERSION, WEAR_SCHEMA)
+    except SchemaError as exc:
+        raise ImportFormatError(str(exc)) from None
+    if doc.get("simulated") and not allow_simulated:  # a simulation's figures must never pass for a real card's
+        raise ImportFormatError("the history of a simulated GPU (exported with --simulated): import it into a "
+                                "simulation's ledger (--simulated SCENARIO), or pass --allow-simulated")
+    uuid = str(doc["uuid"])
+    covered = ledger.covered(uuid)
+    imports = []
+    skipped = 0
+    for part in doc["parts"]:
+        first, last = part.get("first_seen"), part.get("last_seen")
+        if first is None or last is None:
+            continue
+        # the part's whole span, not the intervals it says it observed: a file cannot talk its way past what the
+        # ledger holds, and a part cannot be split in time anyway
+        if any(a <= last and first <= b for a, b in covered):
+            skipped += 1
+            continue
+        covered.append((first, last))
+        imports.append((uuid, source, first, last, 0, part))
+    ledger.save([], [], imports)
+    return {"imported": len(imports), "skipped": skipped}
