@@ -151,10 +151,22 @@ def _health_words(d: dict[str, Any]) -> str:
         first = next(r for r in shown if r["severity"] == h["status"])
         lead = "It needs action now" if h["status"] == "act" else "Keep an eye on it"
         return f"{lead}: {first['text']}."
+    if not d["sampled_live"]:  # imported logs only: they, not the card, are what lacks the columns
+        text = "Nothing in its logs is wrong"
+        if h.get("not_known"):
+            text += " (they hold no ECC counters or memory temperature, so its memory health is not known from them)"
+        return text + "."
     text = "Nothing it reports is wrong"
     if h.get("not_known"):
         text += " (it reports no ECC counters or memory temperature, so its memory health is not known)"
     return text + "."
+
+
+def _gaming_days(days: float, verb: str) -> str:
+    """How many days of 4-h-a-day gaming a figure amounts to, in words (``verb``: "do" or "make")."""
+    if days >= 0.1:
+        return f"about what {roughly(days)} days of gaming 4 h a day {verb}"
+    return f"less than a tenth of what a day of gaming 4 h a day {'does' if verb == 'do' else 'makes'}"
 
 
 def plain_words(d: dict[str, Any]) -> str:
@@ -168,9 +180,9 @@ def plain_words(d: dict[str, Any]) -> str:
     heat_days = a["central"] / gaming["thermal_aging_hours_per_day"]
     cycle_days = c["central"] / gaming["cycle_fatigue_cycles_per_day"]
     text = (f"{health} Heat aged its chip as much as {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
-            f"would, about what {roughly(heat_days)} days of gaming 4 h a day do; its temperature swings were worth "
-            f"{roughly(c['central'])} full {c['reference_peak_celsius'] - c['reference_range_celsius']:g} → "
-            f"{c['reference_peak_celsius']:g} °C cycles, about what {roughly(cycle_days)} days of such gaming make.")
+            f"would, {_gaming_days(heat_days, 'do')}; its temperature swings were worth {roughly(c['central'])} full "
+            f"{c['reference_peak_celsius'] - c['reference_range_celsius']:g} → {c['reference_peak_celsius']:g} °C "
+            f"cycles, {_gaming_days(cycle_days, 'make')}.")
     if heat_days > 0 and cycle_days > 0:
         larger, ratio = ("thermal cycling", cycle_days / heat_days) if cycle_days >= heat_days else (
             "heat aging", heat_days / cycle_days)
