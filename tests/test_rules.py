@@ -29,6 +29,7 @@ from helpers import free_ports, logs_on_failure, poll_until, require, started
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "gpuwear-rules.yml"
+DCGM_COMPAT = REPO / "deploy" / "prometheus" / "dcgm-compat-rules.yml"
 RULE_TESTS = sorted((REPO / "deploy" / "prometheus" / "tests").glob("*.yml"))
 EXAMPLE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 GOLDEN = sorted((REPO / "tests" / "golden").glob("*.prom"))
@@ -298,6 +299,20 @@ def test_rule_expressions_use_only_exported_metrics() -> None:
         for text in rule.get("annotations", {}).values():
             for query in template_queries(text):
                 assert not unknown_metric_names(query, known), (rule.get("alert"), query)
+
+
+def test_the_dcgm_names_read_only_exported_metrics_and_are_each_tested() -> None:
+    """deploy/prometheus/dcgm-compat-rules.yml: DCGM's names from gpuwear's metrics (or the label helper), each one
+    recorded once; tests/dcgm-compat.yml (run by the promtool test above) checks most of them value by value."""
+    compat = load_rules(DCGM_COMPAT)
+    known = golden_metric_names() | {"gpuwear:dcgm_labels"}
+    names = [rule["record"] for rule in compat]
+    assert len(set(names)) == len(names) and names[0] == "gpuwear:dcgm_labels"
+    assert all(name.startswith("DCGM_FI_DEV_") for name in names[1:]), names
+    for rule in compat:
+        assert not unknown_metric_names(rule["expr"], known), (rule["record"], rule["expr"])
+    tested = set(re.findall(r"expr: (DCGM_FI_DEV_\w+)", (DCGM_COMPAT.parent / "tests" / "dcgm-compat.yml").read_text()))
+    assert len(tested) >= 12 and tested <= set(names), sorted(tested - set(names))
 
 
 def test_metric_name_check_can_fail() -> None:

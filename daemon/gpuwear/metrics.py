@@ -217,6 +217,9 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        (), _sample_field("recovery_action")),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
+    MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
+       "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
+       _value(lambda s: s.last_xid)),
     MetricDef("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error and gave "
        "at least one reading; 0 when it failed or the GPU yields nothing.", (),
        _value(lambda s: 1.0 if s.last_success else 0.0)),

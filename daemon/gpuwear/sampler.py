@@ -120,6 +120,7 @@ class GpuStatus:
     energy_joules_total: float | None  # energy counter, continued across counter resets
     unavailable: Mapping[str, str]  # readings the GPU cannot give now -> why (backends.nvml.REASONS)
     readings: int  # readings (not None) the last read gave; 0: the GPU yields nothing
+    last_xid: int | None = None  # the code of the last XID event since start
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class _Gpu:
     errors: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
     xids: Counter[int] = field(default_factory=Counter)
+    last_xid: int | None = None
     energy_offset: float = 0.0
     energy_last: float | None = None
     energy_at: float = 0.0  # monotonic time of energy_last
@@ -163,7 +165,7 @@ class _Gpu:
             last_duration_seconds=self.last_duration, errors=MappingProxyType(dict(self.errors)),
             dropped=MappingProxyType(dict(self.dropped)), xids=MappingProxyType(dict(self.xids)),
             energy_joules_total=self.energy_total, unavailable=MappingProxyType(dict(self.unavailable)),
-            readings=max(self.readings, 0),
+            readings=max(self.readings, 0), last_xid=self.last_xid,
         )
 
 
@@ -237,6 +239,7 @@ class Sampler:
             if 0 <= index < len(self._gpus):
                 gpu = self._gpus[index]
                 gpu.xids[xid] += 1
+                gpu.last_xid = xid
                 log.warning("GPU %d (%s): XID %d", gpu.identity.index, gpu.identity.uuid, xid)
                 self._publish()
 
