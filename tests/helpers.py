@@ -133,3 +133,17 @@ def poll_until(what: str, seconds: float, procs: Mapping[str, subprocess.Popen[b
             return result
         assert time.monotonic() < deadline, f"timed out after {seconds:g}s waiting for {what}"
         time.sleep(interval)
+
+
+def run_simulated(state: Path, scenario: str, speed: float, seconds: float) -> None:
+    """The daemon (in process) on simulated GPUs for ``seconds`` of wall time at ``speed``, then stopped: a ledger
+    with that much simulated history in ``state``."""
+    from gpuwear.config import Config
+    from gpuwear.service import Daemon, open_source
+
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state))
+    daemon = Daemon(config, open_source(config, scenario, speed, False))
+    daemon.start()
+    time.sleep(seconds)
+    daemon.stop()
+

@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from gpuwear.config import Config
-from gpuwear.service import Daemon, open_source
-from helpers import free_port
+from helpers import run_simulated
 
 TRACE = Path(__file__).parent / "fixtures" / "traces" / "rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv"
 RTX, H100 = "GPU-00000001-5111-4a7e-9c3d-000000000000", "GPU-00000001-5111-4a7e-9c3d-000000000001"
@@ -28,12 +25,7 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two simulated GPUs (index 0 and 1) running short jobs for about six simulated hours, and one imported
     trace."""
     folder = tmp_path_factory.mktemp("state")
-    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(folder))
-    scenario = str(Path(__file__).parent / "scenarios" / "short-jobs.yaml")
-    daemon = Daemon(config, open_source(config, scenario, 3600.0, False))
-    daemon.start()
-    time.sleep(6)
-    daemon.stop()
+    run_simulated(folder, str(Path(__file__).parent / "scenarios" / "short-jobs.yaml"), 3600.0, 6.0)
     r = gpuwear("import", "nvidia-smi", str(TRACE), "--gpu", "GPU-trace-0001", "--timezone", "UTC",
                 "--state-dir", str(folder), "--simulated", "short-jobs")
     assert r.returncode == 0, r.stderr

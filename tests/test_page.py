@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,7 @@ from typing import Any
 import pytest
 from selenium import webdriver
 
-from gpuwear.config import Config
-from gpuwear.service import Daemon, open_source
-from helpers import fetch, free_port, require, started, wait_for
+from helpers import fetch, free_port, require, run_simulated, started, wait_for
 
 OUT = Path(__file__).parent / "out" / "page"
 WIDTHS = {"desktop": (1280, 900), "phone": (390, 844)}
@@ -30,11 +27,7 @@ def gpuwear(*args: str) -> subprocess.CompletedProcess[str]:
 def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About six simulated hours of the demo (a GeForce and an H100), saved."""
     folder = tmp_path_factory.mktemp("state")
-    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(folder))
-    daemon = Daemon(config, open_source(config, "demo", 3600.0, False))
-    daemon.start()
-    time.sleep(6)
-    daemon.stop()
+    run_simulated(folder, "demo", 3600.0, 6.0)
     return folder
 
 

@@ -10,22 +10,12 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from gpuwear.config import Config
 from gpuwear.ledger import Ledger
-from gpuwear.service import Daemon, open_source
-from helpers import free_port
+from helpers import run_simulated
 
 
 def gpuwear(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpuwear", *args], capture_output=True, text=True, timeout=120)
-
-
-def run(state: Path, scenario: str, speed: float, seconds: float) -> None:
-    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state))
-    daemon = Daemon(config, open_source(config, scenario, speed, False))
-    daemon.start()
-    time.sleep(seconds)
-    daemon.stop()
 
 
 def last_seen(path: Path) -> dict[str, tuple[float, float]]:
@@ -36,15 +26,15 @@ def last_seen(path: Path) -> dict[str, tuple[float, float]]:
 def test_each_scenario_keeps_its_own_history_and_its_time_goes_on(tmp_path: Path) -> None:
     """Before: every scenario and speed shared one ledger; after a run at x3600, simulated time was hours ahead
     and the next run went back into it."""
-    run(tmp_path, "demo", 3600.0, 3.0)  # about 3 simulated hours, ending well ahead of the real clock
+    run_simulated(tmp_path, "demo", 3600.0, 3.0)  # about 3 simulated hours, ending well ahead of the real clock
     demo = tmp_path / "simulated" / "demo" / "ledger.sqlite"
     first = last_seen(demo)
     assert all(end - time.time() > 3600 for _, end in first.values())  # ahead of the real clock
-    run(tmp_path, "demo", 1.0, 2.0)
+    run_simulated(tmp_path, "demo", 1.0, 2.0)
     second = last_seen(demo)
     for uuid, (start, end) in second.items():
         assert start == first[uuid][0] and end > first[uuid][1]  # the same history, going on after the first run
-    run(tmp_path, "idle", 60.0, 2.0)
+    run_simulated(tmp_path, "idle", 60.0, 2.0)
     assert (tmp_path / "simulated" / "idle" / "ledger.sqlite").exists()
     assert last_seen(demo) == second  # the idle scenario did not touch the demo's history
     report = json.loads(gpuwear("report", "--state-dir", str(tmp_path), "--simulated", "idle", "--json").stdout)
@@ -53,7 +43,7 @@ def test_each_scenario_keeps_its_own_history_and_its_time_goes_on(tmp_path: Path
 
 def test_a_stopped_simulation_leaves_no_job_running(tmp_path: Path) -> None:
     """Before: `jobs` listed the job of a stopped simulated run as "(running)"."""
-    run(tmp_path, "demo", 600.0, 3.0)  # 30 simulated minutes: resnet50-ddp runs when it stops
+    run_simulated(tmp_path, "demo", 600.0, 3.0)  # 30 simulated minutes: resnet50-ddp runs when it stops
     doc = json.loads(gpuwear("jobs", "--state-dir", str(tmp_path), "--simulated", "--json").stdout)
     assert any(j["id"] == "resnet50-ddp" for j in doc["jobs"])
     assert not [j for j in doc["jobs"] if j["running"]]
@@ -62,7 +52,7 @@ def test_a_stopped_simulation_leaves_no_job_running(tmp_path: Path) -> None:
 
 def test_a_simulated_card_never_passes_for_a_real_one(tmp_path: Path) -> None:
     """Before: `export --simulated` then `import ledger` put a simulated card into the real ledger, unmarked."""
-    run(tmp_path, "demo", 600.0, 2.0)
+    run_simulated(tmp_path, "demo", 600.0, 2.0)
     exported = gpuwear("export", "0", "--state-dir", str(tmp_path), "--simulated")
     assert exported.returncode == 0, exported.stderr
     doc = json.loads(exported.stdout)
@@ -85,7 +75,7 @@ def test_a_simulated_card_never_passes_for_a_real_one(tmp_path: Path) -> None:
 def test_forget_removes_one_gpu_and_nothing_else(tmp_path: Path) -> None:
     """`gpuwear forget GPU`: its record, imports, events and job shares go; the other GPU's figures stay exactly;
     without a terminal it needs --yes. Before: no way to forget a GPU."""
-    run(tmp_path, "demo", 600.0, 3.0)
+    run_simulated(tmp_path, "demo", 600.0, 3.0)
     trace = Path(__file__).parent / "fixtures" / "traces" / "rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv"
     h100 = "GPU-00000001-5111-4a7e-9c3d-000000000001"
     assert gpuwear("import", "nvidia-smi", str(trace), "--gpu", h100, "--timezone", "UTC", "--state-dir",
