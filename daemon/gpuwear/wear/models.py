@@ -39,6 +39,7 @@ MIN_COMPARISON_SECONDS = 6 * 3600
 RECENT_SECONDS = 7 * 86400  # a critical event older than this (in the GPU's record) asks for watching, not action
 
 
+@functools.lru_cache(maxsize=1 << 14)  # whole-degree bins and a few parameter sets: each factor computed once
 def arrhenius_factor(celsius: float, reference_celsius: float, ea_ev: float) -> float:
     """Acceleration of thermally activated aging at ``celsius`` relative to the reference."""
     return math.exp(ea_ev / BOLTZMANN_EV_PER_K * (1 / (reference_celsius + KELVIN) - 1 / (celsius + KELVIN)))
@@ -51,6 +52,7 @@ def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius:
                      for t, s in seconds_by_celsius.items())) / 3600.0
 
 
+@functools.lru_cache(maxsize=1 << 16)  # (range, peak) bins of whole degrees: each factor computed once
 def cycle_factor(range_celsius: float, peak_celsius: float, reference_range: float, reference_peak: float,
                  exponent: float, peak_term_kelvin: float) -> float:
     """Norris–Landzberg damage of one cycle relative to the reference cycle (no frequency term)."""
