@@ -139,7 +139,10 @@ def test_encode_writes_what_prometheus_client_writes(scenario: str) -> None:
     for _ in range(120):
         rig.run(1)
         tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-    for status in (None, LedgerStatus(False, 1_800_000_000.0, 3, True)):
+    for ticks, status in ((0, None), (0, LedgerStatus(False, 1_800_000_000.0, 3, True)), (300, None)):
+        for _ in range(ticks):  # later states, encoded with the line prefixes and numbers cached from earlier ones
+            rig.run(1)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
         pub = Published(rig.sampler.snapshot, tracker.views, status, info)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GpuwearCollector(lambda pub=pub: pub))  # type: ignore[misc]

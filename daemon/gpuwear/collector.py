@@ -11,10 +11,11 @@ prometheus_client's encoders write for them (tested), at a fraction of the cost:
 
 from __future__ import annotations
 
+import functools
 import gzip
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -66,9 +67,17 @@ def _per_gpu(defs: tuple[MetricDef[T], ...], sources: list[tuple[T, list[str]]])
         yield family
 
 
-_value: Callable[[float], str] = floatToGoString  # the number as Go (and so Prometheus) writes it; untyped upstream
+# the number as Go (and so Prometheus) writes it (untyped upstream); most values repeat from scrape to scrape (1,
+# limits, counts, whole degrees): each is formatted once (zeros are not cached: -0.0 == 0.0 would share one text)
+_go: Callable[[float], str] = floatToGoString
+_go_float: Callable[[float], str] = functools.lru_cache(maxsize=1 << 14)(_go)
+
+
+def _value(value: float) -> str:
+    return _go_float(value) if value else _go(value)
 _TEXT_HELP = str.maketrans({"\\": r"\\", "\n": r"\n"})
 _ESCAPED = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r'\"'})  # label values; OpenMetrics help too
+_PREFIXES = 4096  # line prefixes a family keeps (GPUs x label values; jobs come and go)
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class _Family:
     sample: str
     keys: tuple[str, ...]  # 'name="' per label, in definition order (the GPU labels first)
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
+    prefixes: dict[tuple[str, ...], str] = field(default_factory=dict, compare=False)  # (labels) -> 'name{...} '
 
     @classmethod
     def of(cls, m: MetricDef[Any], base: Sequence[str]) -> _Family:
@@ -98,16 +108,24 @@ class _Family:
                    tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)))
 
     def write(self, out: list[str], sources: Iterable[tuple[Any, list[str]]]) -> None:
-        """The sample lines of every source (with its escaped base label values)."""
-        keys, order, sample = self.keys, self.order, self.sample
+        """The sample lines of every source (with its escaped base label values). A line's ``name{labels} `` is the
+        same at every scrape for the same GPU and labels: made once, then looked up (bounded: cleared when full)."""
+        keys, order, sample, prefixes = self.keys, self.order, self.sample, self.prefixes
         for source, base in sources:
             for labels, value in self.metric.values(source):
-                values = [*base, *(v.translate(_ESCAPED) for v in labels)] if labels else base
-                if values:
-                    pairs = ",".join([f'{keys[i]}{values[i]}"' for i in order])
-                    out.append(f"{sample}{{{pairs}}} {_value(value)}\n")
-                else:
-                    out.append(f"{sample} {_value(value)}\n")
+                key = (*base, *labels)
+                prefix = prefixes.get(key)
+                if prefix is None:
+                    values = [*base, *(v.translate(_ESCAPED) for v in labels)] if labels else base
+                    if values:
+                        pairs = ",".join([f'{keys[i]}{values[i]}"' for i in order])
+                        prefix = f"{sample}{{{pairs}}} "
+                    else:
+                        prefix = f"{sample} "
+                    if len(prefixes) >= _PREFIXES:
+                        prefixes.clear()
+                    prefixes[key] = prefix
+                out.append(f"{prefix}{_value(value)}\n")
 
 
 _DAEMON_FAMILIES = tuple(_Family.of(m, ()) for m in DAEMON_METRICS)
