@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuwear.imports.backfill import import_file, import_rows
 from gpuwear.config import Config
+from gpuwear.imports.backfill import import_file, import_rows
 from gpuwear.imports.parse import RowProblem, read_telemetry_csv
 from gpuwear.ledger import Ledger
 

@@ -138,6 +138,29 @@ def resolve_gpu(row: ImportedRow, known: dict[str, GpuWear], gpu: str | None) ->
                             "the known ones), so that logs of different cards are never merged")
 
 
+def ledger_uuid(row: ImportedRow, resolved: dict[tuple[str, str | None], str], known: dict[str, GpuWear],
+                gpu: str | None) -> str:
+    """The ledger UUID of a row's GPU (:func:`resolve_gpu`), remembered in ``resolved`` by the row's GPU key and
+    name (the same few on every row). ImportFormatError when ``gpu`` (--gpu) names one GPU but the log, without a
+    uuid column, holds several."""
+    uuid = resolved.get((row.gpu, row.name))
+    if uuid is None:
+        uuid = resolved[row.gpu, row.name] = resolve_gpu(row, known, gpu)
+        if gpu is not None and len({k for k, _ in resolved}) > 1 and not row.identity.get("uuid"):
+            raise ImportFormatError(f"the log holds several GPUs ({', '.join(sorted({k for k, _ in resolved}))})"
+                                    " but --gpu names one; import a log with a uuid column")
+    return uuid
+
+
+def new_wear(uuid: str, known: dict[str, GpuWear], gate: float) -> GpuWear:
+    """A fresh accumulator for an import, with the thresholds the ledger read from that card (its shutdown
+    threshold judges the log's die readings)."""
+    w = GpuWear(uuid, gate_celsius=gate)
+    if uuid in known:
+        w.thresholds = dict(known[uuid].thresholds)
+    return w
+
+
 def _has_readings(values: dict[str, Any]) -> bool:
     return any(v is not None and not any(part in k for part in NOT_READINGS) for k, v in values.items())
 
@@ -260,18 +283,11 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
             result.problems += 1
             say(f"{path}:{item.line}: {item.message}; row skipped")
             continue
-        uuid = resolved.get((item.gpu, item.name))
-        if uuid is None:
-            uuid = resolved[item.gpu, item.name] = resolve_gpu(item, known, gpu)
-            if gpu is not None and len({k for k, _ in resolved}) > 1 and not item.identity.get("uuid"):
-                raise ImportFormatError(f"the log holds several GPUs ({', '.join(sorted({k for k, _ in resolved}))})"
-                                        " but --gpu names one; import a log with a uuid column")
+        uuid = ledger_uuid(item, resolved, known, gpu)
         g = gpus.get(uuid)
         if g is None:
-            g = gpus[uuid] = _Gpu(uuid, GpuWear(uuid, gate_celsius=gate), ledger.covered(uuid), max_gap,
+            g = gpus[uuid] = _Gpu(uuid, new_wear(uuid, known, gate), ledger.covered(uuid), max_gap,
                                   params.max_gap_seconds)
-            if uuid in known:
-                g.wear.thresholds = dict(known[uuid].thresholds)
         timestamp = item.timestamp
         if g.last_time is not None and timestamp < g.last_time and item.later is not None \
                 and item.later >= g.last_time:

@@ -41,12 +41,13 @@ from gpuwear.imports.backfill import (
     GpuImport,
     finish,
     gap_threshold,
-    resolve_gpu,
+    ledger_uuid,
+    new_wear,
 )
 from gpuwear.imports.parse import ABSENT, BAD, VALUE, ImportFormatError, RowProblem
 from gpuwear.ledger import Ledger
 from gpuwear.sample import PHYSICAL_RANGES
-from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.accumulate import HEALTH_FIELDS, SEEN_FIELDS, GpuWear
 from gpuwear.wear.batch import (
     COVERED,
     GAP,
@@ -61,13 +62,9 @@ from gpuwear.wear.batch import (
     integrate,
     spikes,
 )
-from gpuwear.wear.plausibility import DEFAULT_SHUTDOWN_CELSIUS, SHUTDOWN_MARGIN_CELSIUS
+from gpuwear.wear.plausibility import shutdown_limit
 
 BLOCK_BYTES = 4 << 20  # arrow reads this much of the file at a time (~20k nvidia-smi rows)
-_HEALTH = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
-           "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
-           "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
-           "remapped_rows_failure", "pcie_replays", "recovery_action")
 _IDENTITY = ("uuid", "pci_bus_id", "index", "name")
 # GpuSample fields that no CSV column fills (GpuWear.add reads them from live samples only)
 _LIVE_ONLY = ("violation_power_seconds", "violation_thermal_seconds", "fan_speed_rpm", "threshold_shutdown_celsius")
@@ -499,14 +496,11 @@ def _count(counter: Counter[str], key: str, n: int) -> None:
 
 def _new_gpu(uuid: str, ledger: Ledger, known: dict[str, GpuWear], params: WearConfig,
              max_gap: float | None) -> _Gpu:
-    w = GpuWear(uuid, gate_celsius=params.cycles.hysteresis_celsius)
-    if uuid in known:
-        w.thresholds = dict(known[uuid].thresholds)
-    shutdown = w.thresholds.get("shutdown")
+    w = new_wear(uuid, known, params.cycles.hysteresis_celsius)
     spans = sorted(ledger.covered(uuid))
     ends = list(np.maximum.accumulate([b for _, b in spans])) if spans else []
     return _Gpu(uuid, w, [a for a, _ in spans], [float(e) for e in ends], max_gap, params.max_gap_seconds,
-                (DEFAULT_SHUTDOWN_CELSIUS if shutdown is None else shutdown) + SHUTDOWN_MARGIN_CELSIUS)
+                shutdown_limit(w.thresholds.get("shutdown")))
 
 
 def _order(g: _Gpu, t: Floats, later: Floats) -> tuple[Floats, Bools, Bools, Bools, Bools]:
@@ -622,17 +616,12 @@ def _note(g: _Gpu, cols: dict[str, _Col], r: Ints, values: dict[str, tuple[Bools
     def any_(name: str) -> bool:
         return name in values and bool(values[name][0].any())
 
-    for group, present in (("clock_event_reasons", any_("clock_event_reasons")),
-                           ("temperature_memory", any_("temperature_memory_celsius")),
-                           ("ecc", any_("ecc_enabled") or any_("ecc_uncorrected_volatile")
-                            or any_("ecc_uncorrected_aggregate")),
-                           ("fans", bool(fan_present.any())), ("power", any_("power_watts")),
-                           ("utilization", any_("utilization_gpu_ratio"))):
-        if present:
+    for group, names in SEEN_FIELDS.items():  # a fan outside its range is still a fan: fan_present, not its value
+        if any(bool(fan_present.any()) if name == "fan_speed_ratio" else any_(name) for name in names):
             w.seen[group] = 1
     if any_("power_limit_watts"):
         w.thresholds["power_limit_watts"] = float(values["power_limit_watts"][1][values["power_limit_watts"][0]][-1])
-    for name in _HEALTH:
+    for name in HEALTH_FIELDS:
         if any_(name):
             last = int(r[np.flatnonzero(values[name][0])[-1]])
             w.health[name] = cols[name].python(last)
@@ -785,22 +774,10 @@ def _identities(block: _Block, rows: Ints, resolved: dict[tuple[str, Any], str],
         row = int(rows[i])
         identity = {name: c.python(row) for name in (*_IDENTITY, "serial") if (c := block.cols.get(name)) is not None
                     and c.status[row] == VALUE}
-        item = importer.ImportedRow(int(block.lines[row]), 0.0, _gpu_key(identity), identity.get("name"), {},
-                                    identity)
-        uuid = resolved.get((item.gpu, item.name))
-        if uuid is None:
-            uuid = resolved[item.gpu, item.name] = resolve_gpu(item, known, gpu)
-            if gpu is not None and len({k for k, _ in resolved}) > 1 and not identity.get("uuid"):
-                raise ImportFormatError(f"the log holds several GPUs ({', '.join(sorted({k for k, _ in resolved}))})"
-                                        " but --gpu names one; import a log with a uuid column")
+        item = importer.ImportedRow(int(block.lines[row]), 0.0, importer.gpu_key(identity), identity.get("name"),
+                                    {}, identity)
+        uuid = ledger_uuid(item, resolved, known, gpu)
         groups.setdefault(uuid, []).append(rows[code == key])
     for uuid, parts in groups.items():
         yield uuid, parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
 
-
-def _gpu_key(identity: dict[str, Any]) -> str:
-    if "uuid" in identity:
-        return str(identity["uuid"])
-    if "pci_bus_id" in identity:
-        return str(identity["pci_bus_id"])
-    return f"index:{identity.get('index', 0)}"

@@ -507,13 +507,16 @@ def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | Non
             target[name] = b.convert(raw)
         except ValueError as exc:
             return RowProblem(line, f"column {b.header!r}: {exc}: {_clip(raw)}")
+    return ImportedRow(line, timestamp, gpu_key(identity), identity.get("name"), values, identity, later)
+
+
+def gpu_key(identity: Mapping[str, Any]) -> str:
+    """A row's GPU, as the log names it: its uuid, else its PCI bus id, else "index:N" (ImportedRow.gpu)."""
     if "uuid" in identity:
-        gpu = str(identity["uuid"])
-    elif "pci_bus_id" in identity:
-        gpu = str(identity["pci_bus_id"])
-    else:
-        gpu = f"index:{identity.get('index', 0)}"
-    return ImportedRow(line, timestamp, gpu, identity.get("name"), values, identity, later)
+        return str(identity["uuid"])
+    if "pci_bus_id" in identity:
+        return str(identity["pci_bus_id"])
+    return f"index:{identity.get('index', 0)}"
 
 
 class _Lines:

@@ -105,6 +105,19 @@ class ThermalState:
     last_celsius: float | None = None
 
 
+# the GpuSample fields that show a history held each kind of reading (READING_GROUPS), and the health fields it keeps
+# (the last value read): GpuWear.add and the columnar import read both from here
+SEEN_FIELDS: dict[str, tuple[str, ...]] = {
+    "clock_event_reasons": ("clock_event_reasons",), "temperature_memory": ("temperature_memory_celsius",),
+    "ecc": ("ecc_enabled", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate"),
+    "fans": ("fan_speed_ratio", "fan_speed_rpm"), "power": ("power_watts",), "utilization": ("utilization_gpu_ratio",)}
+assert tuple(SEEN_FIELDS) == READING_GROUPS
+HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+                 "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
+                 "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
+                 "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action")
+
+
 def _seen_in(w: GpuWear) -> dict[str, int]:
     """For a record written before ``seen`` was kept: what its tallies show it held."""
     held = {"clock_event_reasons": bool(w.throttle_seconds), "temperature_memory": "memory" in w.temperature_seconds,
@@ -228,15 +241,8 @@ class GpuWear:
         return interval
 
     def _seen(self, s: GpuSample) -> None:
-        for group, present in (
-                ("clock_event_reasons", s.clock_event_reasons is not None),
-                ("temperature_memory", s.temperature_memory_celsius is not None),
-                ("ecc", s.ecc_enabled is not None or s.ecc_uncorrected_volatile is not None
-                 or s.ecc_uncorrected_aggregate is not None),
-                ("fans", bool(s.fan_speed_ratio or s.fan_speed_rpm)),
-                ("power", s.power_watts is not None),
-                ("utilization", s.utilization_gpu_ratio is not None)):
-            if present:
+        for group, names in SEEN_FIELDS.items():
+            if any(getattr(s, name) not in (None, ()) for name in names):  # () : a card without fans
                 self.seen[group] = 1
 
     def _feed_cycles(self, s: GpuSample) -> list[tuple[str, str, float]]:
@@ -352,10 +358,7 @@ class GpuWear:
                 self.thresholds[name] = value
 
     def _health(self, s: GpuSample) -> None:
-        for name in ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
-                     "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
-                     "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
-                     "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action"):
+        for name in HEALTH_FIELDS:
             value = getattr(s, name)
             if value is not None:
                 self.health[name] = value

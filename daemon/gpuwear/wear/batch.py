@@ -173,7 +173,7 @@ def integrate(w: GpuWear, s: Series, max_gap: float, carry: Carry) -> None:
     positions = np.flatnonzero(reading)
     n = len(positions)
     if n == 0:
-        _breaks_reset(w, s, carry)
+        _breaks_reset(s.kind, carry)
         return
     t = s.time[positions]
     # the breaks before each reading (since the reading before it), and the kind of the last one
@@ -190,7 +190,6 @@ def integrate(w: GpuWear, s: Series, max_gap: float, carry: Carry) -> None:
     previous[0] = np.nan if carry.last is None else carry.last
     previous[1:] = t[:-1]
     d = t - previous
-    gap = np.zeros(n, dtype=bool)
     gap_seconds = np.zeros(n)
     after_gap = broken & (last_kind == GAP) & ~np.isnan(previous)
     long = ~broken & (d > max_gap)
@@ -262,17 +261,16 @@ def integrate(w: GpuWear, s: Series, max_gap: float, carry: Carry) -> None:
     carry.rows += n
     carry.first = float(t[0]) if carry.first is None else carry.first
     carry.last = float(t[-1])
-    tail = s.kind[positions[-1] + 1:]
-    carry.continuous = not len(tail)
-    carry.gap_pending = bool(len(tail)) and bool(tail[-1] == GAP)
-    _breaks_reset(w, s.take(slice(positions[-1] + 1, None)), carry)
+    carry.continuous, carry.gap_pending = True, False
+    _breaks_reset(s.kind[positions[-1] + 1:], carry)
 
 
-def _breaks_reset(w: GpuWear, tail: Series, carry: Carry) -> None:
-    """Breaks after the last reading: the next reading decides (a gap break calls GpuWear.gap then)."""
-    if len(tail):
+def _breaks_reset(after: npt.NDArray[np.int8], carry: Carry) -> None:
+    """The kinds of the entries after the last reading: breaks there leave the next reading to decide (a gap break
+    calls GpuWear.gap then)."""
+    if len(after):
         carry.continuous = False
-        carry.gap_pending = bool(tail.kind[-1] == GAP) and carry.last is not None
+        carry.gap_pending = bool(after[-1] == GAP) and carry.last is not None
 
 
 def _rainflow(w: GpuWear, sensor: str, temp: Floats) -> None:

@@ -34,9 +34,14 @@ DEFAULT_SHUTDOWN_CELSIUS = 110.0  # NVML shutdown thresholds are about 90-105 °
 T = TypeVar("T")
 
 
+def shutdown_limit(shutdown: float | None) -> float:
+    """The highest die reading believed, given the card's shutdown threshold (None: not known)."""
+    return (DEFAULT_SHUTDOWN_CELSIUS if shutdown is None else shutdown) + SHUTDOWN_MARGIN_CELSIUS
+
+
 def above_shutdown(celsius: float, shutdown: float | None) -> bool:
     """Whether a die reading is above what the card lets its die reach."""
-    return celsius > (DEFAULT_SHUTDOWN_CELSIUS if shutdown is None else shutdown) + SHUTDOWN_MARGIN_CELSIUS
+    return celsius > shutdown_limit(shutdown)
 
 
 def suspect(before: tuple[float, float] | None, time: float, celsius: float | None) -> bool:
