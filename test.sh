@@ -32,12 +32,14 @@ fi
 .venv/bin/mypy
 .venv/bin/pytest "$@"
 
-# The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range), and the
-# columnar import's on the oldest numpy and pyarrow.
-floor() { sed -n "s/.*\"$1>=\\([0-9.]*\\)\".*/\\1/p" pyproject.toml; }
-nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow)
+# The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range), the
+# columnar import's on the oldest numpy and pyarrow, and the kubelet client's on the oldest grpcio.
+floor() { sed -n "s/.*\"$1>=\\([0-9.]*\\)\".*/\\1/p" pyproject.toml | head -n 1; }
+nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow) grpcio=$(floor grpcio)
 [ -d .venv-floor ] || python3 -m venv .venv-floor
-.venv-floor/bin/pip install -q -e . "nvidia-ml-py==$nvml" "numpy==$numpy.*" "pyarrow==$pyarrow.*" pytest hypothesis
-echo "test.sh: the NVML tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow $pyarrow" >&2
+.venv-floor/bin/pip install -q -e . "nvidia-ml-py==$nvml" "numpy==$numpy.*" "pyarrow==$pyarrow.*" \
+    "grpcio==$grpcio" "grpcio-tools==$grpcio" pytest hypothesis
+echo "test.sh: the NVML tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow $pyarrow," \
+    "the kubelet client's on grpcio $grpcio" >&2
 .venv-floor/bin/pytest -q -p no:cacheprovider tests/test_drivers.py tests/test_nvml_backend.py tests/test_fakenvml.py \
-    tests/test_columnar.py
+    tests/test_columnar.py tests/test_kubelet.py

@@ -4,14 +4,19 @@ staging DESTDIR, the Docker Compose stack, the Kubernetes manifest and the Helm 
 install.sh builds a real venv and pip-installs the repository into it (about 20 s, once per run:
 the staged install is shared, and tests that change it work on a copy). Needs systemd-analyze
 (Debian's systemd package) and promtool (Debian's prometheus package, which ./test.sh installs).
-Helm is not installable from the package registries this project uses, so the chart is checked
-structurally here rather than with `helm lint` / `helm template`. The last test installs as root
+The chart is linted and rendered by Helm's own Go SDK (v4, the C library inside the
+helm-python-sdk wheel: no helm binary is installable from the package registries this project
+uses), with its default and other values, and the plain manifest and every rendered object are
+validated against the Kubernetes OpenAPI schemas (kubernetes-validate, strict: no unknown field)
+of the oldest and newest Kubernetes it carries; both come with the test extra, and a test fails
+when either is missing. The last test installs as root
 into an overlay of / and boots the unit under a real systemd, PID 1 of its own namespaces (about
 30 s; by default only where the machine's own PID 1 is not systemd).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -430,15 +435,29 @@ def test_daemonset_pod() -> None:
     assert pod["securityContext"]["runAsUser"] != 0
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert mounts == {"/etc/gpuwear": "config", "/var/lib/gpuwear": "ledger", "/tmp": "tmp"}
+    assert mounts == {"/etc/gpuwear": "config", "/var/lib/gpuwear": "ledger", "/tmp": "tmp",
+                      "/var/lib/kubelet/pod-resources": "pod-resources"}
     assert volumes["config"]["configMap"]["name"] == objects["ConfigMap"]["metadata"]["name"]
     assert volumes["ledger"]["hostPath"]["path"] == "/var/lib/gpuwear"
+    _assert_pod_resources_mount(pod, "/var/lib/kubelet/pod-resources")
     for init in pod.get("initContainers", []):
         assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
         assert {m["name"] for m in init["volumeMounts"]} <= set(volumes)
 
 
-# -- Helm chart (structure: helm itself is not available here) -------------------------------
+def _assert_pod_resources_mount(pod: dict[str, Any], host_path: str) -> None:
+    """The kubelet's pod-resources directory, read-only, where the daemon's default config looks for its socket."""
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
+    assert load_config(None).kubernetes.pod_resources_socket == f"{mount['mountPath']}/kubelet.sock"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+    assert volume == {"name": "pod-resources", "hostPath": {"path": host_path}}
+    for init in pod.get("initContainers", []):
+        assert "pod-resources" not in {m["name"] for m in init["volumeMounts"]}
+
+
+# -- Helm chart ------------------------------------------------------------------------------------
 
 
 def _values() -> dict[str, Any]:
@@ -477,6 +496,7 @@ def test_chart_values_match_the_plain_manifest() -> None:
     assert values["hostPID"] is pod["hostPID"] is False
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert values["ledger"]["hostPath"] == volumes["ledger"]["hostPath"]["path"]
+    assert values["podResources"] == {"enabled": True, "hostPath": volumes["pod-resources"]["hostPath"]["path"]}
     assert yaml.safe_load(objects["ConfigMap"]["data"]["config.yaml"]) == values["config"]
 
 
@@ -500,6 +520,116 @@ def test_chart_templates_reference_only_existing_values_and_helpers() -> None:
         blocks = len(re.findall(r"{{-?\s*(?:if|with|range|define)\b", text))
         ends = len(re.findall(r"{{-?\s*end\s*-?}}", text))
         assert blocks == ends, f"{name}: {blocks} blocks against {ends} ends"
+
+
+# -- the chart through Helm's own engine, everything against the Kubernetes schemas ------------------
+
+KUBERNETES_VERSIONS = ("1.25.0", "latest")  # the oldest and newest whose schemas kubernetes-validate carries
+
+
+def _tool(module: str, package: str) -> Any:
+    """A test tool of the test extra; its absence fails the test (it must run in CI), never skips it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        pytest.fail(f"{package} is not installed: pip install -e '.[test]'", pytrace=False)
+
+
+def _render(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`helm template` with ``values``: the chart's objects by kind (one of each)."""
+    helm = _tool("helm_python", "helm-python-sdk")
+    with helm.Chart.load(str(CHART)) as chart:
+        rendered = chart.render(values, name="gpuwear", namespace="monitoring")
+    docs = [d for name, text in rendered.items() if not name.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+    kinds = {d["kind"]: d for d in docs}
+    assert len(kinds) == len(docs), "one object of each kind"
+    return kinds
+
+
+def _validate(objects: list[dict[str, Any]]) -> None:
+    """Every object against the Kubernetes OpenAPI schemas, strict (an unknown or misspelt field fails)."""
+    kv = _tool("kubernetes_validate", "kubernetes-validate")
+    for version in KUBERNETES_VERSIONS:
+        for obj in objects:
+            try:
+                kv.validate(obj, kv.latest_version() if version == "latest" else version, strict=True)
+            except kv.ValidationError as exc:
+                raise AssertionError(f"{obj['kind']} is not a valid Kubernetes {version} object: {exc}") from None
+
+
+def test_helm_lints_the_chart() -> None:
+    helm = _tool("helm_python", "helm-python-sdk")
+    result = helm.lint(str(CHART))
+    assert result["total_charts_linted"] == 1 and result["errors"] == []
+    assert [m for m in result["messages"] if m["severity"] >= 2] == []  # nothing above INFO ("icon is recommended")
+
+
+def test_the_plain_manifest_is_valid_kubernetes() -> None:
+    objects = _manifests()
+    assert set(objects) == {"Namespace", "ConfigMap", "DaemonSet", "Service"}
+    _validate(list(objects.values()))
+
+
+CHART_VALUES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "no pod-resources": {"podResources": {"enabled": False}},
+    "pod names (root, hostPID)": {"hostPID": True, "podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False}},
+    "other kubelet root": {"podResources": {"hostPath": "/var/snap/microk8s/common/var/lib/kubelet/pod-resources"}},
+    "pvc, ServiceMonitor, default runtime": {"ledger": {"type": "pvc", "pvc": {"claimName": "gpuwear-ledger"}},
+                                             "serviceMonitor": {"enabled": True}, "runtimeClassName": ""},
+}
+
+
+@pytest.mark.parametrize("case", list(CHART_VALUES))
+def test_helm_renders_valid_kubernetes_objects(case: str) -> None:
+    values = CHART_VALUES[case]
+    objects = _render(values)
+    monitor = objects.pop("ServiceMonitor", None)
+    assert set(objects) == {"ConfigMap", "DaemonSet", "Service"}
+    assert (monitor is not None) == (case == "pvc, ServiceMonitor, default runtime")
+    if monitor is not None:  # a prometheus-operator CRD: not in the Kubernetes schemas
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= objects["Service"]["metadata"]["labels"].items()
+    _validate(list(objects.values()))
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    pod_resources = {**_values()["podResources"], **values.get("podResources", {})}
+    if pod_resources["enabled"]:
+        _assert_pod_resources_mount(pod, pod_resources["hostPath"])
+    else:
+        assert "pod-resources" not in {v["name"] for v in pod["volumes"]}
+        assert "pod-resources" not in {m["name"] for m in _container(objects["DaemonSet"])["volumeMounts"]}
+    assert pod["hostPID"] is values.get("hostPID", False)
+    user = values.get("podSecurityContext", {}).get("runAsUser", 9941)
+    assert pod["securityContext"]["runAsUser"] == user
+    for init in pod.get("initContainers", []):  # the ledger goes to the daemon's user, root included
+        assert f"os.chown(p, {user}, 9941)" in init["command"][-1]
+
+
+def test_helm_renders_the_plain_manifest() -> None:
+    """The chart's defaults make the plain manifest's pod (names aside: the chart's carry the release)."""
+    chart = _render({})["DaemonSet"]["spec"]["template"]["spec"]
+    plain = _manifests()["DaemonSet"]["spec"]["template"]["spec"]
+    for key in ("hostPID", "securityContext", "nodeSelector", "tolerations", "runtimeClassName"):
+        assert chart[key] == plain[key], key
+    by_name = {v["name"]: v for v in chart["volumes"]}
+    for volume in plain["volumes"]:
+        if "hostPath" in volume or "emptyDir" in volume:
+            assert by_name[volume["name"]] == volume, volume["name"]
+    for key in ("volumeMounts", "securityContext", "resources", "env", "ports", "livenessProbe", "readinessProbe"):
+        assert _container_of(chart)[key] == _container_of(plain)[key], key
+
+
+def _container_of(pod: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+def test_helm_refuses_a_pvc_ledger_without_a_claim() -> None:
+    helm = _tool("helm_python", "helm-python-sdk")
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError, match=r"needs ledger\.pvc\.claimName"):
+        chart.render({"ledger": {"type": "pvc"}}, name="gpuwear", namespace="monitoring")
 
 
 # -- the unit under a real systemd ------------------------------------------------------
@@ -662,7 +792,7 @@ def test_unit_runs_under_a_real_systemd(tmp_path: Path) -> None:
 def test_dockerfile_builds_the_image_the_manifests_run() -> None:
     """No Docker engine here: check the Dockerfile's instructions against the manifests instead."""
     text = (REPO / "Dockerfile").read_text()
-    assert "pip install /src" in text and "USER 9941:9941" in text and 'ENTRYPOINT ["gpuwear"]' in text
+    assert 'pip install "/src[kubernetes]"' in text and "USER 9941:9941" in text and 'ENTRYPOINT ["gpuwear"]' in text
     manifest = (REPO / "deploy" / "kubernetes" / "daemonset.yaml").read_text()
     assert "image: gpuwear:0.1.0" in manifest and "docker build -t gpuwear:0.1.0" in text
     for copied in ("pyproject.toml", "README.md", "config.yaml", "daemon"):

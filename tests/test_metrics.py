@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 import shutil
 import subprocess
@@ -23,12 +24,12 @@ SCENARIOS = [*builtin_scenarios(), str(REPO / "tests" / "scenarios" / "faults.ya
 UNIT_SUFFIXES = ("celsius", "watts", "joules", "ratio", "hertz", "bytes", "seconds", "rpm")
 
 
-def exposition(rig: Rig, scenario: str, tracker: WearTracker | None = None) -> str:
+def exposition(rig: Rig, scenario: str, tracker: WearTracker | None = None, detail: bool = False) -> str:
     registry = CollectorRegistry(auto_describe=False)
     info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario=scenario)
     status = LedgerStatus(True, 1_800_000_000.0, 0, False) if tracker else None
     registry.register(GpuwearCollector(
-        lambda: Published(rig.sampler.snapshot, tracker.views if tracker else {}, status, info)))
+        lambda: Published(rig.sampler.snapshot, tracker.views if tracker else {}, status, info), detail))
     return generate_latest(registry).decode()
 
 
@@ -38,15 +39,17 @@ def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
-def test_golden_exposition(scenario: str, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(("scenario", "detail"), [*((s, False) for s in SCENARIOS), ("demo", True)],
+                         ids=lambda v: Path(v).stem if isinstance(v, str) else "detail" if v else "")
+def test_golden_exposition(scenario: str, detail: bool, request: pytest.FixtureRequest) -> None:
+    """Each scenario's exposition as exported by default, and the demo's with metrics.detail (every family)."""
     rig = make_rig(scenario)
     tracker = WearTracker({}, WearConfig())
     for _ in range(600):
         rig.run(1)
         tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-    text = exposition(rig, Path(scenario).stem, tracker)
-    golden = GOLDEN / f"{Path(scenario).stem}.prom"
+    text = exposition(rig, Path(scenario).stem, tracker, detail)
+    golden = GOLDEN / f"{Path(scenario).stem}{'-detail' if detail else ''}.prom"
     if request.config.getoption("--update-golden"):
         golden.write_text(text)
     assert golden.exists(), f"{golden} missing: run pytest --update-golden"
@@ -57,7 +60,7 @@ def test_golden_exposition(scenario: str, request: pytest.FixtureRequest) -> Non
 
 def test_unsupported_values_are_absent_never_zero(demo: Rig) -> None:
     demo.run(5)
-    families = {f.name: f for f in text_string_to_metric_families(exposition(demo, "demo"))}
+    families = {f.name: f for f in text_string_to_metric_families(exposition(demo, "demo", detail=True))}
     memory = [s for s in families["gpuwear_temperature_celsius"].samples if s.labels["sensor"] == "memory"]
     assert [s.labels["gpu"] for s in memory] == ["1"]  # the RTX 4090 has no memory sensor
     assert {s.labels["gpu"] for s in families["gpuwear_fan_speed_ratio"].samples} == {"0"}
@@ -125,8 +128,9 @@ def test_exposition_is_rendered_once_per_published_state(demo: Rig) -> None:
     assert exposition.render(False) == second and exposition.render(True) and exposition.renders == 3  # both kept
 
 
+@pytest.mark.parametrize("detail", [False, True], ids=["default", "detail"])
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
-def test_encode_writes_what_prometheus_client_writes(scenario: str) -> None:
+def test_encode_writes_what_prometheus_client_writes(scenario: str, detail: bool) -> None:
     """The daemon's own encoder against prometheus_client's two encoders over the collector's families, byte for
     byte, on every scenario (lost GPUs, faults, hostile label values, both formats)."""
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
@@ -145,6 +149,50 @@ def test_encode_writes_what_prometheus_client_writes(scenario: str) -> None:
             tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
         pub = Published(rig.sampler.snapshot, tracker.views, status, info)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(GpuwearCollector(lambda pub=pub: pub))  # type: ignore[misc]
-        assert encode(pub, False) == generate_latest(registry)
-        assert encode(pub, True) == openmetrics_latest(registry)
+        registry.register(GpuwearCollector(lambda pub=pub: pub, detail))  # type: ignore[misc]
+        assert encode(pub, False, detail=detail) == generate_latest(registry)
+        assert encode(pub, True, detail=detail) == openmetrics_latest(registry)
+
+
+def _samples(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
+def test_the_default_set_is_part_of_the_detail_set_within_budget(scenario: str) -> None:
+    """metrics.detail adds series and changes none; by default a GPU costs at most 50 series (README "Metrics")."""
+    rig = make_rig(scenario)
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(600):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    default = _samples(exposition(rig, "x", tracker))
+    detail = _samples(exposition(rig, "x", tracker, detail=True))
+    assert default.items() <= detail.items()
+    gpus = len(rig.sampler.snapshot.gpus)
+    per_gpu = sum('uuid="' in key for key in default) / gpus
+    assert per_gpu <= 50, per_gpu
+    assert sum('uuid="' in key for key in detail) / gpus > per_gpu + 30
+    detail_only = {m.name for m in (*GPU_METRICS, *WEAR_METRICS) if m.detail}
+    assert not any(key.split("{")[0].removesuffix("_total") in detail_only | {n.removesuffix("_total")
+                                                                             for n in detail_only}
+                   for key in default)
+    assert not any('status="unknown"' in key or 'band="low"' in key or 'reason="gpu_idle"' in key for key in default)
+
+
+def test_a_reload_switches_detail_at_the_next_render(demo: Rig) -> None:
+    from gpuwear.collector import Exposition
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
+    tracker = WearTracker({}, WearConfig())
+    demo.run(1)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    exposition = Exposition(lambda: Published(demo.sampler.snapshot, tracker.views, None, info), process=False)
+    default = exposition.render(False)
+    exposition.detail = True
+    detail = exposition.render(False)
+    assert b"gpuwear_clock_max_hertz" in detail and b"gpuwear_clock_max_hertz" not in default
+    assert b"gpuwear_clock_max_hertz" in gzip.decompress(exposition.render(True, gzipped=True))
+    exposition.detail = False
+    assert exposition.render(False) != detail and b"gpuwear_clock_max_hertz" not in exposition.render(False)

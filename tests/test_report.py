@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
-from gpuwear.config import Config
+from gpuwear.config import Config, MetricsConfig
 from gpuwear.service import Daemon, open_source
 from helpers import free_port
 
@@ -37,9 +37,9 @@ def report(state: Path, *extra: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def simulated_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[tuple[str, ...], float]]]:
     """The daemon on the demo scenario at --speed 600 for 15 s of wall time (2.5 simulated
-    hours), stopped; returns the state folder and the last /metrics it served."""
+    hours), stopped; returns the state folder and the last /metrics it served (with metrics.detail: every band)."""
     state = tmp_path_factory.mktemp("state")
-    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state))
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state), metrics=MetricsConfig(detail=True))
     daemon = Daemon(config, open_source(config, "demo", 600.0, False))
     daemon.start()
     time.sleep(15)

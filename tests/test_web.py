@@ -153,7 +153,7 @@ def test_gzip_when_asked_and_only_then(plain: Daemon) -> None:
     assert headers["content-encoding"] == "gzip"
     text = gzip.decompress(zipped)
     assert text.startswith(b"# HELP") and b"gpuwear_temperature_celsius" in text
-    assert len(zipped) * 4 < len(text)
+    assert len(zipped) * 3 < len(text)  # gzip level 1 (collector.Exposition)
     _, headers, _ = request(plain.port, headers={"Accept-Encoding": "gzip;q=0, identity"})
     assert "content-encoding" not in headers
 

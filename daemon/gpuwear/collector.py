@@ -25,7 +25,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gpuwear.metrics import DAEMON_METRICS, GPU_LABELS, GPU_METRICS, WEAR_METRICS, MetricDef, Published, T
+from gpuwear.metrics import GPU_LABELS, MetricDef, Published, T, catalog
 
 
 def _family(name: str, kind: str, unit: str, help: str,
@@ -36,24 +36,26 @@ def _family(name: str, kind: str, unit: str, help: str,
 
 
 class GpuwearCollector(Collector):
-    """Exposes what ``published()`` returns at each scrape."""
+    """Exposes what ``published()`` returns at each scrape; ``detail``: ``metrics.detail``."""
 
-    def __init__(self, published: Callable[[], Published]) -> None:
+    def __init__(self, published: Callable[[], Published], detail: bool = False) -> None:
         self._published = published
+        self.detail = detail
 
     def collect(self) -> Iterator[Metric]:
         return self.collect_from(self._published())
 
     def collect_from(self, pub: Published) -> Iterator[Metric]:
         """The families of one published state."""
-        for d in DAEMON_METRICS:
+        defs = catalog(self.detail)
+        for d in defs.daemon:
             family = _family(d.name, d.kind, d.unit, d.help, list(d.labels))
             for labels, value in d.values(pub):
                 family.add_metric(list(labels), value)
             yield family
         statuses = [(s, [str(s.identity.index), s.identity.uuid]) for s in pub.snapshot.gpus]
-        yield from _per_gpu(GPU_METRICS, statuses)
-        yield from _per_gpu(WEAR_METRICS, [(pub.wear[s.identity.uuid], base) for s, base in statuses
+        yield from _per_gpu(defs.gpu, statuses)
+        yield from _per_gpu(defs.wear, [(pub.wear[s.identity.uuid], base) for s, base in statuses
                                            if s.identity.uuid in pub.wear])
 
 
@@ -128,23 +130,27 @@ class _Family:
                 out.append(f"{prefix}{_value(value)}\n")
 
 
-_DAEMON_FAMILIES = tuple(_Family.of(m, ()) for m in DAEMON_METRICS)
-_GPU_FAMILIES = tuple(_Family.of(m, GPU_LABELS) for m in GPU_METRICS)
-_WEAR_FAMILIES = tuple(_Family.of(m, GPU_LABELS) for m in WEAR_METRICS)
+@functools.cache
+def _families(detail: bool) -> tuple[tuple[_Family, ...], tuple[_Family, ...], tuple[_Family, ...]]:
+    """The daemon's, per-GPU and wear families of one catalog, each made once."""
+    defs = catalog(detail)
+    return (tuple(_Family.of(m, ()) for m in defs.daemon), tuple(_Family.of(m, GPU_LABELS) for m in defs.gpu),
+            tuple(_Family.of(m, GPU_LABELS) for m in defs.wear))
 
 
-def encode(pub: Published, openmetrics: bool, extra: bytes = b"") -> bytes:
+def encode(pub: Published, openmetrics: bool, extra: bytes = b"", detail: bool = False) -> bytes:
     """The exposition of one published state: Prometheus text 0.0.4, or OpenMetrics 1.0.0. Encoded family by
     family: the lines of the whole body at once (about 6,000 at 64 GPUs) took four times its size at the peak.
-    ``extra``: families encoded elsewhere (the process metrics), in the same format, placed before OpenMetrics' EOF."""
+    ``extra``: families encoded elsewhere (the process metrics), in the same format, placed before OpenMetrics' EOF.
+    ``detail``: ``metrics.detail`` (every family, every label value)."""
+    daemon_families, gpu_families, wear_families = _families(detail)
     body = bytearray()
     lines: list[str] = []
     gpus = [(s, [str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)])
             for s in pub.snapshot.gpus]
     wear = [(pub.wear[s.identity.uuid], base) for s, base in gpus if s.identity.uuid in pub.wear]
     no_labels: list[str] = []
-    for families, sources in ((_DAEMON_FAMILIES, [(pub, no_labels)]), (_GPU_FAMILIES, gpus),
-                              (_WEAR_FAMILIES, wear)):
+    for families, sources in ((daemon_families, [(pub, no_labels)]), (gpu_families, gpus), (wear_families, wear)):
         for family in families:
             lines.append(family.openmetrics_head if openmetrics else family.text_head)
             family.write(lines, sources)
@@ -161,10 +167,12 @@ class Exposition:
     (several Prometheus servers, retries, a dashboard) get the same bytes without re-rendering.
 
     The body ends with the standard ``process_*`` metrics (CPU, RSS, open fds, start time; from
-    /proc by prometheus_client's ProcessCollector, about 0.1 ms), as fresh as the render."""
+    /proc by prometheus_client's ProcessCollector, about 0.1 ms), as fresh as the render. ``detail``:
+    ``metrics.detail``, which a reload may change."""
 
-    def __init__(self, published: Callable[[], Published], process: bool = True) -> None:
+    def __init__(self, published: Callable[[], Published], process: bool = True, detail: bool = False) -> None:
         self._published = published
+        self.detail = detail
         self._lock = threading.Lock()
         # (openmetrics, gzip) -> (state, body)
         self._cache: dict[tuple[bool, bool], tuple[tuple[object, ...], bytes]] = {}
@@ -176,7 +184,7 @@ class Exposition:
     def render(self, openmetrics: bool, gzipped: bool = False) -> bytes:
         """The body for one format (OpenMetrics or Prometheus text), gzip-compressed if asked."""
         pub = self._published()
-        key = (id(pub.snapshot), id(pub.wear), pub.ledger)
+        key = (id(pub.snapshot), id(pub.wear), pub.ledger, self.detail)
         with self._lock:
             return self._render(pub, key, openmetrics, gzipped)
 
@@ -185,13 +193,14 @@ class Exposition:
         if cached is not None and cached[0] == key:
             return cached[1]
         if gzipped:
-            body = gzip.compress(self._render(pub, key, openmetrics, False), compresslevel=6, mtime=0)
+            # level 1: a third of level 6's CPU for a body about a fifth larger (bench/scrape_results.md)
+            body = gzip.compress(self._render(pub, key, openmetrics, False), compresslevel=1, mtime=0)
         else:
             if openmetrics:
                 process = openmetrics_latest(self._process).removesuffix(b"# EOF\n")  # type: ignore[no-untyped-call]
             else:
                 process = generate_latest(self._process)
-            body = encode(pub, openmetrics, process)
+            body = encode(pub, openmetrics, process, self.detail)
             self.renders += 1
         self._cache[(openmetrics, gzipped)] = (key, body)
         return body

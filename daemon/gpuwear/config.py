@@ -173,6 +173,28 @@ class JobsConfig:
     retention_days: float = _key(90.0, _number(0, 36500))
 
 
+def _socket_path(v: Any) -> str | None:
+    """A unix socket's path: absolute and within the kernel's 107 bytes, or empty (none)."""
+    if not isinstance(v, str):
+        return f"expected a path, got {short_repr(v)}"
+    if v and not v.startswith("/"):
+        return f"expected an absolute path (or \"\" for none), got {short_repr(v)}"
+    if len(os.fsencode(v)) > 107:
+        return f"a unix socket path is at most 107 bytes, got {len(os.fsencode(v))}"
+    return None
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    pod_resources_socket: str = _key("/var/lib/kubelet/pod-resources/kubelet.sock", _socket_path)
+    pod_resources_refresh_seconds: float = _key(10.0, _number(1, 3600))
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    detail: bool = _key(False, _boolean)
+
+
 @dataclass(frozen=True)
 class Config:
     listen: str = _key("127.0.0.1:9941", _listen)
@@ -183,6 +205,8 @@ class Config:
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     wear: WearConfig = field(default_factory=WearConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -1,12 +1,18 @@
 """Every exported metric, declared once: name, type, unit, help, labels, and where its
 values come from. Per-GPU metrics carry the labels ``gpu`` (index) and ``uuid`` first,
 then their own. A value that is ``None`` (unsupported, failed, dropped) yields no series.
+
+The default set is what a fleet needs (the dashboards, the alert rules, the DCGM names):
+about 45 series per GPU. ``metrics.detail: true`` adds the families and label values marked
+``detail`` here (every temperature step, every clock-event reason, parameter bands, static
+limits): about 110 per GPU. README "Metrics" lists what each family costs.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from gpuwear.sample import CLOCK_EVENT_REASONS
@@ -23,7 +29,8 @@ GPU_LABELS = ("gpu", "uuid")
 class MetricDef(Generic[T]):
     """One metric family. ``kind``: gauge, counter or info (a gauge of value 1). ``values``
     reads the series from a source: the daemon's published state, a GPU's status, or a
-    GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first."""
+    GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first. ``detail``:
+    exported only with ``metrics.detail``; ``basic``: without it, only these label values."""
 
     name: str
     kind: str
@@ -31,6 +38,15 @@ class MetricDef(Generic[T]):
     help: str
     labels: tuple[str, ...]
     values: Callable[[T], Series]
+    detail: bool = False
+    basic: frozenset[tuple[str, ...]] | None = None
+
+    def selected(self, detail: bool) -> MetricDef[T] | None:
+        """This family as exported with or without ``metrics.detail`` (None: not exported)."""
+        if detail or self.basic is None:
+            return self if detail or not self.detail else None
+        values, allowed = self.values, self.basic
+        return replace(self, values=lambda source: [(k, v) for k, v in values(source) if k in allowed])
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,15 @@ class Published:
     info: DaemonInfo
 
 
+
+
+def _only(*values: str) -> frozenset[tuple[str, ...]]:
+    return frozenset((v,) for v in values)
+
+
+# the clock-event reasons exported by default: the card protecting itself from heat or a power limit (the others,
+# gpu_idle, applications_clocks_setting, sync_boost, display_clock_setting and the catch-all hw_slowdown, are detail)
+PROTECTING = _only("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 
 def _sample_field(attr: str) -> Callable[[GpuStatus], Series]:
@@ -144,50 +169,53 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
        "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes)),
     MetricDef("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
-       _value(lambda s: s.identity.fan_count)),
+       _value(lambda s: s.identity.fan_count), detail=True),
     MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
        _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
     MetricDef("gpuwear_temperature_threshold_celsius", "gauge", "celsius", "The device's own temperature "
        "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
-                  ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius")))),
+                  ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius"))),
+       basic=_only("slowdown", "gpu_max", "memory_max")),
     MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
        _sample_field("power_watts")),
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
        "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts")),
     MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
-       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts")),
+       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts"), detail=True),
     MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
-       "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets.", (),
-       _value(lambda s: s.energy_joules_total if s.sample else None)),
+       "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets (by default, "
+       "gpuwear_lifetime_energy_joules_total counts the same energy).", (),
+       _value(lambda s: s.energy_joules_total if s.sample else None), detail=True),
     MetricDef("gpuwear_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum "
        "(nvmlDeviceGetFanSpeed_v2 / 100); may exceed 1 on some boards.", ("fan",),
        _per_fan("fan_speed_ratio")),
     MetricDef("gpuwear_fan_speed_rpm", "gauge", "rpm", "Fan speed in revolutions per minute "
        "(nvmlDeviceGetFanSpeedRPM).", ("fan",), _per_fan("fan_speed_rpm")),
     MetricDef("gpuwear_clock_hertz", "gauge", "hertz", "Current clock (nvmlDeviceGetClockInfo).", ("clock",),
-       _labelled((("graphics", "clock_graphics_hz"), ("sm", "clock_sm_hz"), ("memory", "clock_memory_hz")))),
+       _labelled((("graphics", "clock_graphics_hz"), ("sm", "clock_sm_hz"), ("memory", "clock_memory_hz"))),
+       basic=_only("sm", "memory")),
     MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
-                             ("memory", "clock_memory_max_hz")))),
+                             ("memory", "clock_memory_max_hz"))), detail=True),
     MetricDef("gpuwear_performance_state", "gauge", "", "Performance state, 0 (P0, maximum) to 15 "
-       "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state")),
+       "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state"), detail=True),
     MetricDef("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
        "(nvmlDeviceGetCurrentClocksEventReasons); thermal and power reasons are the card "
-       "protecting itself.", ("reason",), _reasons),
+       "protecting itself.", ("reason",), _reasons, basic=PROTECTING),
     MetricDef("gpuwear_violation_seconds_total", "counter", "seconds", "Time the clocks were held below "
        "the requested ones by a policy (nvmlDeviceGetViolationStatus).", ("policy",),
-       _labelled((("power", "violation_power_seconds"), ("thermal", "violation_thermal_seconds")))),
+       _labelled((("power", "violation_power_seconds"), ("thermal", "violation_thermal_seconds"))), detail=True),
     MetricDef("gpuwear_utilization_ratio", "gauge", "ratio", "Share of the last sample period the GPU "
        "(kernels) or memory (reads/writes) was busy (nvmlDeviceGetUtilizationRates).", ("resource",),
        _labelled((("gpu", "utilization_gpu_ratio"), ("memory", "utilization_memory_ratio")))),
     MetricDef("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
        "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes")),
     MetricDef("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
-       _sample_field("mig_enabled")),
+       _sample_field("mig_enabled"), detail=True),
     MetricDef("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
-       _sample_field("ecc_enabled")),
+       _sample_field("ecc_enabled"), detail=True),
     MetricDef("gpuwear_ecc_errors_total", "counter", "", "ECC errors (fields NVML_FI_DEV_ECC_{SBE,DBE}_"
        "{VOL,AGG}_TOTAL); volatile counts reset on driver reload, aggregate ones persist.",
        ("error", "counter"),
@@ -196,7 +224,8 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
            ("uncorrected", "volatile", s.sample.ecc_uncorrected_volatile if s.sample else None),
            ("corrected", "aggregate", s.sample.ecc_corrected_aggregate if s.sample else None),
            ("uncorrected", "aggregate", s.sample.ecc_uncorrected_aggregate if s.sample else None))
-           if v is not None)),
+           if v is not None),
+       basic=frozenset({("uncorrected", "volatile"), ("corrected", "aggregate"), ("uncorrected", "aggregate")})),
     MetricDef("gpuwear_retired_pages", "gauge", "", "Retired framebuffer pages by cause "
        "(nvmlDeviceGetRetiredPages; pre-Ampere).", ("cause",),
        _labelled((("single_bit_ecc", "retired_pages_single_bit"),
@@ -231,7 +260,7 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
        "took.", (), _value(lambda s: s.last_duration_seconds)),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
-       "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None)),
+       "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None), detail=True),
     MetricDef("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
        _counts("errors")),
     MetricDef("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
@@ -319,47 +348,54 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "(integrated samples), over its whole life in the ledger.", (),
                   _value(lambda v: v.observed_seconds)),
     MetricDef("gpuwear_lifetime_busy_seconds_total", "counter", "seconds", "Observed time with GPU utilization "
-                  "at or above wear.busy_utilization_ratio.", (), _value(lambda v: v.busy_seconds)),
+                  "at or above wear.busy_utilization_ratio.", (), _value(lambda v: v.busy_seconds), detail=True),
     MetricDef("gpuwear_lifetime_down_seconds_total", "counter", "seconds", "Time the GPU was lost (off the bus) "
-                  "while the daemon ran.", (), _value(lambda v: v.down_seconds)),
+                  "while the daemon ran.", (), _value(lambda v: v.down_seconds), detail=True),
     MetricDef("gpuwear_lifetime_unobserved_seconds_total", "counter", "seconds", "Time since first seen that "
                   "was not observed (daemon stopped, sample gaps); never extrapolated.", (),
-                  _value(lambda v: v.gap_seconds)),
+                  _value(lambda v: v.gap_seconds), detail=True),
     MetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
                   "was first seen.", (), _value(lambda v: v.coverage)),
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
                   "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules)),
     MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
-                  "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds)),
+                  "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds), detail=True),
     MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
-                  "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds")),
+                  "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds"),
+                  basic=PROTECTING),
     MetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above a temperature, by sensor (from the 1 °C time-at-temperature histogram).",
-                  ("sensor", "celsius"), _wear_map("above_celsius")),
+                  ("sensor", "celsius"), _wear_map("above_celsius"), detail=True),
     MetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
-                  ("sensor", "threshold"), _wear_map("above_threshold")),
+                  ("sensor", "threshold"), _wear_map("above_threshold"),
+                  basic=frozenset({("gpu", "slowdown"), ("memory", "memory_max")})),
     MetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
-                  "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles")),
+                  "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles"),
+                  basic=frozenset({("gpu", "20-40"), ("gpu", "40+")})),
     MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
                   _fans(0)),
     MetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "
-                  "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1)),
+                  "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1), detail=True),
     MetricDef("gpuwear_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal aging as time "
                   "at wear.arrhenius.reference_celsius (Arrhenius, JEDEC JEP122), per parameter band; an estimate, "
                   "not a measured remaining life.", ("sensor", "band"),
-                  _bands("thermal_aging_equivalent_hours", 3600.0)),
+                  _bands("thermal_aging_equivalent_hours", 3600.0),
+                  basic=frozenset({("gpu", "central"), ("memory", "central")})),
     MetricDef("gpuwear_cycle_fatigue_equivalent_cycles", "gauge", "", "Estimated thermal-cycle fatigue as "
                   "reference cycles (Coffin-Manson / Norris-Landzberg, Miner's rule), per parameter band; an "
-                  "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles")),
+                  "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles"),
+                  basic=frozenset({("gpu", "central")})),
     MetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
                   "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
                   _value(lambda v: v.thermal_resistance)),
     MetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
                   "docker, container, systemd, session, process, simulated, unknown); user only when "
-                  "jobs.user_in_metrics is on; value 1. Job history is in `gpuwear jobs`, not here.",
-                  ("job_kind", "job_id", "user"),
-                  lambda v: [((j.kind, j.id, j.user or ""), 1.0) for j in v.jobs]),
+                  "jobs.user_in_metrics is on; a pod's namespace, name and container when the kubelet's "
+                  "pod-resources API names them (as dcgm-exporter's labels); value 1. Job history is in "
+                  "`gpuwear jobs`, not here.", ("job_kind", "job_id", "user", "namespace", "pod", "container"),
+                  lambda v: [((j.kind, j.id, j.user or "", j.namespace or "", j.pod or "", j.container or ""), 1.0)
+                             for j in v.jobs]),
     MetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
                   "kind: while a job's processes ran on the GPU (job) or not (idle).", ("kind",),
                   lambda v: [((k,), a[0]) for k, a in v.attributed.items()]),
@@ -369,8 +405,26 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "aging (central band) split by kind (job / idle), as time at wear.arrhenius.reference_celsius.",
                   ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()]),
     MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
-                  "status (ok, watch, act), 0 for the others (unknown is kept for old queries and is always 0: "
-                  "what a card cannot report is a reason of severity unknown).", ("status",), _status),
+                  "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "
+                  "card cannot report is a reason of severity unknown).", ("status",), _status,
+                  basic=_only("ok", "watch", "act")),
     MetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
                   "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active),
 )
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The families one configuration exports (``metrics.detail`` on or off)."""
+
+    daemon: tuple[MetricDef[Published], ...]
+    gpu: tuple[MetricDef[GpuStatus], ...]
+    wear: tuple[MetricDef[WearView], ...]
+
+
+@functools.cache
+def catalog(detail: bool) -> Catalog:
+    def pick(defs: tuple[MetricDef[T], ...]) -> tuple[MetricDef[T], ...]:
+        return tuple(m for m in (d.selected(detail) for d in defs) if m is not None)
+
+    return Catalog(pick(DAEMON_METRICS), pick(GPU_METRICS), pick(WEAR_METRICS))

@@ -33,6 +33,7 @@ from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs.attribute import JobRecord
+from gpuwear.jobs.kubelet import open_pod_resources
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs
 from gpuwear.ledger import Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
@@ -211,14 +212,17 @@ class Daemon:
         resolver = ProcessResolver(show_users=config.jobs.record_users).resolve
         if source.simulation is not None:
             resolver = SimulatedJobs(source.simulation.jobs, resolver).resolve
-        self.job_watcher = JobWatcher(resolver)
+        # pod names from the kubelet, where its socket exists (a Kubernetes node; grpc is imported only then)
+        pods = None if source.simulation is not None else open_pod_resources(
+            config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds)
+        self.job_watcher = JobWatcher(resolver, None if pods is None else pods.by_gpu)
         self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.moved_aside is not None)
-        collector = GpuwearCollector(self.published)
+        self.collector = GpuwearCollector(self.published, config.metrics.detail)
         self.registry = registry or CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
-        self.exposition = Exposition(self.published)
+        self.registry.register(self.collector)
+        self.exposition = Exposition(self.published, detail=config.metrics.detail)
         self._stopped = threading.Event()
         self._timers = threading.Condition()  # notified on stop and reload: the periodic loops re-read their interval
         self._tick_lock = threading.Lock()
@@ -505,13 +509,14 @@ class Daemon:
         except ConfigError as exc:
             log.error("SIGHUP: %s refused, keeping the running config: %s", config_path, exc)
             return False
-        for key in ("listen", "state_dir"):
+        for key in ("listen", "state_dir", "kubernetes"):
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("SIGHUP: %s changed; it takes effect at the next restart", key)
                 new = replace(new, **{key: getattr(self.config, key)})
         self.source.sampler.slow_interval = new.sampling.slow_interval_seconds
         self.source.sampler.deadline = new.sampling.nvml_deadline_seconds
         self.tracker.set_params(self._wear_params(new))
+        self.collector.detail = self.exposition.detail = new.metrics.detail
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
         with self._timers:  # the sampling and persist loops take their new intervals

@@ -28,6 +28,7 @@ class JobGpu:
     wear: GpuWear
     max_celsius: dict[str, float] = field(default_factory=dict)  # sensor -> highest reading
     events: dict[str, int] = field(default_factory=dict)  # "xid 79", "health remapped_rows_pending" -> count
+    container: str | None = None  # Kubernetes: the container the GPU is allocated to (in memory, not saved)
 
     def to_json(self) -> dict[str, Any]:
         return {"uuid": self.uuid, "start": self.start, "end": self.end, "wear": self.wear.to_json(),
@@ -52,6 +53,10 @@ class JobRecord:
     last_seen: float
     end: float | None = None
     gpus: dict[str, JobGpu] = field(default_factory=dict)
+    # Kubernetes: the pod's namespace and name from the kubelet (in memory, not saved: its name, "namespace/pod",
+    # is; a running job loaded from the ledger has them again at its first interval with a kubelet answer)
+    namespace: str | None = None
+    pod: str | None = None
 
     @property
     def idle(self) -> bool:
@@ -106,7 +111,11 @@ class JobAccounts:
                 if rec is None:
                     rec = self.active[job.key] = JobRecord(f"{job.key}@{start:.0f}", job.kind, job.id, job.user,
                                                            job.name, start, wall)
+                if job.pod is not None:  # the kubelet's names: they replace a process name taken before it answered
+                    rec.name, rec.namespace, rec.pod = job.name, job.namespace, job.pod
                 self._give(rec, uuid, start, wall, interval, temps, share, gpu_wear)
+                if job.pod is not None:
+                    rec.gpus[uuid].container = job.container
                 self._bucket(gpu_wear, "job", interval, share)
         else:
             rec = self.idle.get(uuid)

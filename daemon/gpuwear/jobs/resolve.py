@@ -4,15 +4,17 @@ A *job* is what a person started: a Slurm job, a Kubernetes pod, a Docker/contai
 podman container, a systemd unit or user session, else the process's session (a launcher
 such as torchrun and its ranks and data-loader workers share one). Several processes of a
 job map to one key; a process we may not inspect is "unknown (no permission)". Nothing
-here keeps state; :class:`ProcessResolver` reads /proc and psutil when asked.
+here keeps state; :class:`ProcessResolver` reads /proc and psutil when asked. On a Kubernetes
+node a pod's jobs are also named namespace/pod/container after the pod the kubelet allocated
+their GPU to (:func:`with_pod_names`, from :mod:`gpuwear.jobs.kubelet`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -30,13 +32,18 @@ class Job:
     id: str
     user: str | None = None
     name: str | None = None  # a short label for people (process name, unit name); never a command line
+    # Kubernetes only, from the kubelet's pod-resources API (None without its answer): the pod's namespace and
+    # name, and the container the job's GPU is allocated to (None when several of the pod's share it)
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
 
     @property
     def key(self) -> str:
         return f"{self.kind}:{self.id}"
 
 
-def _clip(text: str) -> str:
+def clip(text: str) -> str:
     """Printable, single-line, bounded: ids come from paths other users control."""
     cleaned = "".join(ch if ch.isprintable() and ch not in "\n\r\t" else "?" for ch in text)
     return cleaned[:MAX_FIELD]
@@ -70,10 +77,10 @@ def job_from_cgroup(text: str) -> Job | None:
             return Job("container", m.group(1)[:12])
     for path in paths:
         if m := _SESSION.search(path):
-            return Job("session", _clip(f"user-{m.group(1)}/session-{m.group(2)}"))
+            return Job("session", clip(f"user-{m.group(1)}/session-{m.group(2)}"))
     for path in paths:
         if (m := _UNIT.search(path)) and "user@" not in m.group(1) and not m.group(1).startswith("init."):
-            return Job("systemd", _clip(m.group(1)), name=_clip(m.group(1)))
+            return Job("systemd", clip(m.group(1)), name=clip(m.group(1)))
     return None
 
 
@@ -101,13 +108,13 @@ class ProcessResolver:
         try:
             p = psutil.Process(pid)
             with p.oneshot():
-                user = _clip(p.username()) if self.show_users else None
-                name = _clip(p.name())
+                user = clip(p.username()) if self.show_users else None
+                name = clip(p.name())
             job = job_from_cgroup(self._cgroup(pid))
             if job is None:
                 sid = session_of(pid, self.proc)
                 leader = psutil.Process(sid) if sid > 0 and psutil.pid_exists(sid) else p
-                job = Job("process", _clip(f"{leader.name()}@{sid or pid}"), name=_clip(leader.name()))
+                job = Job("process", clip(f"{leader.name()}@{sid or pid}"), name=clip(leader.name()))
             return Job(job.kind, job.id, user, job.name or name)
         except (psutil.AccessDenied, PermissionError):
             return Job("unknown", "no-permission", name="unknown (no permission)")
@@ -118,17 +125,51 @@ class ProcessResolver:
             return Job("unknown", "unreadable", name="unknown (unreadable)")
 
 
-class JobWatcher:
-    """The jobs on each GPU of a snapshot; a PID is resolved once while it keeps running."""
+@dataclass(frozen=True)
+class Allocation:
+    """A GPU (or a MIG instance or shared replica of it) the kubelet allocated to a pod's container."""
 
-    def __init__(self, resolve: Callable[[int], Job]) -> None:
+    namespace: str
+    pod: str
+    container: str
+
+
+def with_pod_names(jobs: list[Job], allocations: Iterable[Allocation]) -> list[Job]:
+    """The jobs of one GPU, its Kubernetes job named after the pod the GPU is allocated to.
+
+    The kubelet's pod-resources API (v1) names no pod UID, so a pod is matched by device only: only
+    where the GPU is allocated to exactly one pod and the processes on it belong to one pod (a GPU
+    shared by pods, or used by a pod it is not allocated to, names none). ``container`` is set when
+    one container of the pod holds the GPU."""
+    pods = {(a.namespace, a.pod) for a in allocations}
+    uids = {job.id for job in jobs if job.kind == "kubernetes"}
+    if len(pods) != 1 or len(uids) != 1:
+        return jobs
+    ((namespace, pod),) = pods
+    containers = {a.container for a in allocations}
+    container = containers.pop() if len(containers) == 1 else None
+    return [replace(job, name=clip(f"{namespace}/{pod}"), namespace=namespace, pod=pod, container=container)
+            if job.kind == "kubernetes" else job for job in jobs]
+
+
+class JobWatcher:
+    """The jobs on each GPU of a snapshot; a PID is resolved once while it keeps running.
+
+    ``pods`` (a :class:`gpuwear.jobs.kubelet.PodResources`' ``by_gpu``, None off Kubernetes) gives, when
+    asked, the kubelet's allocations by GPU UUID, or None while it has no answer: pods' jobs are then named
+    by UID only, as without it."""
+
+    def __init__(self, resolve: Callable[[int], Job],
+                 pods: Callable[[], Mapping[str, frozenset[Allocation]] | None] | None = None) -> None:
         self._resolve = resolve
+        self._pods = pods
         self._cache: dict[int, Job] = {}
 
     def jobs(self, gpus: Iterable[tuple[str, Iterable[int]]]) -> dict[str, list[Job]]:
         """``gpus``: (UUID, PIDs on it) pairs; returns the distinct jobs per UUID."""
         out: dict[str, list[Job]] = {}
         seen: set[int] = set()
+        allocated = None
         for uuid, pids in gpus:
             found: dict[str, Job] = {}
             for pid in pids:
@@ -137,7 +178,12 @@ class JobWatcher:
                 if job is None:
                     job = self._cache[pid] = self._resolve(pid)
                 found.setdefault(job.key, job)
-            out[uuid] = list(found.values())
+            jobs = list(found.values())
+            if self._pods is not None and any(job.kind == "kubernetes" for job in jobs):
+                if allocated is None:
+                    allocated = self._pods() or {}  # asked once per snapshot, and only with a pod on a GPU
+                jobs = with_pod_names(jobs, allocated.get(uuid, frozenset()))
+            out[uuid] = jobs
         self._cache = {pid: job for pid, job in self._cache.items() if pid in seen}
         return out
 

@@ -151,8 +151,8 @@ class WearTracker:
         return views
 
     def _jobs_shown(self, uuid: str) -> tuple[Job, ...]:
-        return tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name)
-                     for r in self.jobs.current(uuid))
+        return tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name, r.namespace, r.pod,
+                         r.gpus[uuid].container) for r in self.jobs.current(uuid))
 
     def adopt(self, stored: dict[str, GpuWear], imported: dict[str, GpuWear]) -> None:
         """Merge a ledger opened late into the history kept in memory since the start: the

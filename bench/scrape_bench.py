@@ -1,0 +1,144 @@
+"""What a Prometheus scrape costs and carries, the way Prometheus sees it: a new tick between two scrapes.
+
+    python bench/scrape_bench.py [GPUS ...] [--days 7] [--rounds 100] [--detail]
+
+For each GPU count: the daemon as ``gpuwear run --simulate`` builds it (the benchmark scenario of bench/gen.py:
+mixed products, jobs starting and ending every 1.5 h), on a manual clock. First a history of ``--days``
+simulated days in 5-minute ticks (``wear.max_gap_seconds`` raised to match; a week of 1 s ticks would take an
+hour), then ``--rounds`` rounds of: one 1 s tick, then one scrape. Every scrape therefore re-renders: nothing
+is served from the per-tick cache, as with Prometheus at a 15 s interval over a 1 s tick.
+
+Per scrape it reports the CPU (``time.process_time``, this process) of rendering the body Prometheus asks for
+(OpenMetrics, gzip), split into the wear views, the text and the compression; the series per GPU (sample
+lines carrying a ``uuid`` label, per GPU, plus the daemon's own lines shared out); the bytes on the wire,
+gzip'd and plain; and the latency of a real HTTP scrape (the daemon's front door on loopback, a new
+connection, Prometheus' Accept and Accept-Encoding headers), timed by the client right after each tick.
+``--detail`` sets ``metrics.detail: true``. Prints one JSON object per GPU count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gen  # noqa: E402
+
+from gpuwear import service  # noqa: E402
+from gpuwear.backends.fakenvml import FakeNvmlLibrary  # noqa: E402
+from gpuwear.backends.nvml import NvmlBackend  # noqa: E402
+from gpuwear.backends.simulated import load_scenario  # noqa: E402
+from gpuwear.clock import ManualClock  # noqa: E402
+from gpuwear.config import Config  # noqa: E402
+
+HISTORY_TICK = 300.0
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+def _series(body: bytes, gpus: int) -> dict[str, float]:
+    per_gpu = other = 0
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            if 'uuid="' in line:
+                per_gpu += 1
+            else:
+                other += 1
+    return {"per_gpu": per_gpu / gpus, "daemon": other, "per_gpu_all": (per_gpu + other) / gpus}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="gpuwear-scrape-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = Config(state_dir=str(work / "state"), listen=f"127.0.0.1:{port}")
+    config = replace(config, wear=replace(config.wear, max_gap_seconds=2 * HISTORY_TICK,
+                                          persist_interval_seconds=86400.0),
+                     sampling=replace(config.sampling, interval_seconds=3600.0))  # the loop stays out of the way
+    if detail:
+        config = replace(config, metrics=replace(config.metrics, detail=True))
+    simulation = load_scenario(str(gen.scenario(gpus, work)))
+    simulation.max_step_seconds = 30.0
+    clock = ManualClock(start_wall=time.time() - days * 86400)
+    sampler = service._sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
+    sampler.open()
+    daemon = service.Daemon(config, service.Source(sampler, clock, service._info("simulated", "scrape"), 1.0,
+                                                   simulation))
+    t0 = time.monotonic()
+    for _ in range(int(days * 86400 / HISTORY_TICK)):
+        clock.advance(HISTORY_TICK)
+        daemon._tick()
+    history_s = time.monotonic() - t0
+    daemon.start()
+    exposition = daemon.exposition
+    views = text = zipped = 0.0
+    latencies: list[float] = []
+    body = b""
+    plain = b""
+    try:
+        for i in range(rounds):
+            clock.advance(1.0)
+            daemon._tick()
+            c0 = time.process_time()
+            daemon.published()  # the wear views, derived at the first scrape after a tick
+            c1 = time.process_time()
+            plain = exposition.render(True)
+            c2 = time.process_time()
+            body = exposition.render(True, gzipped=True)
+            c3 = time.process_time()
+            views, text, zipped = views + c1 - c0, text + c2 - c1, zipped + c3 - c2
+            clock.advance(1.0)  # a second tick: the HTTP scrape below renders afresh too
+            daemon._tick()
+            conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=10)
+            t = time.perf_counter()
+            conn.request("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+            response = conn.getresponse()
+            data = response.read()
+            latencies.append(time.perf_counter() - t)
+            conn.close()
+            if response.status != 200 or gzip.decompress(data)[-6:] != b"# EOF\n":
+                raise RuntimeError(f"scrape {i}: HTTP {response.status}")
+    finally:
+        daemon.stop()
+    return {
+        "gpus": gpus, "days": days, "rounds": rounds, "detail": detail, "history_seconds": round(history_s, 1),
+        "cpu_ms": {"total": (views + text + zipped) / rounds * 1e3, "views": views / rounds * 1e3,
+                   "text": text / rounds * 1e3, "gzip": zipped / rounds * 1e3},
+        "series": _series(plain, gpus),
+        "bytes": {"gzip": len(body), "plain": len(plain), "gzip_per_gpu": len(body) / gpus},
+        "http_ms": {"p50": statistics.median(latencies) * 1e3, "p99": _percentile(latencies, 0.99) * 1e3,
+                    "max": max(latencies) * 1e3},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("gpus", type=int, nargs="*", default=[8, 64])
+    parser.add_argument("--days", type=float, default=7.0)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--detail", action="store_true")
+    args = parser.parse_args()
+    for n in args.gpus:
+        print(json.dumps(run(n, args.days, args.rounds, args.detail)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
