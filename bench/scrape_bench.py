@@ -33,14 +33,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gen  # noqa: E402
+import gen
 
-from gpuwear import service  # noqa: E402
-from gpuwear.backends.fakenvml import FakeNvmlLibrary  # noqa: E402
-from gpuwear.backends.nvml import NvmlBackend  # noqa: E402
-from gpuwear.backends.simulated import load_scenario  # noqa: E402
-from gpuwear.clock import ManualClock  # noqa: E402
-from gpuwear.config import Config  # noqa: E402
+from gpuwear import service
+from gpuwear.backends.fakenvml import FakeNvmlLibrary
+from gpuwear.backends.nvml import NvmlBackend
+from gpuwear.backends.simulated import load_scenario
+from gpuwear.clock import ManualClock
+from gpuwear.config import Config
 
 HISTORY_TICK = 300.0
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

@@ -24,15 +24,15 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gen  # noqa: E402
-from persist_bench import logical_size  # noqa: E402
+import gen
+from persist_bench import logical_size
 
-from gpuwear import service  # noqa: E402
-from gpuwear.backends.fakenvml import FakeNvmlLibrary  # noqa: E402
-from gpuwear.backends.nvml import NvmlBackend  # noqa: E402
-from gpuwear.backends.simulated import load_scenario  # noqa: E402
-from gpuwear.clock import ManualClock  # noqa: E402
-from gpuwear.config import Config  # noqa: E402
+from gpuwear import service
+from gpuwear.backends.fakenvml import FakeNvmlLibrary
+from gpuwear.backends.nvml import NvmlBackend
+from gpuwear.backends.simulated import load_scenario
+from gpuwear.clock import ManualClock
+from gpuwear.config import Config
 
 TICK = 900.0
 TICKS_PER_SAVE = 4

@@ -345,3 +345,46 @@ def test_a_real_jump_is_held_one_tick_then_believed() -> None:
     assert not [e for e in events if e.kind == "reading_dropped"]  # two readings agree: not a lone spike
     assert jumped.temperature_seconds["gpu"].get("0") == pytest.approx(2.0)
     assert jumped.observed_seconds == clean.observed_seconds
+
+
+def test_views_from_kept_bin_factors_equal_views_computed_afresh() -> None:
+    """The views a scrape reads reuse each histogram bin's factors from view to view (bins only ever added at the
+    end); at every step they equal views computed from nothing, bit for bit, as bins appear, and after the
+    accumulators are replaced by a merge (new dicts, perhaps at a freed one's address)."""
+    from gpuwear.wear.tracker import view
+
+    rig = make_rig("stress")
+    params = WearConfig()
+    tracker = WearTracker({}, params)
+    compared = 0
+    for tick in range(1500):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        if tick % 97 == 0 or tick == 700:
+            if tick == 700:  # what adopting a ledger opened late does: every accumulator a new object
+                tracker.adopt({uuid: GpuWear(uuid) for uuid in tracker._wears}, {})
+            for uuid, shown in tracker.views.items():
+                w = tracker._shown(uuid)
+                assert shown == view(w, params, shown.jobs, lasting=False)
+                assert view(w, params, shown.jobs, lasting=True) == shown
+                compared += 1
+    assert compared > 20
+    bins = {len(w.temperature_seconds["gpu"]) for w in tracker._wears.values()}
+    assert min(bins) > 20  # the stress scenario swept the die through many degrees: bins were added on the way
+
+
+def test_default_views_hold_what_the_default_metrics_read() -> None:
+    from gpuwear.wear.tracker import view
+
+    rig = make_rig("demo")
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(300):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    for uuid, full in tracker.views.items():
+        basic = view(tracker._shown(uuid), WearConfig(), full.jobs, detail=False)
+        assert not basic.above_celsius and full.above_celsius
+        aging = basic.estimates["thermal_aging_equivalent_hours"]
+        assert set(aging) - {"memory"} == {"central"}
+        assert aging["central"] == full.estimates["thermal_aging_equivalent_hours"]["central"]
+        assert (basic.verdict, basic.cycles, basic.attributed) == (full.verdict, full.cycles, full.attributed)

@@ -70,13 +70,12 @@ def _per_gpu(defs: tuple[MetricDef[T], ...], sources: list[tuple[T, list[str]]])
 
 
 # the number as Go (and so Prometheus) writes it (untyped upstream); most values repeat from scrape to scrape (1,
-# limits, counts, whole degrees): each is formatted once (zeros are not cached: -0.0 == 0.0 would share one text)
+# limits, counts, whole degrees): each is formatted once (zeros are not cached: -0.0 == 0.0 would share one text;
+# a GPU's lines are reused while its series compare equal, which no value of gpuwear's turns from 0.0 to -0.0)
 _go: Callable[[float], str] = floatToGoString
 _go_float: Callable[[float], str] = functools.lru_cache(maxsize=1 << 14)(_go)
 
 
-def _value(value: float) -> str:
-    return _go_float(value) if value else _go(value)
 _TEXT_HELP = str.maketrans({"\\": r"\\", "\n": r"\n"})
 _ESCAPED = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r'\"'})  # label values; OpenMetrics help too
 _PREFIXES = 4096  # line prefixes a family keeps (GPUs x label values; jobs come and go)
@@ -94,6 +93,10 @@ class _Family:
     keys: tuple[str, ...]  # 'name="' per label, in definition order (the GPU labels first)
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
     prefixes: dict[tuple[str, ...], str] = field(default_factory=dict, compare=False)  # (labels) -> 'name{...} '
+    # (base label values) -> (the source's series, their lines) at the last render: a GPU whose series did not change
+    # since (identity, limits, counts, most of a slow-changing state) gets its lines again as they were
+    chunks: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], float]], str]] = field(
+        default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, m: MetricDef[Any], base: Sequence[str]) -> _Family:
@@ -110,24 +113,44 @@ class _Family:
                    tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)))
 
     def write(self, out: list[str], sources: Iterable[tuple[Any, list[str]]]) -> None:
-        """The sample lines of every source (with its escaped base label values). A line's ``name{labels} `` is the
-        same at every scrape for the same GPU and labels: made once, then looked up (bounded: cleared when full)."""
-        keys, order, sample, prefixes = self.keys, self.order, self.sample, self.prefixes
+        """The sample lines of every source (with its escaped base label values). A source whose series are those of
+        the last render gets the same lines; else a line's ``name{labels} `` is the same at every scrape for the same
+        GPU and labels: made once, then looked up (both bounded: cleared when full)."""
+        chunks = self.chunks
         for source, base in sources:
-            for labels, value in self.metric.values(source):
-                key = (*base, *labels)
-                prefix = prefixes.get(key)
-                if prefix is None:
-                    values = [*base, *(v.translate(_ESCAPED) for v in labels)] if labels else base
-                    if values:
-                        pairs = ",".join([f'{keys[i]}{values[i]}"' for i in order])
-                        prefix = f"{sample}{{{pairs}}} "
-                    else:
-                        prefix = f"{sample} "
-                    if len(prefixes) >= _PREFIXES:
-                        prefixes.clear()
-                    prefixes[key] = prefix
-                out.append(f"{prefix}{_value(value)}\n")
+            series = list(self.metric.values(source))
+            where = tuple(base)
+            last = chunks.get(where)
+            if last is not None and last[0] == series:
+                out.append(last[1])
+                continue
+            lines = self._lines(series, base)
+            if len(chunks) >= _PREFIXES:
+                chunks.clear()
+            chunks[where] = (series, lines)
+            out.append(lines)
+
+    def _lines(self, series: list[tuple[tuple[str, ...], float]], base: list[str]) -> str:
+        keys, order, sample, prefixes = self.keys, self.order, self.sample, self.prefixes
+        out = []
+        for labels, value in series:
+            key = (*base, *labels)
+            prefix = prefixes.get(key)
+            if prefix is None:
+                values = [*base, *(v.translate(_ESCAPED) for v in labels)] if labels else base
+                if values:
+                    pairs = ",".join([f'{keys[i]}{values[i]}"' for i in order])
+                    prefix = f"{sample}{{{pairs}}} "
+                else:
+                    prefix = f"{sample} "
+                if len(prefixes) >= _PREFIXES:
+                    prefixes.clear()
+                prefixes[key] = prefix
+            if value.__class__ is float and -1e6 < value < 1e6:  # what floatToGoString gives for these: repr
+                out.append(f"{prefix}{value!r}\n")
+            else:
+                out.append(f"{prefix}{_go_float(value) if value else _go(value)}\n")
+        return "".join(out)
 
 
 @functools.cache

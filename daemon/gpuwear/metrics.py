@@ -93,8 +93,7 @@ PROTECTING = _only("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown",
 def _sample_field(attr: str) -> Callable[[GpuStatus], Series]:
     def values(status: GpuStatus) -> Series:
         value = getattr(status.sample, attr, None) if status.sample else None
-        if value is not None:
-            yield (), float(value)
+        return [((), float(value))] if value is not None else []
 
     return values
 
@@ -102,12 +101,10 @@ def _sample_field(attr: str) -> Callable[[GpuStatus], Series]:
 def _labelled(pairs: tuple[tuple[str, str], ...]) -> Callable[[GpuStatus], Series]:
     """One series per (label value, sample field) pair."""
     def values(status: GpuStatus) -> Series:
-        if status.sample is None:
-            return
-        for label, attr in pairs:
-            value = getattr(status.sample, attr)
-            if value is not None:
-                yield (label,), float(value)
+        sample = status.sample
+        if sample is None:
+            return []
+        return [((label,), float(value)) for label, attr in pairs if (value := getattr(sample, attr)) is not None]
 
     return values
 
@@ -115,18 +112,16 @@ def _labelled(pairs: tuple[tuple[str, str], ...]) -> Callable[[GpuStatus], Serie
 def _per_fan(attr: str) -> Callable[[GpuStatus], Series]:
     def values(status: GpuStatus) -> Series:
         speeds = getattr(status.sample, attr, None) if status.sample else None
-        for fan, value in enumerate(speeds or ()):
-            if value is not None:
-                yield (str(fan),), value
+        return [((str(fan),), value) for fan, value in enumerate(speeds or ()) if value is not None]
 
     return values
 
 
 def _reasons(status: GpuStatus) -> Series:
     bits = status.sample.clock_event_reasons if status.sample else None
-    if bits is not None:
-        for name, bit in CLOCK_EVENT_REASONS:
-            yield (name,), 1.0 if bits & bit else 0.0
+    if bits is None:
+        return []
+    return [((name,), 1.0 if bits & bit else 0.0) for name, bit in CLOCK_EVENT_REASONS]
 
 
 def _unavailable(status: GpuStatus) -> Series:
@@ -139,15 +134,14 @@ def _unavailable(status: GpuStatus) -> Series:
 
 def _info(status: GpuStatus) -> Series:
     i = status.identity
-    yield (i.name, i.serial or "", i.pci_bus_id or "", i.architecture or "", i.cuda_capability or ""), 1.0
+    return [((i.name, i.serial or "", i.pci_bus_id or "", i.architecture or "", i.cuda_capability or ""), 1.0)]
 
 
 def _value(value: Callable[[T], float | None]) -> Callable[[T], Series]:
     """One unlabelled series from a source, none when the value is None."""
     def values(source: T) -> Series:
         v = value(source)
-        if v is not None:
-            yield (), float(v)
+        return [((), float(v))] if v is not None else []
 
     return values
 
@@ -308,8 +302,7 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
 
 def _wear_map(attr: str) -> Callable[[WearView], Series]:
     def values(v: WearView) -> Series:
-        for key, x in sorted(getattr(v, attr).items()):
-            yield (key if isinstance(key, tuple) else (key,)), float(x)
+        return [((key if isinstance(key, tuple) else (key,)), float(x)) for key, x in sorted(getattr(v, attr).items())]
 
     return values
 
@@ -317,30 +310,32 @@ def _wear_map(attr: str) -> Callable[[WearView], Series]:
 def _bands(estimate: str, scale: float = 1.0) -> Callable[[WearView], Series]:
     def values(v: WearView) -> Series:
         e = v.estimates[estimate]
+        memory = e.get("memory", {})
+        out = []
         for band in ("low", "central", "high"):
-            yield ("gpu", band), e[band] * scale
-            if "memory" in e:
-                yield ("memory", band), e["memory"][band] * scale
+            if band in e:
+                out.append((("gpu", band), e[band] * scale))
+            if band in memory:
+                out.append((("memory", band), memory[band] * scale))
+        return out
 
     return values
 
 
 def _fans(index: int) -> Callable[[WearView], Series]:
     def values(v: WearView) -> Series:
-        for fan, pair in enumerate(v.fans):
-            yield (str(fan),), pair[index]
+        return [((str(fan),), pair[index]) for fan, pair in enumerate(v.fans)]
 
     return values
 
 
 def _status(v: WearView) -> Series:
-    for status in STATUS_ORDER:
-        yield (status,), 1.0 if v.verdict["status"] == status else 0.0
+    now = v.verdict["status"]
+    return [((status,), 1.0 if now == status else 0.0) for status in STATUS_ORDER]
 
 
 def _reasons_active(v: WearView) -> Series:
-    for r in v.verdict["reasons"]:
-        yield (r["code"], r["severity"]), 1.0
+    return [((r["code"], r["severity"]), 1.0) for r in v.verdict["reasons"]]
 
 
 WEAR_METRICS: tuple[MetricDef[WearView], ...] = (

@@ -219,6 +219,7 @@ class Daemon:
         self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.moved_aside is not None)
+        self.tracker.set_detail(config.metrics.detail)
         self.collector = GpuwearCollector(self.published, config.metrics.detail)
         self.registry = registry or CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
@@ -516,6 +517,7 @@ class Daemon:
         self.source.sampler.slow_interval = new.sampling.slow_interval_seconds
         self.source.sampler.deadline = new.sampling.nvml_deadline_seconds
         self.tracker.set_params(self._wear_params(new))
+        self.tracker.set_detail(new.metrics.detail)
         self.collector.detail = self.exposition.detail = new.metrics.detail
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new

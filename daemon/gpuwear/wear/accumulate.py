@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +37,29 @@ POWER_LIMIT_SHARE = 0.99  # power at or above this share of the enforced limit: 
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
     d[key] = d.get(key, 0.0) + value
+
+
+_WEIGHTS: dict[tuple[int, object], tuple[dict[str, float], list[float]]] = {}
+_WEIGHTS_KEPT = 4096  # (histogram, weight) pairs; all forgotten when full
+_WEIGHTS_LOCK = threading.Lock()
+
+
+def bin_weights(hist: dict[str, float], key: object, weight: Callable[[str], float]) -> list[float]:
+    """``weight(bin)`` of each bin of an accumulator's histogram, in its order, computed once per bin: these dicts
+    only grow (:func:`_add` appends a new bin at the end, nothing removes one), so a bin keeps its place and only the
+    new ones are weighed. ``key`` names the weight (the function and its parameters). The dict is kept with its
+    weights, so that its id cannot name another dict while they are kept. Only for dicts that live on (a GpuWear's
+    own): each dict passed is held until the cache is full."""
+    with _WEIGHTS_LOCK:
+        cached = _WEIGHTS.get((id(hist), key))
+        if cached is None or cached[0] is not hist or len(cached[1]) > len(hist):
+            if len(_WEIGHTS) >= _WEIGHTS_KEPT:
+                _WEIGHTS.clear()
+            cached = _WEIGHTS[(id(hist), key)] = (hist, [])
+        weights = cached[1]
+        if len(weights) < len(hist):
+            weights.extend(weight(k) for k in itertools.islice(hist, len(weights), None))
+        return weights
 
 
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
@@ -382,6 +408,13 @@ class GpuWear:
     def all_cycles(self, sensor: str) -> dict[str, float]:
         """Closed cycles plus the open residue (as half cycles), in 'range:peak' bins."""
         out = dict(self.cycles.get(sensor, {}))
+        for k, v in self.residue_cycles(sensor).items():
+            _add(out, k, v)
+        return {k: v for k, v in out.items() if not k.startswith("0:")}
+
+    def residue_cycles(self, sensor: str) -> dict[str, float]:
+        """The open residue of the rainflow counter as half cycles, in 'range:peak' bins (ranges of 0 left out)."""
+        out: dict[str, float] = {}
         counter = self.rainflow.get(sensor)
         if counter is not None:
             for c in counter.residue():

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.accumulate import FanWear, GpuWear, bin_weights
 
 BOLTZMANN_EV_PER_K = 8.617333262e-5
 KELVIN = 273.15
@@ -45,11 +46,17 @@ def arrhenius_factor(celsius: float, reference_celsius: float, ea_ev: float) -> 
     return math.exp(ea_ev / BOLTZMANN_EV_PER_K * (1 / (reference_celsius + KELVIN) - 1 / (celsius + KELVIN)))
 
 
-def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius: float, ea_ev: float) -> float:
+def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius: float, ea_ev: float,
+                        lasting: bool = False) -> float:
     """Σ t·AF(T): hours at the reference temperature that age as much as the histogram
-    (bins of whole °C, each taken at its value)."""
-    return float(sum(s * arrhenius_factor(int(t), reference_celsius, ea_ev)
-                     for t, s in seconds_by_celsius.items())) / 3600.0
+    (bins of whole °C, each taken at its value). ``lasting``: the histogram is an accumulator's own, which lives on
+    and grows; its bins' factors are then kept (:func:`bin_weights`) and the sum is one pass in C."""
+    if lasting:
+        factors = bin_weights(seconds_by_celsius, (arrhenius_factor, reference_celsius, ea_ev),
+                              lambda t: arrhenius_factor(int(t), reference_celsius, ea_ev))
+    else:
+        factors = [arrhenius_factor(int(t), reference_celsius, ea_ev) for t in seconds_by_celsius]
+    return float(sum(map(operator.mul, seconds_by_celsius.values(), factors))) / 3600.0
 
 
 @functools.lru_cache(maxsize=1 << 16)  # (range, peak) bins of whole degrees: each factor computed once
@@ -61,14 +68,45 @@ def cycle_factor(range_celsius: float, peak_celsius: float, reference_range: flo
 
 
 def equivalent_cycles(cycles: dict[str, float], reference_range: float, reference_peak: float, exponent: float,
-                      peak_term_kelvin: float) -> float:
-    """Miner's sum of cycles ('range:peak' bins -> counts) in reference cycles."""
-    total = 0.0
-    for key, count in cycles.items():
+                      peak_term_kelvin: float, lasting: bool = False) -> float:
+    """Miner's sum of cycles ('range:peak' bins -> counts) in reference cycles (a range of 0 counts nothing).
+    ``lasting``: as for :func:`thermal_aging_hours`."""
+    def factor(key: str) -> float:
         rng, peak = (int(v) for v in key.split(":"))
-        if rng > 0:
-            total += count * cycle_factor(rng, peak, reference_range, reference_peak, exponent, peak_term_kelvin)
-    return total
+        return cycle_factor(rng, peak, reference_range, reference_peak, exponent, peak_term_kelvin) if rng > 0 else 0.0
+
+    if lasting:
+        factors = bin_weights(cycles, (cycle_factor, reference_range, reference_peak, exponent, peak_term_kelvin),
+                              factor)
+    else:
+        factors = [factor(key) for key in cycles]
+    return float(sum(map(operator.mul, cycles.values(), factors)))
+
+
+BANDS = ("low", "central", "high")
+
+
+def aging_bands(hist: dict[str, float], p: WearConfig, lasting: bool = False,
+                bands: tuple[str, ...] = BANDS) -> dict[str, float]:
+    """Thermal aging of a histogram in equivalent hours, per band (low / central / high activation energy)."""
+    a = p.arrhenius
+    return {b: thermal_aging_hours(hist, a.reference_celsius, ea, lasting)
+            for b, ea in a.activation_energy_ev.items() if b in bands}
+
+
+def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, lasting: bool = False,
+                  bands: tuple[str, ...] = BANDS) -> dict[str, float]:
+    """Thermal-cycle fatigue of a sensor's closed cycles and open residue, in reference cycles, per band."""
+    c = p.cycles
+    closed, residue = w.cycles.get(sensor, {}), w.residue_cycles(sensor)
+    return {b: equivalent_cycles(closed, c.reference_range_celsius, c.reference_peak_celsius, m, q, lasting)
+            + equivalent_cycles(residue, c.reference_range_celsius, c.reference_peak_celsius, m, q)
+            for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True) if b in bands}
+
+
+def fan_revolutions(fan: FanWear, p: WearConfig) -> float:
+    """A fan's revolutions: measured (RPM) where it reported RPM, else its speed ratio times wear.fan.rated_rpm."""
+    return fan.revolutions + fan.ratio_seconds * p.fan.rated_rpm / 60.0
 
 
 @dataclass(frozen=True)
@@ -141,18 +179,10 @@ def profile_rates(p: WearConfig) -> tuple[tuple[float, float], ...]:
 def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     """All estimates of one GPU, each a band with its model and parameters."""
     a, c = p.arrhenius, p.cycles
-
-    def aging(hist: dict[str, float]) -> dict[str, float]:
-        return {b: thermal_aging_hours(hist, a.reference_celsius, ea) for b, ea in a.activation_energy_ev.items()}
-
-    def fatigue(bins: dict[str, float]) -> dict[str, float]:
-        return {b: equivalent_cycles(bins, c.reference_range_celsius, c.reference_peak_celsius, m, q)
-                for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True)}
-
-    aging_out: dict[str, Any] = {**aging(w.temperature_seconds.get("gpu", {})),
+    aging_out: dict[str, Any] = {**aging_bands(w.temperature_seconds.get("gpu", {}), p),
                                  "reference_celsius": a.reference_celsius, "model": "arrhenius",
                                  "parameters": {"activation_energy_ev": dict(a.activation_energy_ev.items())}}
-    fatigue_out: dict[str, Any] = {**fatigue(w.all_cycles("gpu")),
+    fatigue_out: dict[str, Any] = {**fatigue_bands(w, "gpu", p),
                                    "reference_range_celsius": c.reference_range_celsius,
                                    "reference_peak_celsius": c.reference_peak_celsius,
                                    "model": "coffin-manson/norris-landzberg, miner's rule",
@@ -162,8 +192,8 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     aging_out["range"] = band_range({b: aging_out[b] for b in ("low", "central", "high")}, aging_labels(p))
     fatigue_out["range"] = band_range({b: fatigue_out[b] for b in ("low", "central", "high")}, cycle_labels(p))
     if "memory" in w.temperature_seconds:
-        aging_out["memory"] = aging(w.temperature_seconds["memory"])
-        fatigue_out["memory"] = fatigue(w.all_cycles("memory"))
+        aging_out["memory"] = aging_bands(w.temperature_seconds["memory"], p)
+        fatigue_out["memory"] = fatigue_bands(w, "memory", p)
     days = w.observed_seconds / 86400.0 if w.observed_seconds >= MIN_COMPARISON_SECONDS else 0.0
     profiles = []
     for prof, (per_day_aging, per_day_cycles) in zip(PROFILES, profile_rates(p), strict=True):
@@ -178,7 +208,7 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
         })
     fans = []
     for i, fan in enumerate(w.fans):
-        revolutions = fan.revolutions + fan.ratio_seconds * p.fan.rated_rpm / 60.0
+        revolutions = fan_revolutions(fan, p)
         fans.append({"fan": i, "on_hours": round(fan.on_seconds / 3600, 6), "revolutions": round(revolutions, 1),
                      "revolutions_estimated_from_speed_ratio": fan.ratio_seconds > 0,
                      "equivalent_hours_at_rated_rpm": round(revolutions / p.fan.rated_rpm / 60.0, 6),

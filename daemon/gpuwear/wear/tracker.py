@@ -20,8 +20,16 @@ from gpuwear.jobs.resolve import Job
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
-from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import estimates, resistance_trend, thermal_aging_hours, verdict
+from gpuwear.wear.accumulate import GpuWear, bin_weights
+from gpuwear.wear.models import (
+    BANDS,
+    aging_bands,
+    fan_revolutions,
+    fatigue_bands,
+    resistance_trend,
+    thermal_aging_hours,
+    verdict,
+)
 from gpuwear.wear.plausibility import is_spike, suspect
 from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL
 
@@ -41,6 +49,12 @@ def cycle_range_label(lo: int, hi: int) -> str:
     return f"{lo}-{hi}" if hi < 1000 else f"{lo}+"
 
 
+def _cycle_range(key: str) -> float:
+    """The index in CYCLE_RANGES of a 'range:peak' bin's range, -1 outside them all."""
+    rng = int(key.split(":")[0])
+    return next((float(i) for i, (lo, hi) in enumerate(CYCLE_RANGES) if lo <= rng < hi), -1.0)
+
+
 @dataclass(frozen=True)
 class WearView:
     """What the collector exports for one GPU; immutable, rebuilt after each tick."""
@@ -57,17 +71,20 @@ class WearView:
     above_threshold: Mapping[tuple[str, str], float]  # (sensor, threshold) -> s
     cycles: Mapping[tuple[str, str], float]  # (sensor, range label) -> closed cycles
     fans: tuple[tuple[float, float], ...]  # (on seconds, revolutions) per fan
-    estimates: Mapping[str, Any]
+    estimates: Mapping[str, Any]  # models.estimates' thermal aging and cycle fatigue bands (gpu; "memory"), those shown
     verdict: Mapping[str, Any]
     thermal_resistance: float | None  # °C/W, the latest day's
     attributed: Mapping[str, tuple[float, float, float]]  # job/idle -> (seconds, joules, central aging s)
     jobs: tuple[Job, ...]  # running on the GPU now
 
 
-def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = ()) -> WearView:
-    """Build the exported view of one GPU's accumulators."""
+def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), lasting: bool = False, detail: bool = True) -> WearView:
+    """Build the exported view of one GPU's accumulators. ``lasting``: ``w`` is a live accumulator (not a merge
+    made for this view), whose per-bin factors are kept from view to view (models.thermal_aging_hours).
+    ``detail`` off (metrics.detail): only what the default metrics show, without the time above each temperature,
+    the low and high bands and the memory's cycle fatigue."""
     above: dict[tuple[str, str], float] = {}
-    for sensor, hist in w.temperature_seconds.items():  # one pass per sensor, hottest bin first
+    for sensor, hist in w.temperature_seconds.items() if detail else ():  # one pass per sensor, hottest bin first
         hottest_first = sorted(((int(t), s) for t, s in hist.items()), reverse=True)
         total, k = 0.0, 0
         for limit in sorted(ABOVE_CELSIUS, reverse=True):
@@ -79,11 +96,22 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = ()) -> WearView:
                   for sensor, name in THRESHOLDS if name in w.thresholds and sensor in w.temperature_seconds}
     cycles: dict[tuple[str, str], float] = {}
     for sensor, bins in w.cycles.items():
-        for lo, hi in CYCLE_RANGES:
-            cycles[(sensor, cycle_range_label(lo, hi))] = sum(
-                n for key, n in bins.items() if lo <= int(key.split(":")[0]) < hi)
-    est = estimates(w, p)
-    revolutions = [f["revolutions"] for f in est["fan_wear"]]
+        sums = [0.0] * len(CYCLE_RANGES)
+        ranges = bin_weights(bins, _cycle_range, _cycle_range) if lasting else [_cycle_range(k) for k in bins]
+        for n, i in zip(bins.values(), ranges, strict=True):
+            if i >= 0:
+                sums[int(i)] += n
+        for (lo, hi), total in zip(CYCLE_RANGES, sums, strict=True):
+            cycles[(sensor, cycle_range_label(lo, hi))] = total
+    bands = BANDS if detail else ("central",)
+    est: dict[str, dict[str, Any]] = {
+        "thermal_aging_equivalent_hours": aging_bands(w.temperature_seconds.get("gpu", {}), p, lasting, bands),
+        "cycle_fatigue_equivalent_cycles": fatigue_bands(w, "gpu", p, lasting, bands)}
+    if "memory" in w.temperature_seconds:
+        est["thermal_aging_equivalent_hours"]["memory"] = aging_bands(w.temperature_seconds["memory"], p, lasting,
+                                                                      bands)
+        if detail:
+            est["cycle_fatigue_equivalent_cycles"]["memory"] = fatigue_bands(w, "memory", p, lasting)
     trend = resistance_trend(w)
     return WearView(
         observed_seconds=w.observed_seconds, busy_seconds=w.busy_seconds(p.busy_utilization_ratio),
@@ -91,13 +119,13 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = ()) -> WearView:
         energy_joules=w.energy_joules, power_limit_seconds=w.power_limit_seconds,
         throttle_seconds=MappingProxyType(dict(w.throttle_seconds)), above_celsius=MappingProxyType(above),
         above_threshold=MappingProxyType(thresholds), cycles=MappingProxyType(cycles),
-        fans=tuple((f.on_seconds, r) for f, r in zip(w.fans, revolutions, strict=True)),
+        fans=tuple((f.on_seconds, round(fan_revolutions(f, p), 1)) for f in w.fans),
         estimates=MappingProxyType(est), verdict=MappingProxyType(verdict(w, p)),
         thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
         attributed=MappingProxyType({
             kind: (k["seconds"], k["energy_joules"],
                    3600 * thermal_aging_hours(k["temperature_seconds"], p.arrhenius.reference_celsius,
-                                              p.arrhenius.activation_energy_ev.central))
+                                              p.arrhenius.activation_energy_ev.central, lasting))
             for kind, k in sorted(w.kinds.items())}),
         jobs=jobs,
     )
@@ -122,6 +150,7 @@ class WearTracker:
                  imported: dict[str, GpuWear] | None = None, running_jobs: list[JobRecord] | None = None,
                  job_grace_seconds: float = 60.0, user_in_metrics: bool = False) -> None:
         self._user_in_metrics = user_in_metrics
+        self._detail = True  # views for metrics.detail (every series), else only what the default metrics read
         self._wears = wears
         self.jobs = JobAccounts(job_grace_seconds, running_jobs)
         self._imported = imported or {}  # history backfilled from logs: shown, never saved from here
@@ -147,7 +176,8 @@ class WearTracker:
                 views = self._views
                 if views is None:
                     views = self._views = MappingProxyType({
-                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid)) for uuid in self._present})
+                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid), uuid not in self._imported,
+                                   self._detail) for uuid in self._present})
         return views
 
     def _jobs_shown(self, uuid: str) -> tuple[Job, ...]:
@@ -167,6 +197,12 @@ class WearTracker:
     def set_params(self, params: WearConfig) -> None:
         with self._lock:
             self._params = params
+            self._views = None
+
+    def set_detail(self, detail: bool) -> None:
+        """metrics.detail: the views hold every exported figure, or only those of the default metrics."""
+        with self._lock:
+            self._detail = detail
             self._views = None
 
     def observe(self, snap: Snapshot, monotonic: float, wall: float,
