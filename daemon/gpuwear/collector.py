@@ -112,25 +112,24 @@ class _Family:
                    f"# HELP {name} {m.help.translate(_ESCAPED)}\n# TYPE {name} {kind}\n{unit}", sample,
                    tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)))
 
-    def write(self, out: list[str], sources: Iterable[tuple[Any, list[str]]]) -> None:
+    def write(self, out: list[str], sources: Iterable[tuple[Any, tuple[str, ...]]]) -> None:
         """The sample lines of every source (with its escaped base label values). A source whose series are those of
         the last render gets the same lines; else a line's ``name{labels} `` is the same at every scrape for the same
         GPU and labels: made once, then looked up (both bounded: cleared when full)."""
-        chunks = self.chunks
+        chunks, values = self.chunks, self.metric.values
         for source, base in sources:
-            series = list(self.metric.values(source))
-            where = tuple(base)
-            last = chunks.get(where)
+            series = values(source)
+            last = chunks.get(base)
             if last is not None and last[0] == series:
                 out.append(last[1])
                 continue
             lines = self._lines(series, base)
             if len(chunks) >= _PREFIXES:
                 chunks.clear()
-            chunks[where] = (series, lines)
+            chunks[base] = (series, lines)
             out.append(lines)
 
-    def _lines(self, series: list[tuple[tuple[str, ...], float]], base: list[str]) -> str:
+    def _lines(self, series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> str:
         keys, order, sample, prefixes = self.keys, self.order, self.sample, self.prefixes
         out = []
         for labels, value in series:
@@ -169,11 +168,10 @@ def encode(pub: Published, openmetrics: bool, extra: bytes = b"", detail: bool =
     daemon_families, gpu_families, wear_families = _families(detail)
     body = bytearray()
     lines: list[str] = []
-    gpus = [(s, [str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)])
+    gpus = [(s, (str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)))
             for s in pub.snapshot.gpus]
     wear = [(pub.wear[s.identity.uuid], base) for s, base in gpus if s.identity.uuid in pub.wear]
-    no_labels: list[str] = []
-    for families, sources in ((daemon_families, [(pub, no_labels)]), (gpu_families, gpus), (wear_families, wear)):
+    for families, sources in ((daemon_families, [(pub, ())]), (gpu_families, gpus), (wear_families, wear)):
         for family in families:
             lines.append(family.openmetrics_head if openmetrics else family.text_head)
             family.write(lines, sources)

@@ -11,7 +11,7 @@ limits): about 110 per GPU. README "Metrics" lists what each family costs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
@@ -20,7 +20,7 @@ from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.models import STATUS_ORDER
 from gpuwear.wear.tracker import WearView
 
-Series = Iterable[tuple[tuple[str, ...], float]]
+Series = list[tuple[tuple[str, ...], float]]
 T = TypeVar("T")
 GPU_LABELS = ("gpu", "uuid")
 
@@ -128,8 +128,7 @@ def _unavailable(status: GpuStatus) -> Series:
     counts: dict[str, int] = {}
     for reason in status.unavailable.values():
         counts[reason] = counts.get(reason, 0) + 1
-    for reason in sorted(counts):
-        yield (reason,), float(counts[reason])
+    return [((reason,), float(counts[reason])) for reason in sorted(counts)]
 
 
 def _info(status: GpuStatus) -> Series:
@@ -148,8 +147,7 @@ def _value(value: Callable[[T], float | None]) -> Callable[[T], Series]:
 
 def _counts(attr: str) -> Callable[[GpuStatus], Series]:
     def values(status: GpuStatus) -> Series:
-        for key, count in sorted(getattr(status, attr).items()):
-            yield (str(key),), float(count)
+        return [((str(key),), float(count)) for key, count in sorted(getattr(status, attr).items())]
 
     return values
 
@@ -213,12 +211,12 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_ecc_errors_total", "counter", "", "ECC errors (fields NVML_FI_DEV_ECC_{SBE,DBE}_"
        "{VOL,AGG}_TOTAL); volatile counts reset on driver reload, aggregate ones persist.",
        ("error", "counter"),
-       lambda s: (((e, c), float(v)) for e, c, v in (
+       lambda s: [((e, c), float(v)) for e, c, v in (
            ("corrected", "volatile", s.sample.ecc_corrected_volatile if s.sample else None),
            ("uncorrected", "volatile", s.sample.ecc_uncorrected_volatile if s.sample else None),
            ("corrected", "aggregate", s.sample.ecc_corrected_aggregate if s.sample else None),
            ("uncorrected", "aggregate", s.sample.ecc_uncorrected_aggregate if s.sample else None))
-           if v is not None),
+           if v is not None],
        basic=frozenset({("uncorrected", "volatile"), ("corrected", "aggregate"), ("uncorrected", "aggregate")})),
     MetricDef("gpuwear_retired_pages", "gauge", "", "Retired framebuffer pages by cause "
        "(nvmlDeviceGetRetiredPages; pre-Ampere).", ("cause",),
@@ -265,8 +263,7 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
 def _ledger(value: Callable[[LedgerStatus], float | None]) -> Callable[[Published], Series]:
     def values(pub: Published) -> Series:
         v = value(pub.ledger) if pub.ledger is not None else None
-        if v is not None:
-            yield (), float(v)
+        return [((), float(v))] if v is not None else []
 
     return values
 
@@ -311,7 +308,7 @@ def _bands(estimate: str, scale: float = 1.0) -> Callable[[WearView], Series]:
     def values(v: WearView) -> Series:
         e = v.estimates[estimate]
         memory = e.get("memory", {})
-        out = []
+        out: Series = []
         for band in ("low", "central", "high"):
             if band in e:
                 out.append((("gpu", band), e[band] * scale))

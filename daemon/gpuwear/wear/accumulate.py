@@ -17,7 +17,7 @@ import datetime
 import functools
 import itertools
 import math
-import threading
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,28 +38,6 @@ POWER_LIMIT_SHARE = 0.99  # power at or above this share of the enforced limit: 
 def _add(d: dict[str, float], key: str, value: float) -> None:
     d[key] = d.get(key, 0.0) + value
 
-
-_WEIGHTS: dict[tuple[int, object], tuple[dict[str, float], list[float]]] = {}
-_WEIGHTS_KEPT = 4096  # (histogram, weight) pairs; all forgotten when full
-_WEIGHTS_LOCK = threading.Lock()
-
-
-def bin_weights(hist: dict[str, float], key: object, weight: Callable[[str], float]) -> list[float]:
-    """``weight(bin)`` of each bin of an accumulator's histogram, in its order, computed once per bin: these dicts
-    only grow (:func:`_add` appends a new bin at the end, nothing removes one), so a bin keeps its place and only the
-    new ones are weighed. ``key`` names the weight (the function and its parameters). The dict is kept with its
-    weights, so that its id cannot name another dict while they are kept. Only for dicts that live on (a GpuWear's
-    own): each dict passed is held until the cache is full."""
-    with _WEIGHTS_LOCK:
-        cached = _WEIGHTS.get((id(hist), key))
-        if cached is None or cached[0] is not hist or len(cached[1]) > len(hist):
-            if len(_WEIGHTS) >= _WEIGHTS_KEPT:
-                _WEIGHTS.clear()
-            cached = _WEIGHTS[(id(hist), key)] = (hist, [])
-        weights = cached[1]
-        if len(weights) < len(hist):
-            weights.extend(weight(k) for k in itertools.islice(hist, len(weights), None))
-        return weights
 
 
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
@@ -199,6 +177,12 @@ class GpuWear:
     # previous readings of cumulative NVML counters (valid only while samples are contiguous)
     last_energy: float | None = None
     last_violation: dict[str, float] = field(default_factory=dict)
+    # per-bin weights of this history's histograms (bin_weights), kept while it lives; never saved
+    weights: dict[tuple[int, object], tuple[dict[str, float], list[float]]] = field(
+        default_factory=dict, repr=False, compare=False)
+    # the open residue per sensor (residue_cycles) for the rainflow state it was counted from; never saved
+    residues: dict[str, tuple[tuple[float | int | None, ...], dict[str, float]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     # -- updating ----------------------------------------------------------------------
 
@@ -409,24 +393,53 @@ class GpuWear:
         """Closed cycles plus the open residue (as half cycles), in 'range:peak' bins."""
         out = dict(self.cycles.get(sensor, {}))
         for k, v in self.residue_cycles(sensor).items():
-            _add(out, k, v)
+            _add(out, k, v)  # out is a copy: the cached residue is not changed
         return {k: v for k, v in out.items() if not k.startswith("0:")}
 
     def residue_cycles(self, sensor: str) -> dict[str, float]:
-        """The open residue of the rainflow counter as half cycles, in 'range:peak' bins (ranges of 0 left out)."""
-        out: dict[str, float] = {}
+        """The open residue of the rainflow counter as half cycles, in 'range:peak' bins (ranges of 0 left out).
+        Counted again only when the counter's state changed since (a swing within the gate changes nothing); the
+        same dict is returned meanwhile, so that its bins' factors are kept too (bin_weights)."""
         counter = self.rainflow.get(sensor)
-        if counter is not None:
-            for c in counter.residue():
-                _add(out, cycle_key(c), c[2])
-        return {k: v for k, v in out.items() if not k.startswith("0:")}
+        if counter is None:
+            return {}
+        state = (counter.gate, counter.extreme, counter.direction, *counter.stack)
+        cached = self.residues.get(sensor)
+        if cached is not None and cached[0] == state:
+            return cached[1]
+        out: dict[str, float] = {}
+        for c in counter.residue():
+            _add(out, cycle_key(c), c[2])
+        residue = {k: v for k, v in out.items() if not k.startswith("0:")}
+        self.residues[sensor] = (state, residue)
+        return residue
+
+    def bin_weights(self, hist: dict[str, float], key: object, weight: Callable[[str], float]) -> list[float]:
+        """``weight(bin)`` of each bin of one of this history's histograms, in its order, computed once per bin: they
+        only grow (:func:`_add` appends a new bin at the end, nothing removes one), so a bin keeps its place and only
+        new bins are weighed. ``key`` names the weight (the function and its parameters). A scrape's sums are then
+        one pass in C (``sum(map(operator.mul, hist.values(), weights))``), equal to a sum over the bins in order."""
+        cached = self.weights.get((id(hist), key))
+        if cached is None or cached[0] is not hist or len(cached[1]) > len(hist):
+            if len(self.weights) >= 256:
+                self.weights.clear()
+            cached = self.weights[(id(hist), key)] = (hist, [])
+        weights = cached[1]
+        if len(weights) < len(hist):
+            weights.extend(weight(k) for k in itertools.islice(hist, len(weights), None))
+        return weights
 
     def busy_seconds(self, threshold_ratio: float) -> float:
         """Seconds with GPU utilization at or above ``threshold_ratio``."""
-        return sum(s for pct, s in self.utilization_seconds.items() if int(pct) >= threshold_ratio * 100)
+        hist = self.utilization_seconds
+        mask = self.bin_weights(hist, ("busy", threshold_ratio),
+                                lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0)
+        return float(sum(map(operator.mul, hist.values(), mask)))
 
     def seconds_at_or_above(self, sensor: str, celsius: float) -> float:
-        return sum(s for t, s in self.temperature_seconds.get(sensor, {}).items() if int(t) >= celsius)
+        hist = self.temperature_seconds.get(sensor, {})
+        mask = self.bin_weights(hist, ("above", celsius), lambda t: 1.0 if int(t) >= celsius else 0.0)
+        return float(sum(map(operator.mul, hist.values(), mask)))
 
     def coverage(self) -> float | None:
         """Observed share of the wall time since the GPU was first seen (None before 1 s)."""

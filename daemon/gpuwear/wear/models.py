@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.wear.accumulate import FanWear, GpuWear, bin_weights
+from gpuwear.wear.accumulate import FanWear, GpuWear
 
 BOLTZMANN_EV_PER_K = 8.617333262e-5
 KELVIN = 273.15
@@ -47,15 +47,17 @@ def arrhenius_factor(celsius: float, reference_celsius: float, ea_ev: float) -> 
 
 
 def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius: float, ea_ev: float,
-                        lasting: bool = False) -> float:
+                        owner: GpuWear | None = None) -> float:
     """Σ t·AF(T): hours at the reference temperature that age as much as the histogram
-    (bins of whole °C, each taken at its value). ``lasting``: the histogram is an accumulator's own, which lives on
-    and grows; its bins' factors are then kept (:func:`bin_weights`) and the sum is one pass in C."""
-    if lasting:
-        factors = bin_weights(seconds_by_celsius, (arrhenius_factor, reference_celsius, ea_ev),
-                              lambda t: arrhenius_factor(int(t), reference_celsius, ea_ev))
+    (bins of whole °C, each taken at its value). ``owner``: the history the histogram belongs to, which keeps its
+    bins' factors from one call to the next (GpuWear.bin_weights)."""
+    def factor(t: str) -> float:
+        return arrhenius_factor(int(t), reference_celsius, ea_ev)
+
+    if owner is not None:
+        factors = owner.bin_weights(seconds_by_celsius, (arrhenius_factor, reference_celsius, ea_ev), factor)
     else:
-        factors = [arrhenius_factor(int(t), reference_celsius, ea_ev) for t in seconds_by_celsius]
+        factors = [factor(t) for t in seconds_by_celsius]
     return float(sum(map(operator.mul, seconds_by_celsius.values(), factors))) / 3600.0
 
 
@@ -68,16 +70,16 @@ def cycle_factor(range_celsius: float, peak_celsius: float, reference_range: flo
 
 
 def equivalent_cycles(cycles: dict[str, float], reference_range: float, reference_peak: float, exponent: float,
-                      peak_term_kelvin: float, lasting: bool = False) -> float:
+                      peak_term_kelvin: float, owner: GpuWear | None = None) -> float:
     """Miner's sum of cycles ('range:peak' bins -> counts) in reference cycles (a range of 0 counts nothing).
-    ``lasting``: as for :func:`thermal_aging_hours`."""
+    ``owner``: as for :func:`thermal_aging_hours`."""
     def factor(key: str) -> float:
         rng, peak = (int(v) for v in key.split(":"))
         return cycle_factor(rng, peak, reference_range, reference_peak, exponent, peak_term_kelvin) if rng > 0 else 0.0
 
-    if lasting:
-        factors = bin_weights(cycles, (cycle_factor, reference_range, reference_peak, exponent, peak_term_kelvin),
-                              factor)
+    if owner is not None:
+        factors = owner.bin_weights(cycles, (cycle_factor, reference_range, reference_peak, exponent,
+                                             peak_term_kelvin), factor)
     else:
         factors = [factor(key) for key in cycles]
     return float(sum(map(operator.mul, cycles.values(), factors)))
@@ -86,21 +88,20 @@ def equivalent_cycles(cycles: dict[str, float], reference_range: float, referenc
 BANDS = ("low", "central", "high")
 
 
-def aging_bands(hist: dict[str, float], p: WearConfig, lasting: bool = False,
+def aging_bands(hist: dict[str, float], p: WearConfig, owner: GpuWear | None = None,
                 bands: tuple[str, ...] = BANDS) -> dict[str, float]:
     """Thermal aging of a histogram in equivalent hours, per band (low / central / high activation energy)."""
     a = p.arrhenius
-    return {b: thermal_aging_hours(hist, a.reference_celsius, ea, lasting)
+    return {b: thermal_aging_hours(hist, a.reference_celsius, ea, owner)
             for b, ea in a.activation_energy_ev.items() if b in bands}
 
 
-def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, lasting: bool = False,
-                  bands: tuple[str, ...] = BANDS) -> dict[str, float]:
+def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, bands: tuple[str, ...] = BANDS) -> dict[str, float]:
     """Thermal-cycle fatigue of a sensor's closed cycles and open residue, in reference cycles, per band."""
     c = p.cycles
     closed, residue = w.cycles.get(sensor, {}), w.residue_cycles(sensor)
-    return {b: equivalent_cycles(closed, c.reference_range_celsius, c.reference_peak_celsius, m, q, lasting)
-            + equivalent_cycles(residue, c.reference_range_celsius, c.reference_peak_celsius, m, q)
+    return {b: equivalent_cycles(closed, c.reference_range_celsius, c.reference_peak_celsius, m, q, w)
+            + equivalent_cycles(residue, c.reference_range_celsius, c.reference_peak_celsius, m, q, w)
             for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True) if b in bands}
 
 
@@ -179,7 +180,7 @@ def profile_rates(p: WearConfig) -> tuple[tuple[float, float], ...]:
 def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     """All estimates of one GPU, each a band with its model and parameters."""
     a, c = p.arrhenius, p.cycles
-    aging_out: dict[str, Any] = {**aging_bands(w.temperature_seconds.get("gpu", {}), p),
+    aging_out: dict[str, Any] = {**aging_bands(w.temperature_seconds.get("gpu", {}), p, w),
                                  "reference_celsius": a.reference_celsius, "model": "arrhenius",
                                  "parameters": {"activation_energy_ev": dict(a.activation_energy_ev.items())}}
     fatigue_out: dict[str, Any] = {**fatigue_bands(w, "gpu", p),
@@ -192,7 +193,7 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     aging_out["range"] = band_range({b: aging_out[b] for b in ("low", "central", "high")}, aging_labels(p))
     fatigue_out["range"] = band_range({b: fatigue_out[b] for b in ("low", "central", "high")}, cycle_labels(p))
     if "memory" in w.temperature_seconds:
-        aging_out["memory"] = aging_bands(w.temperature_seconds["memory"], p)
+        aging_out["memory"] = aging_bands(w.temperature_seconds["memory"], p, w)
         fatigue_out["memory"] = fatigue_bands(w, "memory", p)
     days = w.observed_seconds / 86400.0 if w.observed_seconds >= MIN_COMPARISON_SECONDS else 0.0
     profiles = []
@@ -242,8 +243,9 @@ def resistance_trend(w: GpuWear) -> dict[str, Any] | None:
     return out
 
 
-def verdict(w: GpuWear, p: WearConfig) -> dict[str, Any]:
-    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first.
+def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the
+    card's resistance_trend, when the caller has it already.
 
     Reason codes are a fixed set (they label a metric); the text explains each in plain words.
     """
@@ -308,7 +310,8 @@ def verdict(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     if busy > 0 and thermal / busy >= p.health.thermal_throttle_watch_ratio:
         reason("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time: "
                "the card protects itself by slowing down; check cooling and airflow")
-    trend = resistance_trend(w)
+    if trend is None:
+        trend = resistance_trend(w)
     if trend and trend["rise_ratio"] is not None and trend["rise_ratio"] >= p.health.resistance_rise_watch_ratio:
         reason("watch", "cooling_degrading", f"the die runs {100 * trend['rise_ratio']:.0f} % hotter per watt than "
                "when first measured: dust or dried thermal paste?")

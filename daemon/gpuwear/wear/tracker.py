@@ -20,7 +20,7 @@ from gpuwear.jobs.resolve import Job
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
-from gpuwear.wear.accumulate import GpuWear, bin_weights
+from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import (
     BANDS,
     aging_bands,
@@ -78,11 +78,10 @@ class WearView:
     jobs: tuple[Job, ...]  # running on the GPU now
 
 
-def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), lasting: bool = False, detail: bool = True) -> WearView:
-    """Build the exported view of one GPU's accumulators. ``lasting``: ``w`` is a live accumulator (not a merge
-    made for this view), whose per-bin factors are kept from view to view (models.thermal_aging_hours).
-    ``detail`` off (metrics.detail): only what the default metrics show, without the time above each temperature,
-    the low and high bands and the memory's cycle fatigue."""
+def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True) -> WearView:
+    """Build the exported view of one GPU's accumulators (their per-bin factors are kept with them from view to
+    view: GpuWear.bin_weights). ``detail`` off (metrics.detail): only what the default metrics show, without the
+    time above each temperature, the low and high bands and the memory's cycles and cycle fatigue."""
     above: dict[tuple[str, str], float] = {}
     for sensor, hist in w.temperature_seconds.items() if detail else ():  # one pass per sensor, hottest bin first
         hottest_first = sorted(((int(t), s) for t, s in hist.items()), reverse=True)
@@ -96,8 +95,10 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), lasting: bool = 
                   for sensor, name in THRESHOLDS if name in w.thresholds and sensor in w.temperature_seconds}
     cycles: dict[tuple[str, str], float] = {}
     for sensor, bins in w.cycles.items():
+        if not detail and sensor != "gpu":
+            continue
         sums = [0.0] * len(CYCLE_RANGES)
-        ranges = bin_weights(bins, _cycle_range, _cycle_range) if lasting else [_cycle_range(k) for k in bins]
+        ranges = w.bin_weights(bins, _cycle_range, _cycle_range)
         for n, i in zip(bins.values(), ranges, strict=True):
             if i >= 0:
                 sums[int(i)] += n
@@ -105,13 +106,12 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), lasting: bool = 
             cycles[(sensor, cycle_range_label(lo, hi))] = total
     bands = BANDS if detail else ("central",)
     est: dict[str, dict[str, Any]] = {
-        "thermal_aging_equivalent_hours": aging_bands(w.temperature_seconds.get("gpu", {}), p, lasting, bands),
-        "cycle_fatigue_equivalent_cycles": fatigue_bands(w, "gpu", p, lasting, bands)}
+        "thermal_aging_equivalent_hours": aging_bands(w.temperature_seconds.get("gpu", {}), p, w, bands),
+        "cycle_fatigue_equivalent_cycles": fatigue_bands(w, "gpu", p, bands)}
     if "memory" in w.temperature_seconds:
-        est["thermal_aging_equivalent_hours"]["memory"] = aging_bands(w.temperature_seconds["memory"], p, lasting,
-                                                                      bands)
+        est["thermal_aging_equivalent_hours"]["memory"] = aging_bands(w.temperature_seconds["memory"], p, w, bands)
         if detail:
-            est["cycle_fatigue_equivalent_cycles"]["memory"] = fatigue_bands(w, "memory", p, lasting)
+            est["cycle_fatigue_equivalent_cycles"]["memory"] = fatigue_bands(w, "memory", p)
     trend = resistance_trend(w)
     return WearView(
         observed_seconds=w.observed_seconds, busy_seconds=w.busy_seconds(p.busy_utilization_ratio),
@@ -120,12 +120,12 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), lasting: bool = 
         throttle_seconds=MappingProxyType(dict(w.throttle_seconds)), above_celsius=MappingProxyType(above),
         above_threshold=MappingProxyType(thresholds), cycles=MappingProxyType(cycles),
         fans=tuple((f.on_seconds, round(fan_revolutions(f, p), 1)) for f in w.fans),
-        estimates=MappingProxyType(est), verdict=MappingProxyType(verdict(w, p)),
+        estimates=MappingProxyType(est), verdict=MappingProxyType(verdict(w, p, trend)),
         thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
         attributed=MappingProxyType({
             kind: (k["seconds"], k["energy_joules"],
                    3600 * thermal_aging_hours(k["temperature_seconds"], p.arrhenius.reference_celsius,
-                                              p.arrhenius.activation_energy_ev.central, lasting))
+                                              p.arrhenius.activation_energy_ev.central, w))
             for kind, k in sorted(w.kinds.items())}),
         jobs=jobs,
     )
@@ -176,8 +176,8 @@ class WearTracker:
                 views = self._views
                 if views is None:
                     views = self._views = MappingProxyType({
-                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid), uuid not in self._imported,
-                                   self._detail) for uuid in self._present})
+                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid), self._detail)
+                        for uuid in self._present})
         return views
 
     def _jobs_shown(self, uuid: str) -> tuple[Job, ...]:
