@@ -184,10 +184,13 @@ def test_systemd_notify_readiness_watchdog_reload_and_stop(tmp_path: Path) -> No
         assert status == 200 and "gpuwear_temperature_celsius" in body
         until("WATCHDOG=1")
         until("WATCHDOG=1")  # fed again by the sampling loop
-        config.write_text("sampling:\n  interval_seconds: 0.5\nwear:\n  busy_utilization_ratio: 0.5\n")
+        assert "gpuwear_clock_max_hertz" not in body  # metrics.detail is off by default
+        config.write_text("sampling:\n  interval_seconds: 0.5\nwear:\n  busy_utilization_ratio: 0.5\n"
+                          "metrics:\n  detail: true\n")
         proc.send_signal(signal.SIGHUP)
         until("RELOADING=1")
         until("READY=1")
+        assert "gpuwear_clock_max_hertz" in fetch(f"http://127.0.0.1:{port}/metrics")[1]
         config.write_text("sampling:\n  interval_seconds: -3\n")
         proc.send_signal(signal.SIGHUP)
         until("RELOADING=1")
@@ -201,6 +204,7 @@ def test_systemd_notify_readiness_watchdog_reload_and_stop(tmp_path: Path) -> No
     assert proc.stderr is not None
     log = proc.stderr.read()
     assert "SIGHUP: reloaded" in log and "(sampling every 0.5s)" in log
+    assert "changed; it takes effect at the next restart" not in log  # --listen is the command line's, kept
     assert "refused, keeping the running config: sampling.interval_seconds" in log
 
 

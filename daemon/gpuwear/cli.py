@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
@@ -132,14 +133,16 @@ def _run(args: argparse.Namespace) -> int:
     from gpuwear.service import Daemon, limit_malloc_arenas, open_source
 
     config = load_config(args.config)
+    overrides: dict[str, Any] = {}  # what the command line sets over the file, at every reload too
     if args.listen is not None:
         try:
             parse_listen(args.listen)
         except ValueError as exc:
             return _fail(f"--listen: {exc}", EXIT_USAGE)
-        config = replace(config, listen=args.listen)
+        overrides["listen"] = args.listen
     if args.state_dir is not None:
-        config = replace(config, state_dir=args.state_dir)
+        overrides["state_dir"] = args.state_dir
+    config = replace(config, **overrides)
     if args.speed is not None and not 0.001 <= args.speed <= 100000:
         return _fail(f"--speed: must be between 0.001 and 100000, got {args.speed:g}", EXIT_USAGE)
     if args.speed is not None and args.simulate is None and not args.simulate_if_no_gpu:
@@ -157,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         return _fail(str(exc), EXIT_USAGE)
     try:
-        daemon = Daemon(config, source, config_path=args.config)
+        daemon = Daemon(config, source, config_path=args.config, overrides=overrides)
     except WebConfigError as exc:
         source.sampler.backend.close()
         return _fail(f"web_config_file: {exc}", EXIT_USAGE)

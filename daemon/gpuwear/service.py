@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -175,8 +175,10 @@ class Daemon:
     """
 
     def __init__(self, config: Config, source: Source, registry: CollectorRegistry | None = None,
-                 config_path: str | None = None, limits: Limits | None = None) -> None:
+                 config_path: str | None = None, limits: Limits | None = None,
+                 overrides: dict[str, Any] | None = None) -> None:
         self.config = config
+        self.overrides = overrides or {}  # config keys the command line sets (--listen, --state-dir): kept at reloads
         self.limits = limits or Limits()  # what one HTTP client may take
         self.config_path = config_path  # re-read on SIGHUP
         self.source = source
@@ -506,7 +508,7 @@ class Daemon:
 
     def _reload_config(self, config_path: str) -> bool:
         try:
-            new = load_config(config_path)
+            new = replace(load_config(config_path), **self.overrides)
         except ConfigError as exc:
             log.error("SIGHUP: %s refused, keeping the running config: %s", config_path, exc)
             return False
