@@ -47,13 +47,14 @@ LAUNCH = str(HERE / "launch.py")
 BARE = str(HERE / "bare_nvml.py")
 TOOLS = ("gpuwear", "nvitop-exporter", "bare")
 MiB = 2**20
+DEFAULT_PARTS = "cpu,tick,scrape,week,memgrowth,persist,import,rss"
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                      "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "full": {
         "gpus": (1, 8, 64), "warmup": 5, "window": 20, "rate": 1000,
-        "scrape": (4, 200), "scrape_64": (4, 25), "scrape_seq": 50, "scrape_rerender": {8: 200, 64: 40},
+        "scrape": (4, 200), "scrape_64": (4, 25), "scrape_seq": 50, "scrape_rerender": {8: 200, 64: 100},
         "week_gpus": 8, "week_speed": 20000, "week_warmup": 5, "week_window": 31,
         "import_rows": 500_000, "profile_rows": 100_000,
         "persist": {1: 1800, 8: 1800, 64: 360},
@@ -834,9 +835,13 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
 
     head = ("| metric | gpuwear | nvitop-exporter | bare | ratio | target | met? |\n"
             "|---|---|---|---|---|---|---|\n")
+    rows = [r for r in rows if r[1] != "not run"]  # parts left out with --only
     table = head + "\n".join("| " + " | ".join(r) + " |" for r in rows)
     out = [f"# gpuwear benchmark{' (quick)' if args.quick else ''}", "",
-           f"Command: `python bench/run.py{' --quick' if args.quick else ''}` · run "
+           f"Command: `python bench/run.py{' --quick' if args.quick else ''}"
+           f"{'' if args.only == DEFAULT_PARTS else f' --only {args.only}'}"
+           f"{'' if Path(args.out) == HERE / 'results.md' else ' --out ' + os.path.relpath(args.out, HERE.parent)}"
+           "` · run "
            f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} · took {elapsed / 60:.1f} min", "",
            f"Machine: {info['cpu']}; {info['python']}; {info['os']}; load average at start {load[0]}, at end "
            f"{load[1]} (other work on the machine inflates wall-clock figures, not CPU seconds)", "",
@@ -1000,7 +1005,7 @@ def details(s: dict[str, Any], windows: dict[tuple[str, int], Window], week: dic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 GPUs only, short windows (about 2 minutes)")
-    parser.add_argument("--only", default="cpu,tick,scrape,week,memgrowth,persist,import,rss",
+    parser.add_argument("--only", default=DEFAULT_PARTS,
                         help="comma-separated parts to run (cpu, tick, scrape, week, memgrowth, persist, import, rss); "
                              "--quick leaves memgrowth out")
     parser.add_argument("--out", default=str(HERE / "results.md"), help="where to write the table")

@@ -1,0 +1,94 @@
+"""A fleet, simulated end to end, CI-sized: bench/fleet.py's own code path with 5 nodes x 2 GPUs, a Prometheus
+scraping them every second with the shipped rules, a second one receiving its remote_write, and the lifetime figures
+of the ledgers against both (bench/fleet.py runs the full-sized fleet: 50 x 8).
+
+Needs Debian's ``prometheus`` package; ./test.sh installs it. 25 to 45 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import require
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import fleet  # noqa: E402
+
+NODES, GPUS = 5, 2  # kinds in turn: idle, training, stress, mixed, idle (two idle nodes, to compare)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> fleet.Results:
+    require("prometheus")
+    opts = fleet.Options(nodes=NODES, gpus=GPUS, duration=6.0, speed=10.0, scrape_interval=1.0, warmup_scrapes=3,
+                         query_repeats=2, work=tmp_path_factory.mktemp("fleet"))
+    return fleet.run(opts)
+
+
+@pytest.mark.e2e
+def test_every_node_is_up_and_exposes_a_bounded_number_of_series(results: fleet.Results) -> None:
+    addresses = {n.address for n in results.nodes}
+    assert len(addresses) == NODES
+    assert results.up == dict.fromkeys(addresses, 1.0), results.up
+    assert set(results.series_exposed) == addresses
+    # the count itself is being reduced: only that it is there, per GPU in a sane range, and the same on nodes
+    # running the same scenario
+    for address, count in results.series_exposed.items():
+        assert 10 * GPUS <= count <= 500 * GPUS, f"{address}: {count} series"
+    by_kind = fleet.series_by_kind(results)
+    assert len(by_kind["idle"]) == 2
+    for kind, counts in by_kind.items():
+        assert len(set(counts)) == 1, f"{kind} nodes (same scenario) expose different series counts: {counts}"
+    per_node = fleet.per_node(results)
+    assert per_node["head_series"] > 0 and per_node["appended_per_second"] > 0
+
+
+@pytest.mark.e2e
+def test_the_receiver_holds_what_the_scraper_holds(results: fleet.Results) -> None:
+    assert results.names_p1, "p1 holds no metric names"
+    assert results.names_p2 == results.names_p1
+    assert "gpuwear_lifetime_observed_seconds_total" in results.names_p2
+    assert "DCGM_FI_DEV_GPU_TEMP" in results.names_p2, "the recording rules' series were not remote-written"
+    p1 = results.servers["p1"]
+    assert p1.get("prometheus_remote_storage_samples_failed_total", 0) == 0
+    assert p1.get("prometheus_remote_storage_samples_dropped_total", 0) == 0
+    assert p1.get("prometheus_rule_evaluation_failures_total", 0) == 0
+    assert results.servers["p2"]["appended_per_second"] > 0
+
+
+@pytest.mark.e2e
+def test_every_fleet_dashboard_query_answers_on_both_servers(results: fleet.Results) -> None:
+    expected = fleet.dashboard_queries()
+    assert len(results.queries) == 2 * len(expected)
+    problems = [f"{q['server']} {q['panel']} {q['ref']} ({q['mode']}): errors {q['errors']}, {q['series']} series"
+                for q in results.queries
+                if q["error_count"] or (not q["series"] and not q["may_be_empty"])]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.e2e
+def test_lifetime_figures_add_up_across_nodes(results: fleet.Results) -> None:
+    assert not results.freeze["moved_after_last_scrape"], "sampling went on after the freeze"
+    assert set(results.freeze["exit_codes"].values()) == {0}, results.freeze["exit_codes"]
+    rows = {x["metric"]: x for x in results.lifetime}
+    failed = [x for x in results.lifetime if not x["ok"]]
+    assert not failed, "\n".join(f"{x['figure']}: ledgers {x['ledgers']}, p1 {x['p1']}, p2 {x['p2']}, tolerance "
+                                 f"{x['tolerance']}" for x in failed)
+    for figure in fleet.LIFETIME:
+        if figure.required:
+            row = rows[figure.selector]
+            assert row["verdict"] == "PASS" and row["nodes_in_p1"] == row["nodes_in_p2"] == NODES, row
+    observed = rows["gpuwear_lifetime_observed_seconds_total"]
+    assert observed["ledgers"] > NODES * GPUS * 10, observed  # every GPU observed for a while (simulated s)
+
+
+@pytest.mark.e2e
+def test_the_report_says_it_all(results: fleet.Results) -> None:
+    text = fleet.report(results)
+    assert fleet.command_line(results.options) in text
+    assert "## Findings" in text and "none: every check above passed" in text, text[-3000:]
