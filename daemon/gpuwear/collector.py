@@ -93,9 +93,10 @@ class _Family:
     keys: tuple[str, ...]  # 'name="' per label, in definition order (the GPU labels first)
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
     prefixes: dict[tuple[str, ...], str] = field(default_factory=dict, compare=False)  # (labels) -> 'name{...} '
-    # (base label values) -> (the source's series, their lines) at the last render: a GPU whose series did not change
-    # since (identity, limits, counts, most of a slow-changing state) gets its lines again as they were
-    chunks: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], float]], str]] = field(
+    # (base label values) -> (the source's series, their lines, what a slow family's series come from) at the last
+    # render: a GPU whose series did not change since (identity, limits, counts, most of a slow-changing state) gets
+    # its lines again as they were; a slow family's, without asking its series while that is the same
+    chunks: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], float]], str, tuple[object, ...] | None]] = field(
         default_factory=dict, compare=False)
 
     @classmethod
@@ -116,17 +117,25 @@ class _Family:
         """The sample lines of every source (with its escaped base label values). A source whose series are those of
         the last render gets the same lines; else a line's ``name{labels} `` is the same at every scrape for the same
         GPU and labels: made once, then looked up (both bounded: cleared when full)."""
-        chunks, values = self.chunks, self.metric.values
+        chunks, values, slow = self.chunks, self.metric.values, self.metric.slow
         for source, base in sources:
-            series = values(source)
             last = chunks.get(base)
+            # a slow family reads a GPU's identity and slow read only: the same objects, the same series
+            stamp = (source.identity, source.slow_values, source.sample is None) if slow else None
+            if stamp is not None and last is not None and last[2] is not None and last[2][0] is stamp[0] \
+                    and last[2][1] is stamp[1] and last[2][2] == stamp[2]:
+                out.append(last[1])
+                continue
+            series = values(source)
             if last is not None and last[0] == series:
+                if stamp is not None:
+                    chunks[base] = (series, last[1], stamp)
                 out.append(last[1])
                 continue
             lines = self._lines(series, base)
             if len(chunks) >= _PREFIXES:
                 chunks.clear()
-            chunks[base] = (series, lines)
+            chunks[base] = (series, lines, stamp)
             out.append(lines)
 
     def _lines(self, series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> str:

@@ -30,7 +30,9 @@ class MetricDef(Generic[T]):
     """One metric family. ``kind``: gauge, counter or info (a gauge of value 1). ``values``
     reads the series from a source: the daemon's published state, a GPU's status, or a
     GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first. ``detail``:
-    exported only with ``metrics.detail``; ``basic``: without it, only these label values."""
+    exported only with ``metrics.detail``; ``basic``: without it, only these label values.
+    ``slow``: the series change only with the GPU's identity or its slow read (the encoder
+    writes the same lines again until either does)."""
 
     name: str
     kind: str
@@ -40,6 +42,7 @@ class MetricDef(Generic[T]):
     values: Callable[[T], Series]
     detail: bool = False
     basic: frozenset[tuple[str, ...]] | None = None
+    slow: bool = False  # per GPU, from its identity and its slow read only (GpuStatus.slow_values)
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
         """This family as exported with or without ``metrics.detail`` (None: not exported)."""
@@ -155,13 +158,13 @@ def _counts(attr: str) -> Callable[[GpuStatus], Series]:
 GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_gpu_info", "info", "", "GPU identity (nvmlDeviceGetName, GetSerial, GetPciInfo, "
        "GetArchitecture, GetCudaComputeCapability); value 1.",
-       ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info),
+       ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info, slow=True),
     MetricDef("gpuwear_gpu_up", "gauge", "", "1 when the GPU answered the last read, 0 once it is lost "
        "(NVML_ERROR_GPU_IS_LOST).", (), _value(lambda s: 1.0 if s.up else 0.0)),
     MetricDef("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
-       "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes)),
+       "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes), slow=True),
     MetricDef("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
-       _value(lambda s: s.identity.fan_count), detail=True),
+       _value(lambda s: s.identity.fan_count), detail=True, slow=True),
     MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
        _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
@@ -169,13 +172,14 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
                   ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius"))),
-       basic=_only("slowdown", "gpu_max", "memory_max")),
+       basic=_only("slowdown", "gpu_max", "memory_max"), slow=True),
     MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
        _sample_field("power_watts")),
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
-       "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts")),
+       "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts"), slow=True),
     MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
-       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts"), detail=True),
+       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts"), detail=True,
+       slow=True),
     MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets (by default, "
        "gpuwear_lifetime_energy_joules_total counts the same energy).", (),
@@ -190,7 +194,7 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        basic=_only("sm", "memory")),
     MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
-                             ("memory", "clock_memory_max_hz"))), detail=True),
+                             ("memory", "clock_memory_max_hz"))), detail=True, slow=True),
     MetricDef("gpuwear_performance_state", "gauge", "", "Performance state, 0 (P0, maximum) to 15 "
        "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state"), detail=True),
     MetricDef("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
@@ -205,9 +209,9 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
        "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes")),
     MetricDef("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
-       _sample_field("mig_enabled"), detail=True),
+       _sample_field("mig_enabled"), detail=True, slow=True),
     MetricDef("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
-       _sample_field("ecc_enabled"), detail=True),
+       _sample_field("ecc_enabled"), detail=True, slow=True),
     MetricDef("gpuwear_ecc_errors_total", "counter", "", "ECC errors (fields NVML_FI_DEV_ECC_{SBE,DBE}_"
        "{VOL,AGG}_TOTAL); volatile counts reset on driver reload, aggregate ones persist.",
        ("error", "counter"),
@@ -217,25 +221,27 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
            ("corrected", "aggregate", s.sample.ecc_corrected_aggregate if s.sample else None),
            ("uncorrected", "aggregate", s.sample.ecc_uncorrected_aggregate if s.sample else None))
            if v is not None],
-       basic=frozenset({("uncorrected", "volatile"), ("corrected", "aggregate"), ("uncorrected", "aggregate")})),
+       basic=frozenset({("uncorrected", "volatile"), ("corrected", "aggregate"), ("uncorrected", "aggregate")}),
+       slow=True),
     MetricDef("gpuwear_retired_pages", "gauge", "", "Retired framebuffer pages by cause "
        "(nvmlDeviceGetRetiredPages; pre-Ampere).", ("cause",),
        _labelled((("single_bit_ecc", "retired_pages_single_bit"),
-                  ("double_bit_ecc", "retired_pages_double_bit")))),
+                  ("double_bit_ecc", "retired_pages_double_bit"))), slow=True),
     MetricDef("gpuwear_retired_pages_pending", "gauge", "", "1 when a page retirement waits for the next "
-       "driver reload (nvmlDeviceGetRetiredPagesPendingStatus).", (), _sample_field("retired_pages_pending")),
+       "driver reload (nvmlDeviceGetRetiredPagesPendingStatus).", (), _sample_field("retired_pages_pending"),
+       slow=True),
     MetricDef("gpuwear_remapped_rows", "gauge", "", "Remapped memory rows by error type "
        "(nvmlDeviceGetRemappedRows; Ampere+).", ("error",),
-       _labelled((("corrected", "remapped_rows_corrected"), ("uncorrected", "remapped_rows_uncorrected")))),
+       _labelled((("corrected", "remapped_rows_corrected"), ("uncorrected", "remapped_rows_uncorrected"))), slow=True),
     MetricDef("gpuwear_remapped_rows_pending", "gauge", "", "1 when a row remap waits for a GPU reset "
-       "(nvmlDeviceGetRemappedRows isPending).", (), _sample_field("remapped_rows_pending")),
+       "(nvmlDeviceGetRemappedRows isPending).", (), _sample_field("remapped_rows_pending"), slow=True),
     MetricDef("gpuwear_remapped_rows_failure", "gauge", "", "1 when a row remap failed: the GPU needs "
-       "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure")),
+       "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure"), slow=True),
     MetricDef("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
-       "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays")),
+       "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays"), slow=True),
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
-       (), _sample_field("recovery_action")),
+       (), _sample_field("recovery_action"), slow=True),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "

@@ -121,6 +121,9 @@ class GpuStatus:
     unavailable: Mapping[str, str]  # readings the GPU cannot give now -> why (backends.nvml.REASONS)
     readings: int  # readings (not None) the last read gave; 0: the GPU yields nothing
     last_xid: int | None = None  # the code of the last XID event since start
+    # the values of the slow read the sample's slow fields come from (thresholds, limits, ECC...): the same object
+    # until the next slow read, every sampling.slow_interval_seconds
+    slow_values: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ class _Gpu:
             last_duration_seconds=self.last_duration, errors=MappingProxyType(dict(self.errors)),
             dropped=MappingProxyType(dict(self.dropped)), xids=MappingProxyType(dict(self.xids)),
             energy_joules_total=self.energy_total, unavailable=MappingProxyType(dict(self.unavailable)),
-            readings=max(self.readings, 0), last_xid=self.last_xid,
+            readings=max(self.readings, 0), last_xid=self.last_xid, slow_values=self.slow_values,
         )
 
 
