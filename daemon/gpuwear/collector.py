@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -117,13 +118,12 @@ class _Family:
         """The sample lines of every source (with its escaped base label values). A source whose series are those of
         the last render gets the same lines; else a line's ``name{labels} `` is the same at every scrape for the same
         GPU and labels: made once, then looked up (both bounded: cleared when full)."""
-        chunks, values, slow = self.chunks, self.metric.values, self.metric.slow
+        chunks, values, inputs = self.chunks, self.metric.values, self.metric.inputs
         for source, base in sources:
             last = chunks.get(base)
-            # a slow family reads a GPU's identity and slow read only: the same objects, the same series
-            stamp = (source.identity, source.slow_values, source.sample is None) if slow else None
-            if stamp is not None and last is not None and last[2] is not None and last[2][0] is stamp[0] \
-                    and last[2][1] is stamp[1] and last[2][2] == stamp[2]:
+            stamp = inputs(source) if inputs is not None else None  # the same objects: the same series
+            if stamp is not None and last is not None and last[2] is not None \
+                    and all(map(operator.is_, last[2], stamp)):
                 out.append(last[1])
                 continue
             series = values(source)

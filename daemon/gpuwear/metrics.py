@@ -3,9 +3,9 @@ values come from. Per-GPU metrics carry the labels ``gpu`` (index) and ``uuid`` 
 then their own. A value that is ``None`` (unsupported, failed, dropped) yields no series.
 
 The default set is what a fleet needs (the dashboards, the alert rules, the DCGM names):
-about 45 series per GPU. ``metrics.detail: true`` adds the families and label values marked
+49 series per GPU on average (bench/scrape_bench.py). ``metrics.detail: true`` adds the families and label values marked
 ``detail`` here (every temperature step, every clock-event reason, parameter bands, static
-limits): about 110 per GPU. README "Metrics" lists what each family costs.
+limits): 108 per GPU. README "Metrics" lists what each family costs.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class MetricDef(Generic[T]):
     reads the series from a source: the daemon's published state, a GPU's status, or a
     GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first. ``detail``:
     exported only with ``metrics.detail``; ``basic``: without it, only these label values.
-    ``slow``: the series change only with the GPU's identity or its slow read (the encoder
-    writes the same lines again until either does)."""
+    ``inputs``: the objects the series come from (the encoder writes the same lines again
+    while they are the same objects)."""
 
     name: str
     kind: str
@@ -42,7 +42,9 @@ class MetricDef(Generic[T]):
     values: Callable[[T], Series]
     detail: bool = False
     basic: frozenset[tuple[str, ...]] | None = None
-    slow: bool = False  # per GPU, from its identity and its slow read only (GpuStatus.slow_values)
+    # the objects the series are computed from: while each is the same object as at the last render, the encoder
+    # writes the same lines again without asking for the series
+    inputs: Callable[[T], tuple[object, ...]] | None = None
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
         """This family as exported with or without ``metrics.detail`` (None: not exported)."""
@@ -82,6 +84,17 @@ class Published:
     info: DaemonInfo
 
 
+
+
+def _slow(status: GpuStatus) -> tuple[object, ...]:
+    """What a family of identity and slow-read fields comes from: the GPU's identity, its last slow read (the sampler
+    keeps the object until the next, every sampling.slow_interval_seconds), whether it has a sample."""
+    return status.identity, status.slow_values, status.sample is None
+
+
+def _counted(attr: str) -> Callable[[GpuStatus], tuple[object, ...]]:
+    """A family of one of the status' counts (the sampler keeps the mapping object while its counts are the same)."""
+    return lambda status: (getattr(status, attr),)
 
 
 def _only(*values: str) -> frozenset[tuple[str, ...]]:
@@ -158,13 +171,13 @@ def _counts(attr: str) -> Callable[[GpuStatus], Series]:
 GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_gpu_info", "info", "", "GPU identity (nvmlDeviceGetName, GetSerial, GetPciInfo, "
        "GetArchitecture, GetCudaComputeCapability); value 1.",
-       ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info, slow=True),
+       ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info, inputs=_slow),
     MetricDef("gpuwear_gpu_up", "gauge", "", "1 when the GPU answered the last read, 0 once it is lost "
        "(NVML_ERROR_GPU_IS_LOST).", (), _value(lambda s: 1.0 if s.up else 0.0)),
     MetricDef("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
-       "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes), slow=True),
+       "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes), inputs=_slow),
     MetricDef("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
-       _value(lambda s: s.identity.fan_count), detail=True, slow=True),
+       _value(lambda s: s.identity.fan_count), detail=True, inputs=_slow),
     MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
        _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
@@ -172,14 +185,14 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
                   ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius"))),
-       basic=_only("slowdown", "gpu_max", "memory_max"), slow=True),
+       basic=_only("slowdown", "gpu_max", "memory_max"), inputs=_slow),
     MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
        _sample_field("power_watts")),
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
-       "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts"), slow=True),
+       "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts"), inputs=_slow),
     MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
        "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts"), detail=True,
-       slow=True),
+       inputs=_slow),
     MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets (by default, "
        "gpuwear_lifetime_energy_joules_total counts the same energy).", (),
@@ -194,7 +207,7 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        basic=_only("sm", "memory")),
     MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
-                             ("memory", "clock_memory_max_hz"))), detail=True, slow=True),
+                             ("memory", "clock_memory_max_hz"))), detail=True, inputs=_slow),
     MetricDef("gpuwear_performance_state", "gauge", "", "Performance state, 0 (P0, maximum) to 15 "
        "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state"), detail=True),
     MetricDef("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
@@ -209,9 +222,9 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
        "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes")),
     MetricDef("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
-       _sample_field("mig_enabled"), detail=True, slow=True),
+       _sample_field("mig_enabled"), detail=True, inputs=_slow),
     MetricDef("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
-       _sample_field("ecc_enabled"), detail=True, slow=True),
+       _sample_field("ecc_enabled"), detail=True, inputs=_slow),
     MetricDef("gpuwear_ecc_errors_total", "counter", "", "ECC errors (fields NVML_FI_DEV_ECC_{SBE,DBE}_"
        "{VOL,AGG}_TOTAL); volatile counts reset on driver reload, aggregate ones persist.",
        ("error", "counter"),
@@ -222,28 +235,30 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
            ("uncorrected", "aggregate", s.sample.ecc_uncorrected_aggregate if s.sample else None))
            if v is not None],
        basic=frozenset({("uncorrected", "volatile"), ("corrected", "aggregate"), ("uncorrected", "aggregate")}),
-       slow=True),
+       inputs=_slow),
     MetricDef("gpuwear_retired_pages", "gauge", "", "Retired framebuffer pages by cause "
        "(nvmlDeviceGetRetiredPages; pre-Ampere).", ("cause",),
        _labelled((("single_bit_ecc", "retired_pages_single_bit"),
-                  ("double_bit_ecc", "retired_pages_double_bit"))), slow=True),
+                  ("double_bit_ecc", "retired_pages_double_bit"))), inputs=_slow),
     MetricDef("gpuwear_retired_pages_pending", "gauge", "", "1 when a page retirement waits for the next "
        "driver reload (nvmlDeviceGetRetiredPagesPendingStatus).", (), _sample_field("retired_pages_pending"),
-       slow=True),
+       inputs=_slow),
     MetricDef("gpuwear_remapped_rows", "gauge", "", "Remapped memory rows by error type "
        "(nvmlDeviceGetRemappedRows; Ampere+).", ("error",),
-       _labelled((("corrected", "remapped_rows_corrected"), ("uncorrected", "remapped_rows_uncorrected"))), slow=True),
+       _labelled((("corrected", "remapped_rows_corrected"), ("uncorrected", "remapped_rows_uncorrected"))),
+       inputs=_slow),
     MetricDef("gpuwear_remapped_rows_pending", "gauge", "", "1 when a row remap waits for a GPU reset "
-       "(nvmlDeviceGetRemappedRows isPending).", (), _sample_field("remapped_rows_pending"), slow=True),
+       "(nvmlDeviceGetRemappedRows isPending).", (), _sample_field("remapped_rows_pending"), inputs=_slow),
     MetricDef("gpuwear_remapped_rows_failure", "gauge", "", "1 when a row remap failed: the GPU needs "
-       "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure"), slow=True),
+       "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure"),
+       inputs=_slow),
     MetricDef("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
-       "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays"), slow=True),
+       "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays"), inputs=_slow),
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
-       (), _sample_field("recovery_action"), slow=True),
+       (), _sample_field("recovery_action"), inputs=_slow),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
-       "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
+       "NVML event set, since the daemon started.", ("xid",), _counts("xids"), inputs=_counted("xids")),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
        _value(lambda s: s.last_xid)),
@@ -254,15 +269,15 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "not_supported, no_permission (an unprivileged daemon), function_not_found (an older driver), "
        "unknown_field (a field id the driver does not know), binding_error (nvidia-ml-py does not fit this "
        "driver), module_scope (a Grace superchip's module energy counter: power is integrated instead). Not a "
-       "sampling failure.", ("reason",), _unavailable),
+       "sampling failure.", ("reason",), _unavailable, inputs=_counted("unavailable")),
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
        "took.", (), _value(lambda s: s.last_duration_seconds)),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
        "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None), detail=True),
     MetricDef("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
-       _counts("errors")),
+       _counts("errors"), inputs=_counted("errors")),
     MetricDef("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
-       "range, by sample field.", ("field",), _counts("dropped")),
+       "range, by sample field.", ("field",), _counts("dropped"), inputs=_counted("dropped")),
 )
 
 

@@ -161,15 +161,24 @@ class _Gpu:
     energy_total: float | None = None
     unavailable: Mapping[str, str] = field(default_factory=dict)
     readings: int = -1  # -1 before the first read
+    published: dict[str, Mapping[Any, Any]] = field(default_factory=dict)  # the status' last read-only copies
 
     def status(self) -> GpuStatus:
         return GpuStatus(
             identity=self.identity, up=self.up, sample=self.sample, last_success=self.last_success,
-            last_duration_seconds=self.last_duration, errors=MappingProxyType(dict(self.errors)),
-            dropped=MappingProxyType(dict(self.dropped)), xids=MappingProxyType(dict(self.xids)),
-            energy_joules_total=self.energy_total, unavailable=MappingProxyType(dict(self.unavailable)),
+            last_duration_seconds=self.last_duration, errors=self._copy("errors", self.errors),
+            dropped=self._copy("dropped", self.dropped), xids=self._copy("xids", self.xids),
+            energy_joules_total=self.energy_total, unavailable=self._copy("unavailable", self.unavailable),
             readings=max(self.readings, 0), last_xid=self.last_xid, slow_values=self.slow_values,
         )
+
+    def _copy(self, name: str, now: Mapping[Any, Any]) -> Mapping[Any, Any]:
+        """A read-only copy of a count or map; the last one again while it holds the same (the encoder then writes
+        its lines again as they were: MetricDef.inputs)."""
+        last = self.published.get(name)
+        if last is None or last != now:
+            last = self.published[name] = MappingProxyType(dict(now))
+        return last
 
 
 class Sampler:
