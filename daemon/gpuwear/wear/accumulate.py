@@ -398,8 +398,8 @@ class GpuWear:
 
     def residue_cycles(self, sensor: str) -> dict[str, float]:
         """The open residue of the rainflow counter as half cycles, in 'range:peak' bins (ranges of 0 left out).
-        Counted again only when the counter's state changed since (a swing within the gate changes nothing); the
-        same dict is returned meanwhile, so that its bins' factors are kept too (bin_weights)."""
+        Counted again only when the counter's state changed since (a swing within the gate changes nothing). Not for
+        bin_weights: a new state is a new dict (a bin or two, weighed at each use)."""
         counter = self.rainflow.get(sensor)
         if counter is None:
             return {}

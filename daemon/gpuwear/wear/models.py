@@ -101,7 +101,7 @@ def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, bands: tuple[str, ...]
     c = p.cycles
     closed, residue = w.cycles.get(sensor, {}), w.residue_cycles(sensor)
     return {b: equivalent_cycles(closed, c.reference_range_celsius, c.reference_peak_celsius, m, q, w)
-            + equivalent_cycles(residue, c.reference_range_celsius, c.reference_peak_celsius, m, q, w)
+            + equivalent_cycles(residue, c.reference_range_celsius, c.reference_peak_celsius, m, q)
             for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True) if b in bands}
 
 
