@@ -94,9 +94,9 @@ class _Family:
     keys: tuple[str, ...]  # 'name="' per label, in definition order (the GPU labels first)
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
     prefixes: dict[tuple[str, ...], str] = field(default_factory=dict, compare=False)  # (labels) -> 'name{...} '
-    # (base label values) -> (the source's series, their lines, what a slow family's series come from) at the last
-    # render: a GPU whose series did not change since (identity, limits, counts, most of a slow-changing state) gets
-    # its lines again as they were; a slow family's, without asking its series while that is the same
+    # (base label values) -> (the source's series, their lines, the objects they came from: MetricDef.inputs) at the
+    # last render: a GPU whose series did not change since (identity, limits, counts, most of a slow-changing state)
+    # gets its lines again as they were; a family with inputs, without asking its series while those are the same
     chunks: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], float]], str, tuple[object, ...] | None]] = field(
         default_factory=dict, compare=False)
 
