@@ -39,6 +39,14 @@ def _add(d: dict[str, float], key: str, value: float) -> None:
     d[key] = d.get(key, 0.0) + value
 
 
+def weighted_sum(hist: dict[str, float], key: object, weight: Callable[[str], float],
+                 owner: GpuWear | None = None) -> float:
+    """Σ value x weight(bin) over a histogram's bins, in their order. ``owner``: the history the histogram belongs
+    to, which keeps each bin's weight from one call to the next (GpuWear.bin_weights); ``key`` names the weight
+    there (the function and its parameters)."""
+    weights = owner.bin_weights(hist, key, weight) if owner is not None else [weight(k) for k in hist]
+    return float(sum(map(operator.mul, hist.values(), weights)))
+
 
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
     """Sorted, overlapping (or within a second) intervals joined, as {"start": end} items (start to the ms)."""
@@ -418,7 +426,7 @@ class GpuWear:
         """``weight(bin)`` of each bin of one of this history's histograms, in its order, computed once per bin: they
         only grow (:func:`_add` appends a new bin at the end, nothing removes one), so a bin keeps its place and only
         new bins are weighed. ``key`` names the weight (the function and its parameters). A scrape's sums are then
-        one pass in C (``sum(map(operator.mul, hist.values(), weights))``), equal to a sum over the bins in order."""
+        one pass in C (:func:`weighted_sum`), equal to a sum over the bins in order."""
         cached = self.weights.get((id(hist), key))
         if cached is None or cached[0] is not hist or len(cached[1]) > len(hist):
             if len(self.weights) >= 256:
@@ -431,15 +439,12 @@ class GpuWear:
 
     def busy_seconds(self, threshold_ratio: float) -> float:
         """Seconds with GPU utilization at or above ``threshold_ratio``."""
-        hist = self.utilization_seconds
-        mask = self.bin_weights(hist, ("busy", threshold_ratio),
-                                lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0)
-        return float(sum(map(operator.mul, hist.values(), mask)))
+        return weighted_sum(self.utilization_seconds, ("busy", threshold_ratio),
+                            lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0, self)
 
     def seconds_at_or_above(self, sensor: str, celsius: float) -> float:
-        hist = self.temperature_seconds.get(sensor, {})
-        mask = self.bin_weights(hist, ("above", celsius), lambda t: 1.0 if int(t) >= celsius else 0.0)
-        return float(sum(map(operator.mul, hist.values(), mask)))
+        return weighted_sum(self.temperature_seconds.get(sensor, {}), ("above", celsius),
+                            lambda t: 1.0 if int(t) >= celsius else 0.0, self)
 
     def coverage(self) -> float | None:
         """Observed share of the wall time since the GPU was first seen (None before 1 s)."""

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.wear.accumulate import FanWear, GpuWear
+from gpuwear.wear.accumulate import FanWear, GpuWear, weighted_sum
 
 BOLTZMANN_EV_PER_K = 8.617333262e-5
 KELVIN = 273.15
@@ -51,14 +50,8 @@ def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius:
     """Σ t·AF(T): hours at the reference temperature that age as much as the histogram
     (bins of whole °C, each taken at its value). ``owner``: the history the histogram belongs to, which keeps its
     bins' factors from one call to the next (GpuWear.bin_weights)."""
-    def factor(t: str) -> float:
-        return arrhenius_factor(int(t), reference_celsius, ea_ev)
-
-    if owner is not None:
-        factors = owner.bin_weights(seconds_by_celsius, (arrhenius_factor, reference_celsius, ea_ev), factor)
-    else:
-        factors = [factor(t) for t in seconds_by_celsius]
-    return float(sum(map(operator.mul, seconds_by_celsius.values(), factors))) / 3600.0
+    return weighted_sum(seconds_by_celsius, (arrhenius_factor, reference_celsius, ea_ev),
+                        lambda t: arrhenius_factor(int(t), reference_celsius, ea_ev), owner) / 3600.0
 
 
 @functools.lru_cache(maxsize=1 << 16)  # (range, peak) bins of whole degrees: each factor computed once
@@ -77,12 +70,8 @@ def equivalent_cycles(cycles: dict[str, float], reference_range: float, referenc
         rng, peak = (int(v) for v in key.split(":"))
         return cycle_factor(rng, peak, reference_range, reference_peak, exponent, peak_term_kelvin) if rng > 0 else 0.0
 
-    if owner is not None:
-        factors = owner.bin_weights(cycles, (cycle_factor, reference_range, reference_peak, exponent,
-                                             peak_term_kelvin), factor)
-    else:
-        factors = [factor(key) for key in cycles]
-    return float(sum(map(operator.mul, cycles.values(), factors)))
+    return weighted_sum(cycles, (cycle_factor, reference_range, reference_peak, exponent, peak_term_kelvin), factor,
+                        owner)
 
 
 BANDS = ("low", "central", "high")
