@@ -223,7 +223,8 @@ class Exposition:
         if cached is not None and cached[0] == key:
             return cached[1]
         if gzipped:
-            # level 1: a third of level 6's CPU for a body about a fifth larger (bench/scrape_results.md)
+            # level 1: a third of level 6's CPU for a body about a fifth larger (a 680 kB exposition: 2.5 against
+            # 8.4 ms, 125 against 102 kB)
             body = gzip.compress(self._render(pub, key, openmetrics, False), compresslevel=1, mtime=0)
         else:
             if openmetrics:

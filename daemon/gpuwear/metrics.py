@@ -48,8 +48,12 @@ class MetricDef(Generic[T]):
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
         """This family as exported with or without ``metrics.detail`` (None: not exported)."""
-        if detail or self.basic is None:
-            return self if detail or not self.detail else None
+        if detail:
+            return self
+        if self.detail:
+            return None
+        if self.basic is None:
+            return self
         values, allowed = self.values, self.basic
         return replace(self, values=lambda source: [(k, v) for k, v in values(source) if k in allowed])
 

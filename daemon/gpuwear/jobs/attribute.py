@@ -111,10 +111,9 @@ class JobAccounts:
                 if rec is None:
                     rec = self.active[job.key] = JobRecord(f"{job.key}@{start:.0f}", job.kind, job.id, job.user,
                                                            job.name, start, wall)
+                self._give(rec, uuid, start, wall, interval, temps, share, gpu_wear)
                 if job.pod is not None:  # the kubelet's names: they replace a process name taken before it answered
                     rec.name, rec.namespace, rec.pod = job.name, job.namespace, job.pod
-                self._give(rec, uuid, start, wall, interval, temps, share, gpu_wear)
-                if job.pod is not None:
                     rec.gpus[uuid].container = job.container
                 self._bucket(gpu_wear, "job", interval, share)
         else:
