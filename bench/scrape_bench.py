@@ -1,6 +1,6 @@
 """What a Prometheus scrape costs and carries, the way Prometheus sees it: a new tick between two scrapes.
 
-    python bench/scrape_bench.py [GPUS ...] [--days 7] [--rounds 100] [--detail]
+    python bench/scrape_bench.py [GPUS ...] [--days 7] [--rounds 100] [--detail] [--against REV [--pairs 2]]
 
 For each GPU count: the daemon as ``gpuwear run --simulate`` builds it (the benchmark scenario of bench/gen.py:
 mixed products, jobs starting and ending every 1.5 h), on a manual clock. First a history of ``--days``
@@ -17,6 +17,13 @@ carrying a ``uuid`` label, per GPU; the daemon's own lines apart); the bytes on 
 the latency of a real HTTP scrape (the daemon's front door on loopback, a new connection, Prometheus' Accept and
 Accept-Encoding headers), timed by the client right after each tick. ``--detail`` sets ``metrics.detail: true``.
 Prints one JSON object per GPU count.
+
+The CPU figures of a 2-core VM move by up to 2.5x between sessions (other tenants) and by ±20 % within one, so
+each round also times a fixed calibration workload (float formatting and dict lookups, the scrape's kind of
+work) right after its scrape: ``per_calibration`` (the median ratio) compares runs made on different days.
+``--against REV`` measures, in the same run, the code of a git revision (a temporary worktree; this script)
+alternately with the working tree's, ``--pairs`` times, and gives the ratio of the medians: what a change
+saved, free of the machine's speed.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ import argparse
 import gzip
 import http.client
 import json
+import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +71,15 @@ def _series(body: bytes, gpus: int) -> dict[str, float]:
     return {"per_gpu": per_gpu / gpus, "daemon": other, "per_gpu_all": (per_gpu + other) / gpus}
 
 
+def _calibration() -> float:
+    """CPU milliseconds of a fixed workload of the scrape's kind (floats formatted, dicts read and written)."""
+    c0 = time.thread_time()
+    lines: dict[int, str] = {}
+    for i in range(4_000):
+        lines[i & 1023] = f"x{{{lines.get(i & 511, '')[:8]}}} {i * 1.37!r}\n"
+    return (time.thread_time() - c0) * 1e3
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -92,6 +110,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
     history_s = time.monotonic() - t0
     exposition = daemon.exposition
     rounds_ms: list[tuple[float, float, float]] = []  # (views, text, gzip) per scrape
+    calibration: list[float] = []  # the calibration workload's CPU ms after each
     body = plain = b""
     for _ in range(rounds):  # the CPU of rendering, before the daemon's own threads start (none of the scrape's)
         clock.advance(1.0)
@@ -104,6 +123,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
         body = exposition.render(True, gzipped=True)
         c3 = time.thread_time()
         rounds_ms.append(((c1 - c0) * 1e3, (c2 - c1) * 1e3, (c3 - c2) * 1e3))
+        calibration.append(_calibration())
     latencies: list[float] = []
     daemon.start()
     try:
@@ -127,11 +147,40 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
         "cpu_ms": {"total": statistics.median(sum(r) for r in rounds_ms),
                    **{part: statistics.median(r[i] for r in rounds_ms) for i, part in enumerate(PARTS)},
                    "mean": sum(map(sum, rounds_ms)) / rounds},
+        "calibration_ms": statistics.median(calibration),
+        "per_calibration": statistics.median(sum(r) / c for r, c in zip(rounds_ms, calibration, strict=True)),
         "series": _series(plain, gpus),
         "bytes": {"gzip": len(body), "plain": len(plain), "gzip_per_gpu": len(body) / gpus},
         "http_ms": {"p50": statistics.median(latencies) * 1e3, "p99": _percentile(latencies, 0.99) * 1e3,
                     "max": max(latencies) * 1e3},
     }
+
+
+def against(rev: str, gpus: int, days: float, rounds: int, detail: bool, pairs: int) -> dict[str, Any]:
+    """This script on the working tree's code and on ``rev``'s, alternately, each in a fresh process: the medians
+    of both and their ratios (working tree / rev)."""
+    root = Path(__file__).resolve().parent.parent
+    tree = Path(tempfile.mkdtemp(prefix="gpuwear-against-")) / "tree"
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+    args = [sys.executable, __file__, str(gpus), "--days", str(days), "--rounds", str(rounds)]
+    args += ["--detail"] if detail else []
+    runs: dict[str, list[dict[str, Any]]] = {"tree": [], rev: []}
+    try:
+        for _ in range(pairs):
+            for name, path in (("tree", root / "daemon"), (rev, tree / "daemon")):
+                env = {**os.environ, "PYTHONPATH": str(path)}
+                out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
+                runs[name].append(json.loads(out))
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] if key != "cpu_ms" else r[key]["total"] for r in runs[name])
+
+    return {"gpus": gpus, "against": rev, "pairs": pairs,
+            **{f"{key}_{name}": median(name, key) for key in ("cpu_ms", "per_calibration") for name in runs},
+            "cpu_ms_ratio": median("tree", "cpu_ms") / median(rev, "cpu_ms"),
+            "per_calibration_ratio": median("tree", "per_calibration") / median(rev, "per_calibration")}
 
 
 def main() -> int:
@@ -140,9 +189,14 @@ def main() -> int:
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--detail", action="store_true")
+    parser.add_argument("--against", metavar="REV", help="also measure this git revision's code, alternately")
+    parser.add_argument("--pairs", type=int, default=2, help="with --against: runs of each (default 2)")
     args = parser.parse_args()
     for n in args.gpus:
-        print(json.dumps(run(n, args.days, args.rounds, args.detail)), flush=True)
+        if args.against:
+            print(json.dumps(against(args.against, n, args.days, args.rounds, args.detail, args.pairs)), flush=True)
+        else:
+            print(json.dumps(run(n, args.days, args.rounds, args.detail)), flush=True)
     return 0
 
 

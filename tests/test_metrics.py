@@ -157,6 +157,41 @@ def test_encode_writes_what_prometheus_client_writes(scenario: str, detail: bool
         assert encode(pub, True, detail=detail) == openmetrics_latest(registry)
 
 
+@pytest.mark.parametrize("detail", [False, True], ids=["default", "detail"])
+def test_encode_writes_what_prometheus_client_writes_for_a_long_life(detail: bool) -> None:
+    """A card with years of history: lifetime seconds, joules and cycles far above 10^6, which Go (and so Prometheus
+    and prometheus_client) writes with an exponent, each changing at every tick."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    from gpuwear.collector import encode
+
+    rig = make_rig("training")
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(120):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    stored = {}
+    for uuid, w in tracker._wears.items():
+        for _ in range(20):  # 2^20 times the history: 120 s of it becomes four years
+            w = w.merged(w)
+        stored[uuid] = w
+    tracker.adopt(stored, {})
+    info = DaemonInfo(version="1", python_version="3", backend="simulated", scenario="training")
+    big: set[bytes] = set()
+    for _ in range(5):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        pub = Published(rig.sampler.snapshot, tracker.views, None, info)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(GpuwearCollector(lambda pub=pub: pub, detail))  # type: ignore[misc]
+        text = encode(pub, False, detail=detail)
+        assert text == generate_latest(registry)
+        assert encode(pub, True, detail=detail) == openmetrics_latest(registry)
+        big = {m.group(1) for m in re.finditer(rb"^(gpuwear_\w+)\{[^}]*\} \d\.\d+e\+\d\d$", text, re.M)}
+    assert {b"gpuwear_lifetime_observed_seconds_total", b"gpuwear_lifetime_energy_joules_total",
+            b"gpuwear_lifetime_attributed_seconds_total", b"gpuwear_thermal_aging_equivalent_seconds"} <= big
+
+
 def _samples(text: str) -> dict[str, float]:
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line and not line.startswith("#")}

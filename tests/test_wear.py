@@ -22,7 +22,7 @@ from gpuwear.sample import GpuSample
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, thermal_aging_hours, verdict
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
-from gpuwear.wear.tracker import WearTracker
+from gpuwear.wear.tracker import WearTracker, WearView
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
 RTX4060 = TRACES / "rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv"
@@ -369,11 +369,33 @@ def test_views_from_kept_bin_factors_equal_views_computed_afresh() -> None:
             for uuid, shown in views.items():
                 w = tracker._shown(uuid)
                 assert w.weights  # the factors are kept with the history
-                assert shown == view(replace(w, weights={}), params, shown.jobs)
+                assert shown == view(replace(w, weights={}, residues={}), params, shown.jobs)
+                _check_cycle_figures(w, shown, params)
                 compared += 1
     assert compared > 20
     bins = {len(w.temperature_seconds["gpu"]) for w in tracker._wears.values()}
     assert min(bins) > 20  # the stress scenario swept the die through many degrees: bins were added on the way
+
+
+def _check_cycle_figures(w: GpuWear, shown: WearView, params: WearConfig) -> None:
+    """A view's cycles by range and cycle fatigue against direct sums over the history's bins (no kept weights)."""
+    from gpuwear.wear.tracker import CYCLE_RANGES, cycle_range_label
+
+    c = params.cycles
+    for sensor, bins in w.cycles.items():
+        for lo, hi in CYCLE_RANGES:
+            direct = sum(n for key, n in bins.items() if lo <= int(key.split(":")[0]) < hi)
+            assert shown.cycles[(sensor, cycle_range_label(lo, hi))] == pytest.approx(direct, rel=1e-12, abs=1e-12)
+    fatigue = shown.estimates["cycle_fatigue_equivalent_cycles"]
+    for band, exponent in c.exponent.items():
+        q = getattr(c.peak_term_kelvin, band)
+        direct = 0.0
+        for key, n in [*w.cycles.get("gpu", {}).items(), *w.residue_cycles("gpu").items()]:
+            rng, peak = (int(v) for v in key.split(":"))
+            if rng > 0:
+                direct += n * (rng / c.reference_range_celsius) ** exponent * math.exp(
+                    q * (1 / (c.reference_peak_celsius + 273.15) - 1 / (peak + 273.15)))
+        assert fatigue[band] == pytest.approx(direct, rel=1e-9)
 
 
 def test_default_views_hold_what_the_default_metrics_read() -> None:
@@ -390,4 +412,9 @@ def test_default_views_hold_what_the_default_metrics_read() -> None:
         aging = basic.estimates["thermal_aging_equivalent_hours"]
         assert set(aging) - {"memory"} == {"central"}
         assert aging["central"] == full.estimates["thermal_aging_equivalent_hours"]["central"]
-        assert (basic.verdict, basic.cycles, basic.attributed) == (full.verdict, full.cycles, full.attributed)
+        assert (basic.verdict, basic.attributed) == (full.verdict, full.attributed)
+        assert set(basic.cycles) == {k for k in full.cycles if k in {("gpu", "20-40"), ("gpu", "40+")}}
+        assert basic.cycles.items() <= full.cycles.items()
+        assert set(basic.above_threshold) <= {("gpu", "slowdown"), ("memory", "memory_max")}
+        assert basic.above_threshold.items() <= full.above_threshold.items()
+        assert ("gpu", "gpu_max") in full.above_threshold

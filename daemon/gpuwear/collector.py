@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -70,11 +69,22 @@ def _per_gpu(defs: tuple[MetricDef[T], ...], sources: list[tuple[T, list[str]]])
         yield family
 
 
-# the number as Go (and so Prometheus) writes it (untyped upstream); most values repeat from scrape to scrape (1,
-# limits, counts, whole degrees): each is formatted once (zeros are not cached: -0.0 == 0.0 would share one text;
-# a GPU's lines are reused while its series compare equal, which no value of gpuwear's turns from 0.0 to -0.0)
+# the number as Go (and so Prometheus) writes it (untyped upstream). Values that repeat from scrape to scrape (limits,
+# counts, bytes, hertz: whole numbers) are formatted once; others (a lifetime's joules, seconds) change at each tick,
+# where a cache would only miss (zeros are not cached: -0.0 == 0.0 would share one text; a GPU's lines are reused while
+# its series compare equal, which no value of gpuwear's turns from 0.0 to -0.0)
 _go: Callable[[float], str] = floatToGoString
 _go_float: Callable[[float], str] = functools.lru_cache(maxsize=1 << 14)(_go)
+
+
+def _number(value: float) -> str:
+    """``floatToGoString(value)``: repr for the common range (what it gives there), whole numbers cached."""
+    if value.__class__ is float:
+        if -1e6 < value < 1e6:
+            return repr(value)
+        if not value.is_integer():  # inf and nan are not either: cached
+            return _go(value)
+    return _go_float(value) if value else _go(value)
 
 
 _TEXT_HELP = str.maketrans({"\\": r"\\", "\n": r"\n"})
@@ -93,7 +103,8 @@ class _Family:
     sample: str
     keys: tuple[str, ...]  # 'name="' per label, in definition order (the GPU labels first)
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
-    prefixes: dict[tuple[str, ...], str] = field(default_factory=dict, compare=False)  # (labels) -> 'name{...} '
+    # (base label values) -> (the series' own label values) -> 'name{...} '
+    prefixes: dict[tuple[str, ...], dict[tuple[str, ...], str]] = field(default_factory=dict, compare=False)
     # (base label values) -> (the source's series, their lines, the objects they came from: MetricDef.inputs) at the
     # last render: a GPU whose series did not change since (identity, limits, counts, most of a slow-changing state)
     # gets its lines again as they were; a family with inputs, without asking its series while those are the same
@@ -116,49 +127,60 @@ class _Family:
 
     def write(self, out: list[str], sources: Iterable[tuple[Any, tuple[str, ...]]]) -> None:
         """The sample lines of every source (with its escaped base label values). A source whose series are those of
-        the last render gets the same lines; else a line's ``name{labels} `` is the same at every scrape for the same
-        GPU and labels: made once, then looked up (both bounded: cleared when full)."""
+        the last render gets the same lines (without asking for them while the objects they come from are the same:
+        MetricDef.inputs); else a line's ``name{labels} `` is the same at every scrape for the same GPU and labels:
+        made once, then looked up (both bounded: cleared when full)."""
         chunks, values, inputs = self.chunks, self.metric.values, self.metric.inputs
+        if inputs is not None:
+            for source, base in sources:
+                stamp = inputs(source)
+                last = chunks.get(base)
+                if last is not None and last[2] == stamp:  # tuples: the same objects compare equal at once
+                    out.append(last[1])
+                else:
+                    out.append(self._written(base, values(source), last, stamp))
+            return
         for source, base in sources:
-            last = chunks.get(base)
-            stamp = inputs(source) if inputs is not None else None  # the same objects: the same series
-            if stamp is not None and last is not None and last[2] is not None \
-                    and all(map(operator.is_, last[2], stamp)):
-                out.append(last[1])
-                continue
             series = values(source)
-            if last is not None and last[0] == series:
-                if stamp is not None:
-                    chunks[base] = (series, last[1], stamp)
-                out.append(last[1])
-                continue
-            lines = self._lines(series, base)
-            if len(chunks) >= _PREFIXES:
-                chunks.clear()
-            chunks[base] = (series, lines, stamp)
-            out.append(lines)
+            last = chunks.get(base)
+            out.append(last[1] if last is not None and last[0] == series else self._written(base, series, None, None))
+
+    def _written(self, base: tuple[str, ...], series: list[tuple[tuple[str, ...], float]],
+                 last: tuple[list[tuple[tuple[str, ...], float]], str, tuple[object, ...] | None] | None,
+                 stamp: tuple[object, ...] | None) -> str:
+        """The lines of a source's series, kept for the next render (with the objects they came from); ``last``: what
+        the last render kept, whose lines serve again if the series are the same."""
+        lines = last[1] if last is not None and last[0] == series else self._lines(series, base)
+        if len(self.chunks) >= _PREFIXES:
+            self.chunks.clear()
+        self.chunks[base] = (series, lines, stamp)
+        return lines
 
     def _lines(self, series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> str:
-        keys, order, sample, prefixes = self.keys, self.order, self.sample, self.prefixes
+        prefixes = self.prefixes.get(base)
+        if prefixes is None:
+            if len(self.prefixes) >= _PREFIXES:
+                self.prefixes.clear()
+            prefixes = self.prefixes[base] = {}
         out = []
         for labels, value in series:
-            key = (*base, *labels)
-            prefix = prefixes.get(key)
+            prefix = prefixes.get(labels)
             if prefix is None:
-                values = [*base, *(v.translate(_ESCAPED) for v in labels)] if labels else base
-                if values:
-                    pairs = ",".join([f'{keys[i]}{values[i]}"' for i in order])
-                    prefix = f"{sample}{{{pairs}}} "
-                else:
-                    prefix = f"{sample} "
                 if len(prefixes) >= _PREFIXES:
                     prefixes.clear()
-                prefixes[key] = prefix
-            if value.__class__ is float and -1e6 < value < 1e6:  # what floatToGoString gives for these: repr
-                out.append(f"{prefix}{value!r}\n")
-            else:
-                out.append(f"{prefix}{_go_float(value) if value else _go(value)}\n")
+                prefix = prefixes[labels] = self._prefix(base, labels)
+            out.append(f"{prefix}{value!r}\n" if value.__class__ is float and -1e6 < value < 1e6
+                       else f"{prefix}{_number(value)}\n")
         return "".join(out)
+
+    def _prefix(self, base: tuple[str, ...], labels: tuple[str, ...]) -> str:
+        """``name{label="value",...} `` of a series, its labels sorted by name (as the encoders write them)."""
+        values = [*base, *(v.translate(_ESCAPED) for v in labels)]
+        if not values:
+            return f"{self.sample} "
+        keys = self.keys
+        pairs = ",".join([f'{keys[i]}{values[i]}"' for i in self.order])
+        return f"{self.sample}{{{pairs}}} "
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 from gpuwear.sample import CLOCK_EVENT_REASONS
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.models import STATUS_ORDER
-from gpuwear.wear.tracker import WearView
+from gpuwear.wear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LABELS, WearView
 
 Series = list[tuple[tuple[str, ...], float]]
 T = TypeVar("T")
@@ -42,8 +42,8 @@ class MetricDef(Generic[T]):
     values: Callable[[T], Series]
     detail: bool = False
     basic: frozenset[tuple[str, ...]] | None = None
-    # the objects the series are computed from: while each is the same object as at the last render, the encoder
-    # writes the same lines again without asking for the series
+    # the objects the series are computed from: while they are the same objects as at the last render (or equal ones),
+    # the encoder writes the same lines again without asking for the series
     inputs: Callable[[T], tuple[object, ...]] | None = None
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
@@ -55,7 +55,7 @@ class MetricDef(Generic[T]):
         if self.basic is None:
             return self
         values, allowed = self.values, self.basic
-        return replace(self, values=lambda source: [(k, v) for k, v in values(source) if k in allowed])
+        return replace(self, values=lambda source: [kv for kv in values(source) if kv[0] in allowed])
 
 
 @dataclass(frozen=True)
@@ -386,10 +386,10 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
                   ("sensor", "threshold"), _wear_map("above_threshold"),
-                  basic=frozenset({("gpu", "slowdown"), ("memory", "memory_max")})),
+                  basic=BASIC_THRESHOLDS),
     MetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
                   "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles"),
-                  basic=frozenset({("gpu", "20-40"), ("gpu", "40+")})),
+                  basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES)),
     MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
                   _fans(0)),
     MetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "

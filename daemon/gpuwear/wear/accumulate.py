@@ -44,8 +44,12 @@ def weighted_sum(hist: dict[str, float], key: object, weight: Callable[[str], fl
     """Σ value x weight(bin) over a histogram's bins, in their order. ``owner``: the history the histogram belongs
     to, which keeps each bin's weight from one call to the next (GpuWear.bin_weights); ``key`` names the weight
     there (the function and its parameters)."""
-    weights = owner.bin_weights(hist, key, weight) if owner is not None else [weight(k) for k in hist]
-    return float(sum(map(operator.mul, hist.values(), weights)))
+    if owner is None:
+        return float(sum(map(operator.mul, hist.values(), map(weight, hist))))
+    cached = owner.weights.get((id(hist), key))  # the common case, a scrape after a tick: no new bin
+    if cached is not None and cached[0] is hist and len(cached[1]) == len(hist):
+        return float(sum(map(operator.mul, hist.values(), cached[1])))
+    return float(sum(map(operator.mul, hist.values(), owner.bin_weights(hist, key, weight))))
 
 
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
@@ -188,8 +192,9 @@ class GpuWear:
     # per-bin weights of this history's histograms (bin_weights), kept while it lives; never saved
     weights: dict[tuple[int, object], tuple[dict[str, float], list[float]]] = field(
         default_factory=dict, repr=False, compare=False)
-    # the open residue per sensor (residue_cycles) for the rainflow state it was counted from; never saved
-    residues: dict[str, tuple[tuple[float | int | None, ...], dict[str, float]]] = field(
+    # the open residue per sensor (residue_cycles) for the rainflow state it was counted from, and its weighted sums
+    # (residue_sum); never saved
+    residues: dict[str, tuple[tuple[float | int | None, ...], dict[str, float], dict[object, float]]] = field(
         default_factory=dict, repr=False, compare=False)
 
     # -- updating ----------------------------------------------------------------------
@@ -407,20 +412,35 @@ class GpuWear:
     def residue_cycles(self, sensor: str) -> dict[str, float]:
         """The open residue of the rainflow counter as half cycles, in 'range:peak' bins (ranges of 0 left out).
         Counted again only when the counter's state changed since (a swing within the gate changes nothing). Not for
-        bin_weights: a new state is a new dict (a bin or two, weighed at each use)."""
+        bin_weights: a new state is a new dict (its sums are kept with it: :meth:`residue_sum`)."""
         counter = self.rainflow.get(sensor)
         if counter is None:
             return {}
+        return self._residue(sensor, counter)[1]
+
+    def residue_sum(self, sensor: str, key: object, weight: Callable[[str], float]) -> float:
+        """Σ half cycles x weight(bin) over the open residue (:meth:`residue_cycles`), in its order, kept with it
+        until the counter's state changes; ``key`` names the weight (the function and its parameters)."""
+        counter = self.rainflow.get(sensor)
+        if counter is None:
+            return 0.0
+        _, residue, sums = self._residue(sensor, counter)
+        total = sums.get(key)
+        if total is None:
+            total = sums[key] = weighted_sum(residue, key, weight)
+        return total
+
+    def _residue(self, sensor: str, counter: RainflowCounter) -> tuple[tuple[float | int | None, ...],
+                                                                        dict[str, float], dict[object, float]]:
         state = (counter.gate, counter.extreme, counter.direction, *counter.stack)
         cached = self.residues.get(sensor)
         if cached is not None and cached[0] == state:
-            return cached[1]
+            return cached
         out: dict[str, float] = {}
         for c in counter.residue():
             _add(out, cycle_key(c), c[2])
-        residue = {k: v for k, v in out.items() if not k.startswith("0:")}
-        self.residues[sensor] = (state, residue)
-        return residue
+        cached = self.residues[sensor] = (state, {k: v for k, v in out.items() if not k.startswith("0:")}, {})
+        return cached
 
     def bin_weights(self, hist: dict[str, float], key: object, weight: Callable[[str], float]) -> list[float]:
         """``weight(bin)`` of each bin of one of this history's histograms, in its order, computed once per bin: they

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,16 +63,28 @@ def cycle_factor(range_celsius: float, peak_celsius: float, reference_range: flo
         peak_term_kelvin * (1 / (reference_peak + KELVIN) - 1 / (peak_celsius + KELVIN)))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # an open residue's bins are weighed at each use: parsed once
+def cycle_bin(key: str) -> tuple[int, int]:
+    """A 'range:peak' bin's (range, peak) in whole °C."""
+    rng, peak = key.split(":")
+    return int(rng), int(peak)
+
+
 def equivalent_cycles(cycles: dict[str, float], reference_range: float, reference_peak: float, exponent: float,
                       peak_term_kelvin: float, owner: GpuWear | None = None) -> float:
     """Miner's sum of cycles ('range:peak' bins -> counts) in reference cycles (a range of 0 counts nothing).
     ``owner``: as for :func:`thermal_aging_hours`."""
+    return weighted_sum(cycles, *_cycle_weight(reference_range, reference_peak, exponent, peak_term_kelvin), owner)
+
+
+def _cycle_weight(reference_range: float, reference_peak: float, exponent: float,
+                  peak_term_kelvin: float) -> tuple[object, Callable[[str], float]]:
+    """The damage of a 'range:peak' bin's cycle in reference cycles, with the key that names it (weighted_sum)."""
     def factor(key: str) -> float:
-        rng, peak = (int(v) for v in key.split(":"))
+        rng, peak = cycle_bin(key)
         return cycle_factor(rng, peak, reference_range, reference_peak, exponent, peak_term_kelvin) if rng > 0 else 0.0
 
-    return weighted_sum(cycles, (cycle_factor, reference_range, reference_peak, exponent, peak_term_kelvin), factor,
-                        owner)
+    return (cycle_factor, reference_range, reference_peak, exponent, peak_term_kelvin), factor
 
 
 BANDS = ("low", "central", "high")
@@ -87,11 +100,13 @@ def aging_bands(hist: dict[str, float], p: WearConfig, owner: GpuWear | None = N
 
 def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, bands: tuple[str, ...] = BANDS) -> dict[str, float]:
     """Thermal-cycle fatigue of a sensor's closed cycles and open residue, in reference cycles, per band."""
-    c = p.cycles
-    closed, residue = w.cycles.get(sensor, {}), w.residue_cycles(sensor)
-    return {b: equivalent_cycles(closed, c.reference_range_celsius, c.reference_peak_celsius, m, q, w)
-            + equivalent_cycles(residue, c.reference_range_celsius, c.reference_peak_celsius, m, q)
-            for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True) if b in bands}
+    c, closed = p.cycles, w.cycles.get(sensor, {})
+    out = {}
+    for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True):
+        if b in bands:
+            key, factor = _cycle_weight(c.reference_range_celsius, c.reference_peak_celsius, m, q)
+            out[b] = weighted_sum(closed, key, factor, w) + w.residue_sum(sensor, key, factor)
+    return out
 
 
 def fan_revolutions(fan: FanWear, p: WearConfig) -> float:
@@ -232,9 +247,11 @@ def resistance_trend(w: GpuWear) -> dict[str, Any] | None:
     return out
 
 
-def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the
-    card's resistance_trend, when the caller has it already.
+def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None = None, busy: float | None = None,
+            above_slowdown: float | None = None) -> dict[str, Any]:
+    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``, ``busy`` and
+    ``above_slowdown``: the card's resistance_trend, busy seconds and seconds at or above its slowdown temperature,
+    when the caller has them already.
 
     Reason codes are a fixed set (they label a metric); the text explains each in plain words.
     """
@@ -290,12 +307,13 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None = None) -> d
                "error(s) in the card's lifetime record")
     slowdown = w.thresholds.get("slowdown")
     if slowdown is not None:
-        above = w.seconds_at_or_above("gpu", slowdown)
+        above = w.seconds_at_or_above("gpu", slowdown) if above_slowdown is None else above_slowdown
         if above >= p.health.slowdown_watch_seconds:
             reason("watch", "time_above_slowdown", f"{above / 3600:.2f} h at or above the card's own slowdown "
                    f"temperature ({slowdown:g} °C)")
     thermal = sum(w.throttle_seconds.get(k, 0.0) for k in ("sw_thermal_slowdown", "hw_thermal_slowdown"))
-    busy = w.busy_seconds(p.busy_utilization_ratio)
+    if busy is None:
+        busy = w.busy_seconds(p.busy_utilization_ratio)
     if busy > 0 and thermal / busy >= p.health.thermal_throttle_watch_ratio:
         reason("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time: "
                "the card protects itself by slowing down; check cooling and airflow")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -20,7 +20,7 @@ from gpuwear.jobs.resolve import Job
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
-from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.accumulate import GpuWear, weighted_sum
 from gpuwear.wear.models import (
     BANDS,
     aging_bands,
@@ -39,6 +39,7 @@ CLOCK_JUMP_SECONDS = 120.0  # wall minus monotonic moving by more: the wall cloc
 ABOVE_CELSIUS = tuple(range(40, 100, 5))  # "time at or above" series exported per sensor
 CYCLE_RANGES = ((2, 5), (5, 10), (10, 20), (20, 40), (40, 1000))  # °C, [lo, hi)
 THRESHOLDS = (("gpu", "slowdown"), ("gpu", "gpu_max"), ("memory", "memory_max"))
+BASIC_THRESHOLDS = frozenset({("gpu", "slowdown"), ("memory", "memory_max")})  # exported without metrics.detail
 _HEALTH_EVENTS = ("ecc_uncorrected_aggregate", "ecc_corrected_aggregate", "ecc_uncorrected_volatile",
                   "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
                   "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
@@ -47,6 +48,15 @@ _HEALTH_EVENTS = ("ecc_uncorrected_aggregate", "ecc_corrected_aggregate", "ecc_u
 
 def cycle_range_label(lo: int, hi: int) -> str:
     return f"{lo}-{hi}" if hi < 1000 else f"{lo}+"
+
+
+CYCLE_LABELS = tuple(cycle_range_label(lo, hi) for lo, hi in CYCLE_RANGES)
+BASIC_CYCLE_RANGES = (3, 4)  # CYCLE_RANGES exported without metrics.detail (the die's, 20-40 and 40+ °C)
+
+
+def _in_range(index: int) -> Callable[[str], float]:
+    """1.0 for a 'range:peak' bin in CYCLE_RANGES[index], else 0.0 (a weight: weighted_sum counts its cycles)."""
+    return lambda key: float(_cycle_range(key) == index)
 
 
 def _cycle_range(key: str) -> float:
@@ -81,7 +91,8 @@ class WearView:
 def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True) -> WearView:
     """Build the exported view of one GPU's accumulators (their per-bin factors are kept with them from view to
     view: GpuWear.bin_weights). ``detail`` off (metrics.detail): only what the default metrics show, without the
-    time above each temperature, the low and high bands and the memory's cycles and cycle fatigue."""
+    time above each temperature, the low and high bands, the memory's cycles and cycle fatigue, the die's cycles
+    below 20 °C and its time above gpu_max (BASIC_CYCLE_RANGES, BASIC_THRESHOLDS)."""
     above: dict[tuple[str, str], float] = {}
     for sensor, hist in w.temperature_seconds.items() if detail else ():  # one pass per sensor, hottest bin first
         hottest_first = sorted(((int(t), s) for t, s in hist.items()), reverse=True)
@@ -92,18 +103,13 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
                 k += 1
             above[(sensor, str(limit))] = total
     thresholds = {(sensor, name): w.seconds_at_or_above(sensor, w.thresholds[name])
-                  for sensor, name in THRESHOLDS if name in w.thresholds and sensor in w.temperature_seconds}
+                  for sensor, name in THRESHOLDS if name in w.thresholds and sensor in w.temperature_seconds
+                  and (detail or (sensor, name) in BASIC_THRESHOLDS)}
     cycles: dict[tuple[str, str], float] = {}
     for sensor, bins in w.cycles.items():
-        if not detail and sensor != "gpu":
-            continue
-        sums = [0.0] * len(CYCLE_RANGES)
-        ranges = w.bin_weights(bins, _cycle_range, _cycle_range)
-        for n, i in zip(bins.values(), ranges, strict=True):
-            if i >= 0:
-                sums[int(i)] += n
-        for (lo, hi), total in zip(CYCLE_RANGES, sums, strict=True):
-            cycles[(sensor, cycle_range_label(lo, hi))] = total
+        if detail or sensor == "gpu":
+            for i in range(len(CYCLE_RANGES)) if detail else BASIC_CYCLE_RANGES:
+                cycles[(sensor, CYCLE_LABELS[i])] = weighted_sum(bins, ("cycle_range", i), _in_range(i), w)
     bands = BANDS if detail else ("central",)
     est: dict[str, dict[str, Any]] = {
         "thermal_aging_equivalent_hours": aging_bands(w.temperature_seconds.get("gpu", {}), p, w, bands),
@@ -113,14 +119,16 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
         if detail:
             est["cycle_fatigue_equivalent_cycles"]["memory"] = fatigue_bands(w, "memory", p)
     trend = resistance_trend(w)
+    busy = w.busy_seconds(p.busy_utilization_ratio)
     return WearView(
-        observed_seconds=w.observed_seconds, busy_seconds=w.busy_seconds(p.busy_utilization_ratio),
+        observed_seconds=w.observed_seconds, busy_seconds=busy,
         down_seconds=w.down_seconds, gap_seconds=w.gap_seconds, coverage=w.coverage(),
         energy_joules=w.energy_joules, power_limit_seconds=w.power_limit_seconds,
         throttle_seconds=MappingProxyType(dict(w.throttle_seconds)), above_celsius=MappingProxyType(above),
         above_threshold=MappingProxyType(thresholds), cycles=MappingProxyType(cycles),
         fans=tuple((f.on_seconds, round(fan_revolutions(f, p), 1)) for f in w.fans),
-        estimates=MappingProxyType(est), verdict=MappingProxyType(verdict(w, p, trend)),
+        estimates=MappingProxyType(est),
+        verdict=MappingProxyType(verdict(w, p, trend, busy, thresholds.get(("gpu", "slowdown")))),
         thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
         attributed=MappingProxyType({
             kind: (k["seconds"], k["energy_joules"],
