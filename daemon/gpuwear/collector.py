@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
+import operator
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +94,17 @@ _ESCAPED = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r'\"'})  # label values
 _PREFIXES = 4096  # line prefixes a family keeps (GPUs x label values; jobs come and go)
 
 
+@dataclass
+class _Rendered:
+    """What a family wrote at its last render, per source in order: the base label values, the series, their lines,
+    and the objects the series came from (MetricDef.inputs)."""
+
+    bases: tuple[tuple[str, ...], ...] = ()
+    series: list[list[tuple[tuple[str, ...], float]] | None] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    stamps: list[tuple[object, ...] | None] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class _Family:
     """What a metric definition writes, computed once: its headers in both formats, the name of its samples,
@@ -105,11 +118,10 @@ class _Family:
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
     # (base label values) -> (the series' own label values) -> 'name{...} '
     prefixes: dict[tuple[str, ...], dict[tuple[str, ...], str]] = field(default_factory=dict, compare=False)
-    # (base label values) -> (the source's series, their lines, the objects they came from: MetricDef.inputs) at the
-    # last render: a GPU whose series did not change since (identity, limits, counts, most of a slow-changing state)
-    # gets its lines again as they were; a family with inputs, without asking its series while those are the same
-    chunks: dict[tuple[str, ...], tuple[list[tuple[tuple[str, ...], float]], str, tuple[object, ...] | None]] = field(
-        default_factory=dict, compare=False)
+    # the last render's sources, position by position: a GPU whose series did not change since (identity, limits,
+    # counts, most of a slow-changing state) gets its lines again as they were; a family with inputs, without asking
+    # its series while those are the same
+    last: _Rendered = field(default_factory=_Rendered, compare=False)
 
     @classmethod
     def of(cls, m: MetricDef[Any], base: Sequence[str]) -> _Family:
@@ -125,36 +137,30 @@ class _Family:
                    f"# HELP {name} {m.help.translate(_ESCAPED)}\n# TYPE {name} {kind}\n{unit}", sample,
                    tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)))
 
-    def write(self, out: list[str], sources: Iterable[tuple[Any, tuple[str, ...]]]) -> None:
-        """The sample lines of every source (with its escaped base label values). A source whose series are those of
-        the last render gets the same lines (without asking for them while the objects they come from are the same:
-        MetricDef.inputs); else a line's ``name{labels} `` is the same at every scrape for the same GPU and labels:
-        made once, then looked up (both bounded: cleared when full)."""
-        chunks, values, inputs = self.chunks, self.metric.values, self.metric.inputs
+    def write(self, out: list[str], sources: list[Any], bases: tuple[tuple[str, ...], ...]) -> None:
+        """The sample lines of every source (with its escaped base label values, in the same order). Compared with the
+        last render's source at the same place (the same GPUs in the same order: else all are written afresh): one
+        whose series are the same gets the same lines, without asking for them while the objects they come from
+        compare equal (MetricDef.inputs); else a line's ``name{labels} `` is the same at every scrape for the same
+        GPU and labels: made once, then looked up (bounded: cleared when full)."""
+        last, values, inputs = self.last, self.metric.values, self.metric.inputs
+        if last.bases != bases:
+            last.bases, last.lines = bases, [""] * len(bases)
+            last.series, last.stamps = [None] * len(bases), [None] * len(bases)
+        series, lines = last.series, last.lines
         if inputs is not None:
-            for source, base in sources:
-                stamp = inputs(source)
-                last = chunks.get(base)
-                if last is not None and last[2] == stamp:  # tuples: the same objects compare equal at once
-                    out.append(last[1])
-                else:
-                    out.append(self._written(base, values(source), last, stamp))
-            return
-        for source, base in sources:
-            series = values(source)
-            last = chunks.get(base)
-            out.append(last[1] if last is not None and last[0] == series else self._written(base, series, None, None))
-
-    def _written(self, base: tuple[str, ...], series: list[tuple[tuple[str, ...], float]],
-                 last: tuple[list[tuple[tuple[str, ...], float]], str, tuple[object, ...] | None] | None,
-                 stamp: tuple[object, ...] | None) -> str:
-        """The lines of a source's series, kept for the next render (with the objects they came from); ``last``: what
-        the last render kept, whose lines serve again if the series are the same."""
-        lines = last[1] if last is not None and last[0] == series else self._lines(series, base)
-        if len(self.chunks) >= _PREFIXES:
-            self.chunks.clear()
-        self.chunks[base] = (series, lines, stamp)
-        return lines
+            stamps: list[tuple[object, ...] | None] = list(map(inputs, sources))
+            for i in itertools.compress(range(len(stamps)), map(operator.ne, stamps, last.stamps)):
+                new = values(sources[i])
+                if new != series[i]:
+                    series[i], lines[i] = new, self._lines(new, bases[i])
+            last.stamps = stamps
+        else:
+            fresh: list[list[tuple[tuple[str, ...], float]] | None] = list(map(values, sources))
+            for i in itertools.compress(range(len(fresh)), map(operator.ne, fresh, series)):
+                lines[i] = self._lines(fresh[i] or [], bases[i])
+            last.series = fresh
+        out.extend(lines)
 
     def _lines(self, series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> str:
         prefixes = self.prefixes.get(base)
@@ -196,16 +202,26 @@ def encode(pub: Published, openmetrics: bool, extra: bytes = b"", detail: bool =
     family: the lines of the whole body at once (about 6,000 at 64 GPUs) took four times its size at the peak.
     ``extra``: families encoded elsewhere (the process metrics), in the same format, placed before OpenMetrics' EOF.
     ``detail``: ``metrics.detail`` (every family, every label value)."""
+    with _ENCODING:  # the families keep their last render: one encoder at a time in a process
+        return _encode(pub, openmetrics, extra, detail)
+
+
+_ENCODING = threading.Lock()
+
+
+def _encode(pub: Published, openmetrics: bool, extra: bytes, detail: bool) -> bytes:
     daemon_families, gpu_families, wear_families = _families(detail)
     body = bytearray()
     lines: list[str] = []
-    gpus = [(s, (str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)))
-            for s in pub.snapshot.gpus]
-    wear = [(pub.wear[s.identity.uuid], base) for s, base in gpus if s.identity.uuid in pub.wear]
-    for families, sources in ((daemon_families, [(pub, ())]), (gpu_families, gpus), (wear_families, wear)):
+    statuses = list(pub.snapshot.gpus)
+    bases = tuple((str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)) for s in statuses)
+    shown = [i for i, s in enumerate(statuses) if s.identity.uuid in pub.wear]
+    views = [pub.wear[statuses[i].identity.uuid] for i in shown]
+    for families, sources, keys in ((daemon_families, [pub], ((),)), (gpu_families, statuses, bases),
+                                    (wear_families, views, tuple(bases[i] for i in shown))):
         for family in families:
             lines.append(family.openmetrics_head if openmetrics else family.text_head)
-            family.write(lines, sources)
+            family.write(lines, sources, keys)
             body += "".join(lines).encode()
             lines.clear()
     body += extra
