@@ -369,7 +369,7 @@ def test_views_from_kept_bin_factors_equal_views_computed_afresh() -> None:
             for uuid, shown in views.items():
                 w = tracker._shown(uuid)
                 assert w.weights  # the factors are kept with the history
-                assert shown == view(replace(w, weights={}, residues={}), params, shown.jobs)
+                assert shown == view(replace(w, weights={}, residues={}, days=None), params, shown.jobs)
                 _check_cycle_figures(w, shown, params)
                 compared += 1
     assert compared > 20
@@ -418,3 +418,46 @@ def test_default_views_hold_what_the_default_metrics_read() -> None:
         assert set(basic.above_threshold) <= {("gpu", "slowdown"), ("memory", "memory_max")}
         assert basic.above_threshold.items() <= full.above_threshold.items()
         assert ("gpu", "gpu_max") in full.above_threshold
+
+
+def _trend_afresh(w: GpuWear) -> dict[str, Any] | None:
+    """resistance_trend as a direct formula over every day with data (the oracle)."""
+    days = sorted((d, v) for d, v in w.thermal_resistance.items() if v[0] > 0)
+    if not days:
+        return None
+    first = sum(v[1] for _, v in days[:3]) / sum(v[0] for _, v in days[:3])
+    last = sum(v[1] for _, v in days[-3:]) / sum(v[0] for _, v in days[-3:])
+    return {"days": len(days), "first_celsius_per_watt": round(first, 6), "last_celsius_per_watt": round(last, 6),
+            "rise_ratio": round(last / first - 1, 4) if len(days) >= 6 else None}
+
+
+def test_the_resistance_trend_follows_a_growing_record() -> None:
+    """The sorted days are kept from scrape to scrape (a year-old card's 365 days were sorted at every scrape); the
+    trend equals the direct formula as days come in any order, a kept day's figures grow, a day held without data
+    gets some, and a merge replaces the map."""
+    import datetime
+
+    from gpuwear.wear.models import resistance_trend
+
+    rng = random.Random(7)
+    w = GpuWear("GPU-trend")
+    start = datetime.date(2025, 1, 1)
+    order = list(range(400))
+    rng.shuffle(order)
+    for step, n in enumerate(order):
+        day = (start + datetime.timedelta(days=n)).isoformat()
+        w.thermal_resistance[day] = [0.0, 0.0, 0.0] if step % 50 == 3 else [60.0, 60.0 * 0.2, 60.0 * 0.04]
+        held = list(w.thermal_resistance.values())
+        for v in rng.sample(held, min(3, len(held))):  # days already held grow (the current one)
+            if step % 7:
+                r = rng.uniform(0.1, 0.4)
+                v[0], v[1], v[2] = v[0] + 30.0, v[1] + 30.0 * r, v[2] + 30.0 * r * r
+        if step % 9 == 0:
+            assert resistance_trend(w) == _trend_afresh(w), step
+            assert resistance_trend(w) == _trend_afresh(w)  # kept: the same again
+    empty = [v for v in w.thermal_resistance.values() if v[0] == 0]
+    assert empty and resistance_trend(w) == _trend_afresh(w)
+    empty[0][:] = [45.0, 45.0 * 0.9, 45.0 * 0.81]  # a day held without data gets some, no day added
+    assert resistance_trend(w) == _trend_afresh(w)
+    merged = w.merged(GpuWear("GPU-trend", thermal_resistance={"2024-12-31": [10.0, 1.0, 0.1]}))
+    assert resistance_trend(merged) == _trend_afresh(merged) and resistance_trend(merged)["days"] > 350

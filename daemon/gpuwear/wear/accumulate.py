@@ -192,6 +192,8 @@ class GpuWear:
     # per-bin weights of this history's histograms (bin_weights), kept while it lives; never saved
     weights: dict[tuple[int, object], tuple[dict[str, float], list[float]]] = field(
         default_factory=dict, repr=False, compare=False)
+    # the days of thermal_resistance with data, sorted (resistance_days), with the map and its size they came from
+    days: tuple[dict[str, list[float]], int, list[str]] | None = field(default=None, repr=False, compare=False)
     # the open residue per sensor (residue_cycles) for the rainflow state it was counted from, and its weighted sums
     # (residue_sum); never saved
     residues: dict[str, tuple[tuple[float | int | None, ...], dict[str, float], dict[object, float]]] = field(
@@ -441,6 +443,17 @@ class GpuWear:
             _add(out, cycle_key(c), c[2])
         cached = self.residues[sensor] = (state, {k: v for k, v in out.items() if not k.startswith("0:")}, {})
         return cached
+
+    def resistance_days(self) -> list[str]:
+        """The UTC days of ``thermal_resistance`` with data (seconds > 0), in order. Sorted again only when a day was
+        added or the map replaced: a day's seconds only grow, so the days with data change only with the map's size
+        (a day held without data, as a loaded record may hold, is looked at each time)."""
+        days, cached = self.thermal_resistance, self.days
+        if cached is not None and cached[0] is days and cached[1] == len(days):
+            return cached[2]
+        with_data = sorted(d for d, v in days.items() if v[0] > 0)
+        self.days = (days, len(days), with_data) if len(with_data) == len(days) else None
+        return with_data
 
     def bin_weights(self, hist: dict[str, float], key: object, weight: Callable[[str], float]) -> list[float]:
         """``weight(bin)`` of each bin of one of this history's histograms, in its order, computed once per bin: they

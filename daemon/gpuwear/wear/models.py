@@ -232,14 +232,14 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
 
 def resistance_trend(w: GpuWear) -> dict[str, Any] | None:
     """Die thermal resistance (°C/W) at steady load: first and last three days with data."""
-    days = sorted((d, v) for d, v in w.thermal_resistance.items() if v[0] > 0)
+    days, by_day = w.resistance_days(), w.thermal_resistance
     if not days:
         return None
 
-    def mean(rows: list[tuple[str, list[float]]]) -> float:
-        return sum(v[1] for _, v in rows) / sum(v[0] for _, v in rows)
+    def mean(rows: list[list[float]]) -> float:
+        return sum(v[1] for v in rows) / sum(v[0] for v in rows)
 
-    first, last = days[:3], days[-3:]
+    first, last = [by_day[d] for d in days[:3]], [by_day[d] for d in days[-3:]]
     out: dict[str, Any] = {"days": len(days), "first_celsius_per_watt": round(mean(first), 6),
                            "last_celsius_per_watt": round(mean(last), 6), "rise_ratio": None}
     if len(days) >= 6:
