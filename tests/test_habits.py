@@ -86,9 +86,9 @@ def test_jobs_show_the_index_nvidia_smi_gives(state: Path) -> None:
     doc = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--json", "--gpu",
                              "0").stdout)
     text = gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--gpu", "0", "--limit", "3").stdout
-    first = doc["jobs"][0]
-    line = next(line for line in text.splitlines() if line.startswith(("(idle)", first["name"] or first["id"])))
-    assert line.split()[line.split().index("h") + 1] == "0"  # the GPU column, after the duration
+    rows = text.splitlines()
+    line = rows[next(i for i, row in enumerate(rows) if row.startswith("JOB")) + 1]  # the newest line, under the header
+    assert doc["jobs"] and line.split()[line.split().index("h") + 1] == "0"  # the GPU column, after the duration
 
 
 def test_doctor_counts_every_gpu_of_the_ledger(state: Path) -> None:
