@@ -100,7 +100,7 @@ class _Rendered:
     and the objects the series came from (MetricDef.inputs)."""
 
     bases: tuple[tuple[str, ...], ...] = ()
-    series: list[list[tuple[tuple[str, ...], float]] | None] = field(default_factory=list)
+    series: list[list[tuple[tuple[str, ...], float]]] = field(default_factory=list)  # [] before the first: no lines
     lines: list[str] = field(default_factory=list)
     stamps: list[tuple[object, ...] | None] = field(default_factory=list)
 
@@ -146,7 +146,7 @@ class _Family:
         last, values, inputs = self.last, self.metric.values, self.metric.inputs
         if last.bases != bases:
             last.bases, last.lines = bases, [""] * len(bases)
-            last.series, last.stamps = [None] * len(bases), [None] * len(bases)
+            last.series, last.stamps = [[] for _ in bases], [None] * len(bases)
         series, lines = last.series, last.lines
         if inputs is not None:
             stamps: list[tuple[object, ...] | None] = list(map(inputs, sources))
@@ -156,9 +156,9 @@ class _Family:
                     series[i], lines[i] = new, self._lines(new, bases[i])
             last.stamps = stamps
         else:
-            fresh: list[list[tuple[tuple[str, ...], float]] | None] = list(map(values, sources))
+            fresh = list(map(values, sources))
             for i in itertools.compress(range(len(fresh)), map(operator.ne, fresh, series)):
-                lines[i] = self._lines(fresh[i] or [], bases[i])
+                lines[i] = self._lines(fresh[i], bases[i])
             last.series = fresh
         out.extend(lines)
 
@@ -175,8 +175,7 @@ class _Family:
                 if len(prefixes) >= _PREFIXES:
                     prefixes.clear()
                 prefix = prefixes[labels] = self._prefix(base, labels)
-            out.append(f"{prefix}{value!r}\n" if value.__class__ is float and -1e6 < value < 1e6
-                       else f"{prefix}{_number(value)}\n")
+            out.append(f"{prefix}{_number(value)}\n")
         return "".join(out)
 
     def _prefix(self, base: tuple[str, ...], labels: tuple[str, ...]) -> str:

@@ -24,6 +24,7 @@ from gpuwear.wear.accumulate import GpuWear, weighted_sum
 from gpuwear.wear.models import (
     BANDS,
     aging_bands,
+    cycle_bin,
     fan_revolutions,
     fatigue_bands,
     resistance_trend,
@@ -59,10 +60,10 @@ def _in_range(index: int) -> Callable[[str], float]:
     return lambda key: float(_cycle_range(key) == index)
 
 
-def _cycle_range(key: str) -> float:
+def _cycle_range(key: str) -> int:
     """The index in CYCLE_RANGES of a 'range:peak' bin's range, -1 outside them all."""
-    rng = int(key.split(":")[0])
-    return next((float(i) for i, (lo, hi) in enumerate(CYCLE_RANGES) if lo <= rng < hi), -1.0)
+    rng = cycle_bin(key)[0]
+    return next((i for i, (lo, hi) in enumerate(CYCLE_RANGES) if lo <= rng < hi), -1)
 
 
 @dataclass(frozen=True)
