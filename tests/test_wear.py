@@ -20,7 +20,7 @@ from gpuwear.config import WearConfig
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, thermal_aging_hours, verdict
+from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, resistance_trend, thermal_aging_hours, verdict
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
 from gpuwear.wear.tracker import WearTracker, WearView
 
@@ -229,7 +229,7 @@ def test_verdict_for_each_health_criterion_through_fake_nvml(product: str, fault
         tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
     w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
     assert w is not None
-    v = verdict(w, WearConfig())
+    v = verdict(w, WearConfig(), resistance_trend(w))
     assert v["status"] == status, v
     assert (code is None and not v["reasons"]) or code in {r["code"] for r in v["reasons"]}, v
 
@@ -252,7 +252,7 @@ def test_xids_through_the_nvml_event_set_reach_the_verdict() -> None:
         rig.backend.close()
     w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
     assert w is not None and w.xids == {"79": 1, "13": 1}
-    codes = {r["code"]: r["severity"] for r in verdict(w, WearConfig())["reasons"]}
+    codes = {r["code"]: r["severity"] for r in verdict(w, WearConfig(), resistance_trend(w))["reasons"]}
     assert codes["xid_79"] == "act" and codes["xid_13"] == "watch"
 
 
@@ -264,7 +264,7 @@ def test_stress_in_a_hot_room_makes_the_verdict_watch() -> None:
         tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
     w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
     assert w is not None
-    v = verdict(w, WearConfig())
+    v = verdict(w, WearConfig(), resistance_trend(w))
     assert v["status"] == "watch" and "thermal_throttling" in {r["code"] for r in v["reasons"]}
 
 
@@ -274,9 +274,9 @@ def test_an_old_critical_event_asks_for_watching_not_action() -> None:
     w.add_xids({79: 1}, wall=1.8e9)
     w.add_lost(1.8e9)
     w.see(1.8e9 + 3600)
-    assert verdict(w, WearConfig())["status"] == "act"
+    assert verdict(w, WearConfig(), resistance_trend(w))["status"] == "act"
     w.see(1.8e9 + 8 * 86400)  # a week later the card is still running fine
-    v = verdict(w, WearConfig())
+    v = verdict(w, WearConfig(), resistance_trend(w))
     assert v["status"] == "watch"
     assert {r["code"]: r["severity"] for r in v["reasons"]} == {"xid_79": "watch", "gpu_lost": "watch"}
     assert "last 2027-01-15" in v["reasons"][0]["text"]

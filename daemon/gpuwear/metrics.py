@@ -11,6 +11,7 @@ limits): 108 per GPU. README "Metrics" lists what each family costs.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
@@ -96,8 +97,16 @@ def _slow(status: GpuStatus) -> tuple[object, ...]:
     return status.identity, status.slow_values, status.sample is None
 
 
-def _counted(attr: str) -> Callable[[GpuStatus], tuple[object, ...]]:
-    """A family of one of the status' counts (the sampler keeps the mapping object while its counts are the same)."""
+def _reads(*fields: str) -> Callable[[GpuStatus], tuple[object, ...]]:
+    """A family of fields of the GPU's sample: the same readings give the same series (a steady clock, utilization,
+    fan), whatever else the new sample holds."""
+    get = operator.attrgetter(*fields)
+    return lambda status: (get(status.sample) if status.sample is not None else None,)
+
+
+def _of(attr: str) -> Callable[[GpuStatus], tuple[object, ...]]:
+    """A family of one of the status' own fields: up, the last XID, the last read's success, a count (the sampler
+    keeps a count's mapping object while its counts are the same)."""
     return lambda status: (getattr(status, attr),)
 
 
@@ -177,21 +186,22 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "GetArchitecture, GetCudaComputeCapability); value 1.",
        ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info, inputs=_slow),
     MetricDef("gpuwear_gpu_up", "gauge", "", "1 when the GPU answered the last read, 0 once it is lost "
-       "(NVML_ERROR_GPU_IS_LOST).", (), _value(lambda s: 1.0 if s.up else 0.0)),
+       "(NVML_ERROR_GPU_IS_LOST).", (), _value(lambda s: 1.0 if s.up else 0.0), inputs=_of("up")),
     MetricDef("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
        "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes), inputs=_slow),
     MetricDef("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
        _value(lambda s: s.identity.fan_count), detail=True, inputs=_slow),
     MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
-       _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
+       _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius"))),
+       inputs=_reads("temperature_gpu_celsius", "temperature_memory_celsius")),
     MetricDef("gpuwear_temperature_threshold_celsius", "gauge", "celsius", "The device's own temperature "
        "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
                   ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius"))),
        basic=_only("slowdown", "gpu_max", "memory_max"), inputs=_slow),
     MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
-       _sample_field("power_watts")),
+       _sample_field("power_watts"), inputs=_reads("power_watts")),
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
        "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts"), inputs=_slow),
     MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
@@ -203,12 +213,13 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        _value(lambda s: s.energy_joules_total if s.sample else None), detail=True),
     MetricDef("gpuwear_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum "
        "(nvmlDeviceGetFanSpeed_v2 / 100); may exceed 1 on some boards.", ("fan",),
-       _per_fan("fan_speed_ratio")),
+       _per_fan("fan_speed_ratio"), inputs=_reads("fan_speed_ratio")),
     MetricDef("gpuwear_fan_speed_rpm", "gauge", "rpm", "Fan speed in revolutions per minute "
-       "(nvmlDeviceGetFanSpeedRPM).", ("fan",), _per_fan("fan_speed_rpm")),
+       "(nvmlDeviceGetFanSpeedRPM).", ("fan",), _per_fan("fan_speed_rpm"),
+       inputs=_reads("fan_speed_rpm")),
     MetricDef("gpuwear_clock_hertz", "gauge", "hertz", "Current clock (nvmlDeviceGetClockInfo).", ("clock",),
        _labelled((("graphics", "clock_graphics_hz"), ("sm", "clock_sm_hz"), ("memory", "clock_memory_hz"))),
-       basic=_only("sm", "memory")),
+       basic=_only("sm", "memory"), inputs=_reads("clock_graphics_hz", "clock_sm_hz", "clock_memory_hz")),
     MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
                              ("memory", "clock_memory_max_hz"))), detail=True, inputs=_slow),
@@ -216,15 +227,18 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state"), detail=True),
     MetricDef("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
        "(nvmlDeviceGetCurrentClocksEventReasons); thermal and power reasons are the card "
-       "protecting itself.", ("reason",), _reasons, basic=PROTECTING),
+       "protecting itself.", ("reason",), _reasons, basic=PROTECTING,
+       inputs=_reads("clock_event_reasons")),
     MetricDef("gpuwear_violation_seconds_total", "counter", "seconds", "Time the clocks were held below "
        "the requested ones by a policy (nvmlDeviceGetViolationStatus).", ("policy",),
        _labelled((("power", "violation_power_seconds"), ("thermal", "violation_thermal_seconds"))), detail=True),
     MetricDef("gpuwear_utilization_ratio", "gauge", "ratio", "Share of the last sample period the GPU "
        "(kernels) or memory (reads/writes) was busy (nvmlDeviceGetUtilizationRates).", ("resource",),
-       _labelled((("gpu", "utilization_gpu_ratio"), ("memory", "utilization_memory_ratio")))),
+       _labelled((("gpu", "utilization_gpu_ratio"), ("memory", "utilization_memory_ratio"))),
+       inputs=_reads("utilization_gpu_ratio", "utilization_memory_ratio")),
     MetricDef("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
-       "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes")),
+       "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes"),
+       inputs=_reads("memory_used_bytes")),
     MetricDef("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
        _sample_field("mig_enabled"), detail=True, inputs=_slow),
     MetricDef("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
@@ -262,26 +276,26 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action"), inputs=_slow),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
-       "NVML event set, since the daemon started.", ("xid",), _counts("xids"), inputs=_counted("xids")),
+       "NVML event set, since the daemon started.", ("xid",), _counts("xids"), inputs=_of("xids")),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
-       _value(lambda s: s.last_xid)),
+       _value(lambda s: s.last_xid), inputs=_of("last_xid")),
     MetricDef("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error and gave "
        "at least one reading; 0 when it failed or the GPU yields nothing.", (),
-       _value(lambda s: 1.0 if s.last_success else 0.0)),
+       _value(lambda s: 1.0 if s.last_success else 0.0), inputs=_of("last_success")),
     MetricDef("gpuwear_readings_unavailable", "gauge", "", "Readings the GPU cannot give, by reason: "
        "not_supported, no_permission (an unprivileged daemon), function_not_found (an older driver), "
        "unknown_field (a field id the driver does not know), binding_error (nvidia-ml-py does not fit this "
        "driver), module_scope (a Grace superchip's module energy counter: power is integrated instead). Not a "
-       "sampling failure.", ("reason",), _unavailable, inputs=_counted("unavailable")),
+       "sampling failure.", ("reason",), _unavailable, inputs=_of("unavailable")),
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
        "took.", (), _value(lambda s: s.last_duration_seconds)),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
        "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None), detail=True),
     MetricDef("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
-       _counts("errors"), inputs=_counted("errors")),
+       _counts("errors"), inputs=_of("errors")),
     MetricDef("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
-       "range, by sample field.", ("field",), _counts("dropped"), inputs=_counted("dropped")),
+       "range, by sample field.", ("field",), _counts("dropped"), inputs=_of("dropped")),
 )
 
 

@@ -36,7 +36,7 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
     """The report of one GPU: measured health first, then stress, then estimate bands. ``live``: the ledger holds
     live history of it (else only imported logs, which say nothing about what the card could report)."""
     est = estimates(w, p)
-    health = verdict(w, p)
+    health = verdict(w, p, resistance_trend(w))
     if not live:
         for r in health["reasons"]:
             if r["code"] == "memory_health_unknown":

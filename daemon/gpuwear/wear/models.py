@@ -247,11 +247,11 @@ def resistance_trend(w: GpuWear) -> dict[str, Any] | None:
     return out
 
 
-def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None = None, busy: float | None = None,
+def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float | None = None,
             above_slowdown: float | None = None) -> dict[str, Any]:
-    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``, ``busy`` and
-    ``above_slowdown``: the card's resistance_trend, busy seconds and seconds at or above its slowdown temperature,
-    when the caller has them already.
+    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the card's
+    resistance_trend; ``busy`` and ``above_slowdown``: its busy seconds and seconds at or above its slowdown
+    temperature, when the caller has them already.
 
     Reason codes are a fixed set (they label a metric); the text explains each in plain words.
     """
@@ -293,7 +293,7 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None = None, busy
         when = w.last_event.get(what)
         return "" if when is None else f", last {time.strftime('%Y-%m-%d', time.gmtime(when))}"
 
-    for xid, n in sorted((int(x), n) for x, n in w.xids.items()):
+    for xid, n in sorted((int(x), n) for x, n in w.xids.items()) if w.xids else ():
         for severity, table in (("act", XID_ACT), ("watch", XID_WATCH)):
             if xid in table:
                 if severity == "act" and not recent(f"xid {xid}"):
@@ -311,14 +311,12 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None = None, busy
         if above >= p.health.slowdown_watch_seconds:
             reason("watch", "time_above_slowdown", f"{above / 3600:.2f} h at or above the card's own slowdown "
                    f"temperature ({slowdown:g} °C)")
-    thermal = sum(w.throttle_seconds.get(k, 0.0) for k in ("sw_thermal_slowdown", "hw_thermal_slowdown"))
+    thermal = w.throttle_seconds.get("sw_thermal_slowdown", 0.0) + w.throttle_seconds.get("hw_thermal_slowdown", 0.0)
     if busy is None:
         busy = w.busy_seconds(p.busy_utilization_ratio)
     if busy > 0 and thermal / busy >= p.health.thermal_throttle_watch_ratio:
         reason("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time: "
                "the card protects itself by slowing down; check cooling and airflow")
-    if trend is None:
-        trend = resistance_trend(w)
     if trend and trend["rise_ratio"] is not None and trend["rise_ratio"] >= p.health.resistance_rise_watch_ratio:
         reason("watch", "cooling_degrading", f"the die runs {100 * trend['rise_ratio']:.0f} % hotter per watt than "
                "when first measured: dust or dried thermal paste?")
