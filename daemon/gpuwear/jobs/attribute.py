@@ -143,7 +143,7 @@ class JobAccounts:
         k["energy_joules"] += interval.energy_joules * share
         b = interval.temperature_bins.get("gpu")
         if b is not None:
-            k["temperature_seconds"][b] = k["temperature_seconds"].get(b, 0.0) + interval.dt * share
+            w.tally(k["temperature_seconds"], b, interval.dt * share)
 
     def event(self, uuid: str, what: str) -> None:
         """Count an event (XID, memory-error change) against whoever runs on the GPU now."""

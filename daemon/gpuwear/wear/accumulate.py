@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -40,16 +39,55 @@ def _add(d: dict[str, float], key: str, value: float) -> None:
 
 
 def weighted_sum(hist: dict[str, float], key: object, weight: Callable[[str], float],
-                 owner: GpuWear | None = None) -> float:
-    """Σ value x weight(bin) over a histogram's bins, in their order. ``owner``: the history the histogram belongs
-    to, which keeps each bin's weight from one call to the next (GpuWear.bin_weights); ``key`` names the weight
-    there (the function and its parameters)."""
+                 owner: GpuWear | None = None, exact: bool = True) -> float:
+    """Σ value x weight(bin) over a histogram's bins. ``owner``: the history the histogram belongs to, which keeps the
+    sum from one call to the next and adds what the bins gained since (GpuWear.weighted); ``key`` names the weight
+    there (the function and its parameters). ``exact``: the sum over the bins in their order, bit for bit (an exported
+    counter's: a rounding must not take it down across a restart); else the kept sum plus the gains' weighted shares
+    (an estimate's)."""
     if owner is None:
         return float(sum(map(operator.mul, hist.values(), map(weight, hist))))
-    cached = owner.weights.get((id(hist), key))  # the common case, a scrape after a tick: no new bin
-    if cached is not None and cached[0] is hist and len(cached[1]) == len(hist):
-        return float(sum(map(operator.mul, hist.values(), cached[1])))
-    return float(sum(map(operator.mul, hist.values(), owner.bin_weights(hist, key, weight))))
+    return owner.weighted(hist, key, weight, exact)
+
+
+@dataclass(slots=True)
+class _Sum:
+    """One weighted sum kept with a history (GpuWear.weighted): its weight, each bin's (in the bins' order, and by
+    bin), and the sum."""
+
+    weight: Callable[[str], float]
+    exact: bool
+    weights: list[float]
+    by_bin: dict[str, float]
+    total: float
+
+
+@dataclass(slots=True)
+class _Weighed:
+    """One of a history's histograms, the sums kept of it, and what its bins gained since they were brought up to
+    date (GpuWear.tally)."""
+
+    hist: dict[str, float]
+    sums: dict[object, _Sum] = field(default_factory=dict)
+    gained: dict[str, float] = field(default_factory=dict)
+
+    def catch_up(self) -> None:
+        """Each sum brought up to date with the gains: an estimate's gets their weighted shares; a counter's is summed
+        again, unless every bin that gained weighs 0 (a die below its thresholds: the same sum, bit for bit)."""
+        hist, gained = self.hist, self.gained
+        for s in self.sums.values():
+            by_bin, share = s.by_bin, 0.0
+            for b, gain in gained.items():
+                w = by_bin.get(b)
+                if w is None:  # a new bin, at the end of the histogram
+                    w = by_bin[b] = s.weight(b)
+                    s.weights.append(w)
+                share += w * gain
+            if not s.exact:
+                s.total += share
+            elif share:
+                s.total = float(sum(map(operator.mul, hist.values(), s.weights)))
+        gained.clear()
 
 
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
@@ -189,9 +227,8 @@ class GpuWear:
     # previous readings of cumulative NVML counters (valid only while samples are contiguous)
     last_energy: float | None = None
     last_violation: dict[str, float] = field(default_factory=dict)
-    # per-bin weights of this history's histograms (bin_weights), kept while it lives; never saved
-    weights: dict[tuple[int, object], tuple[dict[str, float], list[float]]] = field(
-        default_factory=dict, repr=False, compare=False)
+    # the weighted sums kept of this history's histograms (weighted), by id(histogram), while it lives; never saved
+    weighed: dict[int, _Weighed] = field(default_factory=dict, repr=False, compare=False)
     # the days of thermal_resistance with data, sorted (resistance_days), with the map and its size they came from
     days: tuple[dict[str, list[float]], int, list[str]] | None = field(default=None, repr=False, compare=False)
     # the open residue per sensor (residue_cycles) for the rainflow state it was counted from, and its weighted sums
@@ -316,11 +353,11 @@ class GpuWear:
         dt = iv.dt * weight
         self.observed_seconds += dt
         if iv.utilization_bin is not None:
-            _add(self.utilization_seconds, iv.utilization_bin, dt)
+            self.tally(self.utilization_seconds, iv.utilization_bin, dt)
         for sensor, b in iv.temperature_bins.items():
-            _add(self.temperature_seconds.setdefault(sensor, {}), b, dt)
+            self.tally(self.temperature_seconds.setdefault(sensor, {}), b, dt)
         for sensor, key, count in iv.cycles:
-            _add(self.cycles.setdefault(sensor, {}), key, count * weight)
+            self.tally(self.cycles.setdefault(sensor, {}), key, count * weight)
         if iv.power:
             self.power_seconds += dt
             self.power_limit_seconds += dt if iv.power_limit else 0.0
@@ -343,6 +380,15 @@ class GpuWear:
                 fan.rpm_seconds += dt
             elif ratio is not None:
                 fan.ratio_seconds += ratio * dt
+
+    def tally(self, hist: dict[str, float], key: str, value: float) -> None:
+        """Add ``value`` to a bin of one of this history's histograms. A histogram that is weighed (:meth:`weighted`:
+        the time at temperature or utilization, the cycles, a kind's time at temperature) changes only through here
+        once it is: its sums take what the bins gained at the next view."""
+        hist[key] = hist.get(key, 0.0) + value
+        weighed = self.weighed.get(id(hist))
+        if weighed is not None:
+            weighed.gained[key] = weighed.gained.get(key, 0.0) + value
 
     def _baselines(self, s: GpuSample) -> None:
         self.last_energy = s.energy_joules
@@ -414,7 +460,7 @@ class GpuWear:
     def residue_cycles(self, sensor: str) -> dict[str, float]:
         """The open residue of the rainflow counter as half cycles, in 'range:peak' bins (ranges of 0 left out).
         Counted again only when the counter's state changed since (a swing within the gate changes nothing). Not for
-        bin_weights: a new state is a new dict (its sums are kept with it: :meth:`residue_sum`)."""
+        weighted: a new state is a new dict (its sums are kept with it: :meth:`residue_sum`)."""
         counter = self.rainflow.get(sensor)
         if counter is None:
             return {}
@@ -455,25 +501,31 @@ class GpuWear:
         self.days = (days, len(days), with_data) if len(with_data) == len(days) else None
         return with_data
 
-    def bin_weights(self, hist: dict[str, float], key: object, weight: Callable[[str], float]) -> list[float]:
-        """``weight(bin)`` of each bin of one of this history's histograms, in its order, computed once per bin: they
-        only grow (:func:`_add` appends a new bin at the end, nothing removes one), so a bin keeps its place and only
-        new bins are weighed. ``key`` names the weight (the function and its parameters). A scrape's sums are then
-        one pass in C (:func:`weighted_sum`), equal to a sum over the bins in order."""
-        cached = self.weights.get((id(hist), key))
-        if cached is None or cached[0] is not hist or len(cached[1]) > len(hist):
-            if len(self.weights) >= 256:
-                self.weights.clear()
-            cached = self.weights[(id(hist), key)] = (hist, [])
-        weights = cached[1]
-        if len(weights) < len(hist):
-            weights.extend(weight(k) for k in itertools.islice(hist, len(weights), None))
-        return weights
+    def weighted(self, hist: dict[str, float], key: object, weight: Callable[[str], float], exact: bool) -> float:
+        """Σ value x weight(bin) over one of this history's histograms (:func:`weighted_sum`), kept with it: a view
+        after a tick takes what the bins gained since the last (:meth:`tally`, _Weighed.catch_up) instead of going
+        over every bin again, and a bin is weighed once (bins only grow: a new one comes at the end, nothing removes
+        one). ``key`` names the weight (the function and its parameters)."""
+        weighed = self.weighed.get(id(hist))
+        if weighed is None or weighed.hist is not hist:
+            if len(self.weighed) >= 64:
+                self.weighed.clear()
+            weighed = self.weighed[id(hist)] = _Weighed(hist)
+        elif weighed.gained:
+            weighed.catch_up()
+        s = weighed.sums.get(key)
+        if s is None or len(s.weights) != len(hist):  # a new sum (or bins added without tally: all weighed again)
+            by_bin = {b: weight(b) for b in hist}
+            weights = list(by_bin.values())
+            s = weighed.sums[key] = _Sum(weight, exact, weights, by_bin,
+                                         float(sum(map(operator.mul, hist.values(), weights))))
+        return s.total
 
-    def busy_seconds(self, threshold_ratio: float) -> float:
-        """Seconds with GPU utilization at or above ``threshold_ratio``."""
-        return weighted_sum(self.utilization_seconds, ("busy", threshold_ratio),
-                            lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0, self)
+    def busy_seconds(self, threshold_ratio: float, exact: bool = True) -> float:
+        """Seconds with GPU utilization at or above ``threshold_ratio``; ``exact``: as weighted_sum's (off where the
+        figure is not exported, a busy card's is not summed again at each view)."""
+        return weighted_sum(self.utilization_seconds, ("busy", threshold_ratio, exact),
+                            lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0, self, exact)
 
     def seconds_at_or_above(self, sensor: str, celsius: float) -> float:
         return weighted_sum(self.temperature_seconds.get(sensor, {}), ("above", celsius),

@@ -49,10 +49,10 @@ def arrhenius_factor(celsius: float, reference_celsius: float, ea_ev: float) -> 
 def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius: float, ea_ev: float,
                         owner: GpuWear | None = None) -> float:
     """Σ t·AF(T): hours at the reference temperature that age as much as the histogram
-    (bins of whole °C, each taken at its value). ``owner``: the history the histogram belongs to, which keeps its
-    bins' factors from one call to the next (GpuWear.bin_weights)."""
+    (bins of whole °C, each taken at its value). ``owner``: the history the histogram belongs to, which keeps the
+    sum from one call to the next, adding what the bins gained since (GpuWear.weighted)."""
     return weighted_sum(seconds_by_celsius, (arrhenius_factor, reference_celsius, ea_ev),
-                        lambda t: arrhenius_factor(int(t), reference_celsius, ea_ev), owner) / 3600.0
+                        lambda t: arrhenius_factor(int(t), reference_celsius, ea_ev), owner, exact=False) / 3600.0
 
 
 @functools.lru_cache(maxsize=1 << 16)  # (range, peak) bins of whole degrees: each factor computed once
@@ -74,7 +74,8 @@ def equivalent_cycles(cycles: dict[str, float], reference_range: float, referenc
                       peak_term_kelvin: float, owner: GpuWear | None = None) -> float:
     """Miner's sum of cycles ('range:peak' bins -> counts) in reference cycles (a range of 0 counts nothing).
     ``owner``: as for :func:`thermal_aging_hours`."""
-    return weighted_sum(cycles, *_cycle_weight(reference_range, reference_peak, exponent, peak_term_kelvin), owner)
+    return weighted_sum(cycles, *_cycle_weight(reference_range, reference_peak, exponent, peak_term_kelvin), owner,
+                        exact=False)
 
 
 def _cycle_weight(reference_range: float, reference_peak: float, exponent: float,
@@ -105,7 +106,7 @@ def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, bands: tuple[str, ...]
     for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True):
         if b in bands:
             key, factor = _cycle_weight(c.reference_range_celsius, c.reference_peak_celsius, m, q)
-            out[b] = weighted_sum(closed, key, factor, w) + w.residue_sum(sensor, key, factor)
+            out[b] = weighted_sum(closed, key, factor, w, exact=False) + w.residue_sum(sensor, key, factor)
     return out
 
 

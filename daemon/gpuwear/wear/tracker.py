@@ -90,10 +90,10 @@ class WearView:
 
 
 def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True) -> WearView:
-    """Build the exported view of one GPU's accumulators (their per-bin factors are kept with them from view to
-    view: GpuWear.bin_weights). ``detail`` off (metrics.detail): only what the default metrics show, without the
-    time above each temperature, the low and high bands, the memory's cycles and cycle fatigue, the die's cycles
-    below 20 °C and its time above gpu_max (BASIC_CYCLE_RANGES, BASIC_THRESHOLDS)."""
+    """Build the exported view of one GPU's accumulators (their weighted sums are kept with them from view to view,
+    taking what the bins gained: GpuWear.weighted). ``detail`` off (metrics.detail): only what the default metrics
+    show, without the time above each temperature, the low and high bands, the memory's cycles and cycle fatigue,
+    the die's cycles below 20 °C and its time above gpu_max (BASIC_CYCLE_RANGES, BASIC_THRESHOLDS)."""
     above: dict[tuple[str, str], float] = {}
     for sensor, hist in w.temperature_seconds.items() if detail else ():  # one pass per sensor, hottest bin first
         hottest_first = sorted(((int(t), s) for t, s in hist.items()), reverse=True)
@@ -120,7 +120,7 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
         if detail:
             est["cycle_fatigue_equivalent_cycles"]["memory"] = fatigue_bands(w, "memory", p)
     trend = resistance_trend(w)
-    busy = w.busy_seconds(p.busy_utilization_ratio)
+    busy = w.busy_seconds(p.busy_utilization_ratio, exact=detail)  # exported with metrics.detail only
     return WearView(
         observed_seconds=w.observed_seconds, busy_seconds=busy,
         down_seconds=w.down_seconds, gap_seconds=w.gap_seconds, coverage=w.coverage(),
