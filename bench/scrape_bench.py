@@ -175,7 +175,7 @@ def against(rev: str, gpus: int, days: float, rounds: int, detail: bool, pairs: 
         subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
 
     def median(name: str, key: str) -> float:
-        return statistics.median(r[key] if key != "cpu_ms" else r[key]["total"] for r in runs[name])
+        return float(statistics.median(r[key] if key != "cpu_ms" else r[key]["total"] for r in runs[name]))
 
     return {"gpus": gpus, "against": rev, "pairs": pairs,
             **{f"{key}_{name}": median(name, key) for key in ("cpu_ms", "per_calibration") for name in runs},
