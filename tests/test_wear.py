@@ -383,27 +383,31 @@ def test_views_from_kept_sums_equal_views_computed_afresh(detail: bool) -> None:
                     assert shown.attributed[kind][:2] == (seconds, joules)
                     assert shown.attributed[kind][2] == pytest.approx(aging, rel=1e-12)
                 assert shown.attributed.keys() == afresh.attributed.keys()
-                _check_cycle_figures(w, shown, params)
+                _check_cycle_figures(w, shown, params, detail)
                 compared += 1
     assert compared > 20
     bins = {len(w.temperature_seconds["gpu"]) for w in tracker._wears.values()}
     assert min(bins) > 20  # the stress scenario swept the die through many degrees: bins were added on the way
 
 
-def _check_cycle_figures(w: GpuWear, shown: WearView, params: WearConfig) -> None:
-    """A view's cycles by range and cycle fatigue against direct sums over the history's bins (no kept weights)."""
-    from gpuwear.wear.tracker import CYCLE_RANGES, cycle_range_label
+def _check_cycle_figures(w: GpuWear, shown: WearView, params: WearConfig, detail: bool = True) -> None:
+    """A view's cycles by range and cycle fatigue against direct sums over the history's bins (no kept sums): every
+    range and band with metrics.detail, else the die's BASIC_CYCLE_RANGES and the central band."""
+    from gpuwear.wear.tracker import BASIC_CYCLE_RANGES, CYCLE_RANGES, cycle_range_label
 
     c = params.cycles
     for sensor, bins in w.cycles.items():
-        for lo, hi in CYCLE_RANGES:
+        for i, (lo, hi) in enumerate(CYCLE_RANGES):
             direct = sum(n for key, n in bins.items() if lo <= int(key.split(":")[0]) < hi)
             label = (sensor, cycle_range_label(lo, hi))
-            if label in shown.cycles:  # all with metrics.detail; else the die's 20-40 and 40+
+            if detail or (sensor == "gpu" and i in BASIC_CYCLE_RANGES):
                 assert shown.cycles[label] == pytest.approx(direct, rel=1e-12, abs=1e-12)
+            else:
+                assert label not in shown.cycles
     fatigue = shown.estimates["cycle_fatigue_equivalent_cycles"]
     for band, exponent in c.exponent.items():
-        if band not in fatigue:  # the central band only, without metrics.detail
+        if not detail and band != "central":
+            assert band not in fatigue
             continue
         q = getattr(c.peak_term_kelvin, band)
         direct = 0.0
