@@ -68,7 +68,7 @@ class _Weighed:
     date (GpuWear.tally)."""
 
     hist: dict[str, float]
-    sums: dict[object, _Sum] = field(default_factory=dict)
+    sums: dict[tuple[object, bool], _Sum] = field(default_factory=dict)  # by (weight's key, exact)
     gained: dict[str, float] = field(default_factory=dict)
 
     def catch_up(self) -> None:
@@ -385,10 +385,10 @@ class GpuWear:
         """Add ``value`` to a bin of one of this history's histograms. A histogram that is weighed (:meth:`weighted`:
         the time at temperature or utilization, the cycles, a kind's time at temperature) changes only through here
         once it is: its sums take what the bins gained at the next view."""
-        hist[key] = hist.get(key, 0.0) + value
+        _add(hist, key, value)
         weighed = self.weighed.get(id(hist))
         if weighed is not None:
-            weighed.gained[key] = weighed.gained.get(key, 0.0) + value
+            _add(weighed.gained, key, value)
 
     def _baselines(self, s: GpuSample) -> None:
         self.last_energy = s.energy_joules
@@ -505,7 +505,8 @@ class GpuWear:
         """Σ value x weight(bin) over one of this history's histograms (:func:`weighted_sum`), kept with it: a view
         after a tick takes what the bins gained since the last (:meth:`tally`, _Weighed.catch_up) instead of going
         over every bin again, and a bin is weighed once (bins only grow: a new one comes at the end, nothing removes
-        one). ``key`` names the weight (the function and its parameters)."""
+        one). ``key`` names the weight (the function and its parameters); an exact sum and an estimate of the same
+        weight are kept apart."""
         weighed = self.weighed.get(id(hist))
         if weighed is None or weighed.hist is not hist:
             if len(self.weighed) >= 64:
@@ -513,18 +514,18 @@ class GpuWear:
             weighed = self.weighed[id(hist)] = _Weighed(hist)
         elif weighed.gained:
             weighed.catch_up()
-        s = weighed.sums.get(key)
+        s = weighed.sums.get((key, exact))
         if s is None or len(s.weights) != len(hist):  # a new sum (or bins added without tally: all weighed again)
             by_bin = {b: weight(b) for b in hist}
             weights = list(by_bin.values())
-            s = weighed.sums[key] = _Sum(weight, exact, weights, by_bin,
-                                         float(sum(map(operator.mul, hist.values(), weights))))
+            s = weighed.sums[(key, exact)] = _Sum(weight, exact, weights, by_bin,
+                                                  float(sum(map(operator.mul, hist.values(), weights))))
         return s.total
 
     def busy_seconds(self, threshold_ratio: float, exact: bool = True) -> float:
         """Seconds with GPU utilization at or above ``threshold_ratio``; ``exact``: as weighted_sum's (off where the
         figure is not exported, a busy card's is not summed again at each view)."""
-        return weighted_sum(self.utilization_seconds, ("busy", threshold_ratio, exact),
+        return weighted_sum(self.utilization_seconds, ("busy", threshold_ratio),
                             lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0, self, exact)
 
     def seconds_at_or_above(self, sensor: str, celsius: float) -> float:
