@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -190,6 +192,19 @@ def test_encode_writes_what_prometheus_client_writes_for_a_long_life(detail: boo
         big = {m.group(1) for m in re.finditer(rb"^(gpuwear_\w+)\{[^}]*\} \d\.\d+e\+\d\d$", text, re.M)}
     assert {b"gpuwear_lifetime_observed_seconds_total", b"gpuwear_lifetime_energy_joules_total",
             b"gpuwear_lifetime_attributed_seconds_total", b"gpuwear_thermal_aging_equivalent_seconds"} <= big
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.floats() | st.integers(-2**60, 2**60).map(float) | st.sampled_from(
+    [0.0, -0.0, 1e6, -1e6, 999999.9999999999, 1e16, 1.5e16, 123456789012345.6, 2e9, 1e22, 5e-324]))
+def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> None:
+    """The encoder's number against prometheus_client's floatToGoString (Go's formatting): every float, the
+    whole numbers and the edges of its repr and exponent forms."""
+    from prometheus_client.utils import floatToGoString
+
+    from gpuwear.collector import _number
+
+    assert _number(value) == floatToGoString(value)
 
 
 def _samples(text: str) -> dict[str, float]:

@@ -71,22 +71,23 @@ def _per_gpu(defs: tuple[MetricDef[T], ...], sources: list[tuple[T, list[str]]])
         yield family
 
 
-# the number as Go (and so Prometheus) writes it (untyped upstream). Values that repeat from scrape to scrape (limits,
-# counts, bytes, hertz: whole numbers) are formatted once; others (a lifetime's joules, seconds) change at each tick,
-# where a cache would only miss (zeros are not cached: -0.0 == 0.0 would share one text; a GPU's lines are reused while
-# its series compare equal, which no value of gpuwear's turns from 0.0 to -0.0)
+# the number as Go (and so Prometheus) writes it (untyped upstream), for what repr does not give (inf, nan, ints)
 _go: Callable[[float], str] = floatToGoString
-_go_float: Callable[[float], str] = functools.lru_cache(maxsize=1 << 14)(_go)
+_EXPONENTS = tuple(f"e+{i:02d}" for i in range(17))
 
 
 def _number(value: float) -> str:
-    """``floatToGoString(value)``: repr for the common range (what it gives there), whole numbers cached."""
-    if value.__class__ is float:
-        if -1e6 < value < 1e6:
-            return repr(value)
-        if not value.is_integer():  # inf and nan are not either: cached
-            return _go(value)
-    return _go_float(value) if value else _go(value)
+    """``floatToGoString(value)``, byte for byte, without its calls for the floats gpuwear writes: repr, and from
+    10^6 up (every lifetime counter after 12 days) the same digits with an exponent, as Go writes them."""
+    if value.__class__ is not float:
+        return _go(value)
+    if -1e6 < value < 1e6:
+        return repr(value)
+    s = repr(value)
+    dot = s.find(".")
+    if dot > 6 and value > 0:  # inf, nan and the exponent forms from 10^16 up have no dot there
+        return (s[0] + "." + s[1:dot] + s[dot + 1:]).rstrip("0.") + _EXPONENTS[dot - 1]
+    return s if value - value == 0.0 else _go(value)  # finite; else inf or nan (+Inf, -Inf, NaN)
 
 
 _TEXT_HELP = str.maketrans({"\\": r"\\", "\n": r"\n"})
