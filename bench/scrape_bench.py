@@ -29,6 +29,7 @@ saved, free of the machine's speed.
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import http.client
 import json
@@ -108,6 +109,12 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
         clock.advance(HISTORY_TICK)
         daemon._tick()
     history_s = time.monotonic() - t0
+    settle = getattr(service, "settle_collector", None)  # the collector as Daemon.start leaves it
+    if settle is not None:
+        settle()
+    else:  # an older revision's (--against)
+        gc.collect()
+        gc.freeze()
     exposition = daemon.exposition
     rounds_ms: list[tuple[float, float, float]] = []  # (views, text, gzip) per scrape
     calibration: list[float] = []  # the calibration workload's CPU ms after each

@@ -249,3 +249,46 @@ def test_a_reload_switches_detail_at_the_next_render(demo: Rig) -> None:
     assert b"gpuwear_clock_max_hertz" in gzip.decompress(exposition.render(True, gzipped=True))
     exposition.detail = False
     assert exposition.render(False) != detail and b"gpuwear_clock_max_hertz" not in exposition.render(False)
+
+
+def test_families_that_did_not_change_give_the_same_bytes(demo: Rig) -> None:
+    """encode_parts hands back a family's bytes object of the last render while none of its lines changed (GzipParts
+    then reuses its deflated form), and new bytes as soon as one did; per format."""
+    from gpuwear.collector import encode_parts
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
+    tracker = WearTracker({}, WearConfig())
+
+    def parts(openmetrics: bool) -> dict[bytes, bytes]:
+        demo.run(1)
+        tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+        out = encode_parts(Published(demo.sampler.snapshot, tracker.views, None, info), openmetrics)
+        return {p.split(b"\n", 1)[0]: p for p in out if p.startswith(b"# HELP")}
+
+    for openmetrics in (False, True, False):
+        before, after = parts(openmetrics), parts(openmetrics)
+        info_family = next(k for k in before if b"gpuwear_gpu_info" in k)
+        observed = next(k for k in before if b"gpuwear_lifetime_observed_seconds" in k)
+        assert after[info_family] is before[info_family]
+        assert after[observed] is not before[observed] and after[observed] != before[observed]
+        assert sum(after[k] is before[k] for k in before) > len(before) / 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 5), st.binary(max_size=3000)), max_size=12), min_size=1,
+                max_size=6), st.sampled_from([1, 100, 16384, 1 << 30]))
+def test_gzip_of_parts_is_gzip_of_their_body(renders: list[list[tuple[int, bytes]]], run_bytes: int) -> None:
+    """Each output of GzipParts is a gzip stream of the parts joined, whatever was reused from the call before: parts
+    kept as the same objects (a family that did not change), replaced by equal or other bytes, added or removed."""
+    import zlib
+
+    from gpuwear.collector import GzipParts
+
+    gz = GzipParts(run_bytes)
+    last: list[bytes] = []
+    for render in renders:
+        parts = [last[i] if keep < 3 and i < len(last) else data for i, (keep, data) in enumerate(render)]
+        body = gz.compress(parts)
+        assert gzip.decompress(body) == b"".join(parts)
+        assert zlib.decompress(body, 31) == b"".join(parts)  # one member, its CRC and size checked
+        last = parts

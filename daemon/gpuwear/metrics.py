@@ -32,8 +32,8 @@ class MetricDef(Generic[T]):
     reads the series from a source: the daemon's published state, a GPU's status, or a
     GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first. ``detail``:
     exported only with ``metrics.detail``; ``basic``: without it, only these label values.
-    ``inputs``: the objects the series come from (the encoder writes the same lines again
-    while they are the same objects)."""
+    ``inputs``: what the series come from, an object or a tuple of them (the encoder writes
+    the same lines again while it compares equal: the same objects at once)."""
 
     name: str
     kind: str
@@ -45,7 +45,7 @@ class MetricDef(Generic[T]):
     basic: frozenset[tuple[str, ...]] | None = None
     # the objects the series are computed from: while they are the same objects as at the last render (or equal ones),
     # the encoder writes the same lines again without asking for the series
-    inputs: Callable[[T], tuple[object, ...]] | None = None
+    inputs: Callable[[T], object] | None = None
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
         """This family as exported with or without ``metrics.detail`` (None: not exported)."""
@@ -91,23 +91,24 @@ class Published:
 
 
 
-def _slow(status: GpuStatus) -> tuple[object, ...]:
-    """What a family of identity and slow-read fields comes from: the GPU's identity, its last slow read (the sampler
-    keeps the object until the next, every sampling.slow_interval_seconds), whether it has a sample."""
-    return status.identity, status.slow_values, status.sample is None
+# What a family of identity and slow-read fields comes from: the GPU's identity and its last slow read (the sampler
+# keeps the object until the next, every sampling.slow_interval_seconds; None while there is no sample). Getters in C:
+# an input is asked of every GPU for every family at each scrape.
+_slow = operator.attrgetter("identity", "slow_values")
 
 
-def _reads(*fields: str) -> Callable[[GpuStatus], tuple[object, ...]]:
+def _reads(*fields: str) -> Callable[[GpuStatus], object]:
     """A family of fields of the GPU's sample: the same readings give the same series (a steady clock, utilization,
-    fan), whatever else the new sample holds."""
+    fan), whatever else the new sample holds (no sample: no series, as for readings of None)."""
     get = operator.attrgetter(*fields)
-    return lambda status: (get(status.sample) if status.sample is not None else None,)
+    return lambda status: get(status.sample) if status.sample is not None else None
 
 
-def _of(attr: str) -> Callable[[GpuStatus], tuple[object, ...]]:
-    """A family of one of the status' own fields: up, the last XID, the last read's success, a count (the sampler
-    keeps a count's mapping object while its counts are the same)."""
-    return lambda status: (getattr(status, attr),)
+def _of(attr: str) -> Callable[[object], object]:
+    """A family of one field of its source: of a GPU's status (up, the last XID, the last read's success, a count:
+    the sampler keeps a count's mapping object while its counts are the same), or of a wear view (a part that most
+    ticks leave as it was: cycles, time above a threshold, throttling, the jobs; compared by value)."""
+    return operator.attrgetter(attr)
 
 
 def _only(*values: str) -> frozenset[tuple[str, ...]]:
@@ -386,26 +387,26 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "was not observed (daemon stopped, sample gaps); never extrapolated.", (),
                   _value(lambda v: v.gap_seconds), detail=True),
     MetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
-                  "was first seen.", (), _value(lambda v: v.coverage)),
+                  "was first seen.", (), _value(lambda v: v.coverage), inputs=_of("coverage")),
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
                   "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules)),
     MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
                   "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds), detail=True),
     MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
                   "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds"),
-                  basic=PROTECTING),
+                  basic=PROTECTING, inputs=_of("throttle_seconds")),
     MetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above a temperature, by sensor (from the 1 °C time-at-temperature histogram).",
                   ("sensor", "celsius"), _wear_map("above_celsius"), detail=True),
     MetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
                   ("sensor", "threshold"), _wear_map("above_threshold"),
-                  basic=BASIC_THRESHOLDS),
+                  basic=BASIC_THRESHOLDS, inputs=_of("above_threshold")),
     MetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
                   "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles"),
-                  basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES)),
+                  basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES), inputs=_of("cycles")),
     MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
-                  _fans(0)),
+                  _fans(0), inputs=_of("fans")),
     MetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "
                   "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1), detail=True),
     MetricDef("gpuwear_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal aging as time "
@@ -416,17 +417,18 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_cycle_fatigue_equivalent_cycles", "gauge", "", "Estimated thermal-cycle fatigue as "
                   "reference cycles (Coffin-Manson / Norris-Landzberg, Miner's rule), per parameter band; an "
                   "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles"),
-                  basic=frozenset({("gpu", "central")})),
+                  basic=frozenset({("gpu", "central")}),
+                  inputs=lambda v: v.estimates["cycle_fatigue_equivalent_cycles"]),
     MetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
                   "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
-                  _value(lambda v: v.thermal_resistance)),
+                  _value(lambda v: v.thermal_resistance), inputs=_of("thermal_resistance")),
     MetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
                   "docker, container, systemd, session, process, simulated, unknown); user only when "
                   "jobs.user_in_metrics is on; a pod's namespace, name and container when the kubelet's "
                   "pod-resources API names them (as dcgm-exporter's labels); value 1. Job history is in "
                   "`gpuwear jobs`, not here.", ("job_kind", "job_id", "user", "namespace", "pod", "container"),
                   lambda v: [((j.kind, j.id, j.user or "", j.namespace or "", j.pod or "", j.container or ""), 1.0)
-                             for j in v.jobs]),
+                             for j in v.jobs], inputs=_of("jobs")),
     MetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
                   "kind: while a job's processes ran on the GPU (job) or not (idle).", ("kind",),
                   lambda v: [((k,), a[0]) for k, a in v.attributed.items()]),
@@ -438,9 +440,10 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
                   "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "
                   "card cannot report is a reason of severity unknown).", ("status",), _status,
-                  basic=_only("ok", "watch", "act")),
+                  basic=_only("ok", "watch", "act"), inputs=lambda v: v.verdict["status"]),
     MetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
-                  "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active),
+                  "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active,
+                  inputs=lambda v: v.verdict["reasons"]),
 )
 
 

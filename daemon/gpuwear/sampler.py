@@ -122,7 +122,7 @@ class GpuStatus:
     readings: int  # readings (not None) the last read gave; 0: the GPU yields nothing
     last_xid: int | None = None  # the code of the last XID event since start
     # the values of the slow read the sample's slow fields come from (thresholds, limits, ECC...): the same object
-    # until the next slow read, every sampling.slow_interval_seconds
+    # until the next slow read, every sampling.slow_interval_seconds; None while there is no sample
     slow_values: Mapping[str, Any] | None = None
 
 
@@ -169,7 +169,8 @@ class _Gpu:
             last_duration_seconds=self.last_duration, errors=self._copy("errors", self.errors),
             dropped=self._copy("dropped", self.dropped), xids=self._copy("xids", self.xids),
             energy_joules_total=self.energy_total, unavailable=self._copy("unavailable", self.unavailable),
-            readings=max(self.readings, 0), last_xid=self.last_xid, slow_values=self.slow_values,
+            readings=max(self.readings, 0), last_xid=self.last_xid,
+            slow_values=self.slow_values if self.sample is not None else None,
         )
 
     def _copy(self, name: str, now: Mapping[Any, Any]) -> Mapping[Any, Any]:

@@ -89,6 +89,24 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     return bool(mallopt(M_ARENA_MAX, arenas))
 
 
+GC_YOUNG_THRESHOLD = 10_000  # net container allocations between two collections of the youngest generation
+
+
+def settle_collector() -> None:
+    """Tune Python's cyclic garbage collector for the daemon, once start-up is done.
+
+    What start-up made (modules, the ledger's history) lives as long as the daemon, so it is frozen out of the
+    collector's view and a full collection no longer walks it (one took 107 ms in a 64-GPU scrape). The youngest
+    generation is collected every 10,000 net allocations of containers instead of 700. The daemon's values are
+    acyclic and are freed by their reference counts, so these collections find almost nothing: 100 ticks and scrapes
+    at 64 GPUs left 2 cyclic objects. At 700, each such scrape ran 1.3 collections, 1.0 ms of its 7 ms, and under
+    the collector's threshold a scrape's views and lines get collected as they are built (bench/README.md)."""
+    gc.collect()
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
+
+
 @dataclass
 class Source:
     """An opened sampler, the clock it runs on and what it is (for the info metric)."""
@@ -421,10 +439,7 @@ class Daemon:
         """First sample, event listener, HTTP server, then the periodic schedule."""
         sampler = self.source.sampler
         self._tick()
-        # what start-up made (modules, the ledger's history) lives as long as the daemon: out of the cyclic
-        # collector's view, a full collection no longer walks it (one took 107 ms in a 64-GPU scrape; bench/README.md)
-        gc.collect()
-        gc.freeze()
+        settle_collector()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,

@@ -94,8 +94,18 @@ class JobAccounts:
 
     def current(self, uuid: str) -> list[JobRecord]:
         """The jobs running on a GPU now (for the info metric): those given its last interval."""
-        last = self._last_wall.get(uuid)
-        return [rec for rec in self.active.values() if uuid in rec.gpus and rec.gpus[uuid].end == last]
+        return self.running().get(uuid, [])
+
+    def running(self) -> dict[str, list[JobRecord]]:
+        """The jobs running on each GPU now (:meth:`current`), by GPU UUID, in one pass over the jobs (a view of every
+        GPU at a scrape: not a pass per GPU)."""
+        out: dict[str, list[JobRecord]] = {}
+        last = self._last_wall
+        for rec in self.active.values():
+            for uuid, share in rec.gpus.items():
+                if share.end == last.get(uuid):
+                    out.setdefault(uuid, []).append(rec)
+        return out
 
     def account(self, uuid: str, wall: float, interval: Interval, temps: dict[str, float], jobs: list[Job],
                 gpu_wear: GpuWear) -> None:

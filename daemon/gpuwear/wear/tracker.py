@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -184,14 +184,16 @@ class WearTracker:
             with self._lock:
                 views = self._views
                 if views is None:
+                    running = self.jobs.running()
                     views = self._views = MappingProxyType({
-                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid), self._detail)
+                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid, running.get(uuid, ())),
+                                   self._detail)
                         for uuid in self._present})
         return views
 
-    def _jobs_shown(self, uuid: str) -> tuple[Job, ...]:
+    def _jobs_shown(self, uuid: str, running: Iterable[JobRecord]) -> tuple[Job, ...]:
         return tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name, r.namespace, r.pod,
-                         r.gpus[uuid].container) for r in self.jobs.current(uuid))
+                         r.gpus[uuid].container) for r in running)
 
     def adopt(self, stored: dict[str, GpuWear], imported: dict[str, GpuWear]) -> None:
         """Merge a ledger opened late into the history kept in memory since the start: the
