@@ -90,6 +90,18 @@ class _Weighed:
         gained.clear()
 
 
+@functools.lru_cache(maxsize=256)  # a few settings and thresholds: a view asks for them at every scrape
+def _busy_weight(threshold_ratio: float) -> tuple[object, Callable[[str], float]]:
+    """1 for a utilization bin (whole %) at or above ``threshold_ratio``, with the key that names it (weighted_sum)."""
+    return ("busy", threshold_ratio), lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0
+
+
+@functools.lru_cache(maxsize=256)
+def _above_weight(celsius: float) -> tuple[object, Callable[[str], float]]:
+    """1 for a temperature bin (whole °C) at or above ``celsius``, with the key that names it (weighted_sum)."""
+    return ("above", celsius), lambda t: 1.0 if int(t) >= celsius else 0.0
+
+
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
     """Sorted, overlapping (or within a second) intervals joined, as {"start": end} items (start to the ms)."""
     out: list[list[float]] = []
@@ -525,12 +537,10 @@ class GpuWear:
     def busy_seconds(self, threshold_ratio: float, exact: bool = True) -> float:
         """Seconds with GPU utilization at or above ``threshold_ratio``; ``exact``: as weighted_sum's (off where the
         figure is not exported, a busy card's is not summed again at each view)."""
-        return weighted_sum(self.utilization_seconds, ("busy", threshold_ratio),
-                            lambda pct: 1.0 if int(pct) >= threshold_ratio * 100 else 0.0, self, exact)
+        return self.weighted(self.utilization_seconds, *_busy_weight(threshold_ratio), exact)
 
     def seconds_at_or_above(self, sensor: str, celsius: float) -> float:
-        return weighted_sum(self.temperature_seconds.get(sensor, {}), ("above", celsius),
-                            lambda t: 1.0 if int(t) >= celsius else 0.0, self)
+        return self.weighted(self.temperature_seconds.get(sensor, {}), *_above_weight(celsius), True)
 
     def coverage(self) -> float | None:
         """Observed share of the wall time since the GPU was first seen (None before 1 s)."""

@@ -51,8 +51,13 @@ def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius:
     """Σ t·AF(T): hours at the reference temperature that age as much as the histogram
     (bins of whole °C, each taken at its value). ``owner``: the history the histogram belongs to, which keeps the
     sum from one call to the next, adding what the bins gained since (GpuWear.weighted)."""
-    return weighted_sum(seconds_by_celsius, (arrhenius_factor, reference_celsius, ea_ev),
-                        lambda t: arrhenius_factor(int(t), reference_celsius, ea_ev), owner, exact=False) / 3600.0
+    return weighted_sum(seconds_by_celsius, *_aging_weight(reference_celsius, ea_ev), owner, exact=False) / 3600.0
+
+
+@functools.lru_cache(maxsize=64)  # a few parameter sets: a view asks for them at every scrape
+def _aging_weight(reference_celsius: float, ea_ev: float) -> tuple[object, Callable[[str], float]]:
+    """The Arrhenius factor of a whole-°C bin, with the key that names it (weighted_sum)."""
+    return (arrhenius_factor, reference_celsius, ea_ev), lambda t: arrhenius_factor(int(t), reference_celsius, ea_ev)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # (range, peak) bins of whole degrees: each factor computed once
@@ -78,6 +83,7 @@ def equivalent_cycles(cycles: dict[str, float], reference_range: float, referenc
                         exact=False)
 
 
+@functools.lru_cache(maxsize=64)
 def _cycle_weight(reference_range: float, reference_peak: float, exponent: float,
                   peak_term_kelvin: float) -> tuple[object, Callable[[str], float]]:
     """The damage of a 'range:peak' bin's cycle in reference cycles, with the key that names it (weighted_sum)."""
