@@ -261,6 +261,20 @@ def logs(draw: st.DrawFn) -> tuple[str, int]:
     return "\n".join(lines) + "\n", draw(st.sampled_from([512, 1000, 4096, 1 << 22]))
 
 
+@pytest.mark.parametrize("rows", [
+    ["2025/10/20 22:40:01.000, "],  # found by test_random_logs: the columnar path said nothing of it
+    ["2025/10/20 22:40:01.000, GPU-x, 40", "2025/10/20 22:40:02.000, GPU-x"],
+    ["2025/10/20 22:40:01.000", "2025/10/20 22:40:02.000, GPU-x, 40, 1", "2025/10/20 22:40:03.000"],
+], ids=["the only row", "the last row", "first and last"])
+@pytest.mark.parametrize("block_bytes", [64, 512, 1 << 22])
+def test_rows_of_another_width_are_said_wherever_they_are(rows: list[str], block_bytes: int, tmp_path: Path) -> None:
+    """A row of the wrong width is a problem said by both paths, also when no block of rows follows it."""
+    path = tmp_path / "log.csv"
+    path.write_text("timestamp, uuid, temperature.gpu\n" + "\n".join(rows) + "\n")
+    _, result = same(path, tmp_path, block_bytes)
+    assert result.problems == sum(len(row.split(",")) != 3 for row in rows)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(logs())
 def test_random_logs(tmp_path: Path, log: tuple[str, int]) -> None:

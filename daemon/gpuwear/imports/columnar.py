@@ -345,10 +345,19 @@ def _blocks(path: Path, layout: Any, offset: int, line0: int, tz: datetime.tzinf
     every row are counted (arrow's serial reader numbers the rows it refuses; with ``threads``, a refused row
     raises _RenumberError)."""
     refused: list[tuple[int, str]] = []
+    skipped: set[int] = set()
 
     def refuse(row: Any) -> str:
         refused.append((row.number, row.text))
         return "skip"
+
+    def take_refused() -> None:
+        for number, text in refused:  # arrow may have read ahead: these can be lines of later blocks
+            if number is None:
+                raise _RenumberError()
+            skipped.add(number)
+            problems.extend(_refused(line0 + number, text, layout.width))
+        refused.clear()
 
     clock = _Clock(tz, layout.time)
     with path.open("rb") as fh:
@@ -362,22 +371,17 @@ def _blocks(path: Path, layout: Any, offset: int, line0: int, tz: datetime.tzinf
                 column_types={f"f{i}": pa.string() for i in range(layout.width)}, strings_can_be_null=False,
                 quoted_strings_can_be_null=False, null_values=[]))
         next_line = 1  # the stream's line numbers (1: the first line after the header)
-        skipped: set[int] = set()
         while True:
             try:
                 batch = reader.read_next_batch()
             except StopIteration:
+                take_refused()  # rows refused after the last batch: a file whose every row is of the wrong width
                 break
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise ColumnarError(f"arrow cannot read it as CSV ({exc})") from None
             if batch.num_columns != layout.width:
                 raise ColumnarError("rows of another width than the header")
-            for number, text in refused:  # arrow may have read ahead: these can be lines of later blocks
-                if number is None:
-                    raise _RenumberError()
-                skipped.add(number)
-                problems.extend(_refused(line0 + number, text, layout.width))
-            refused.clear()
+            take_refused()
             n = batch.num_rows
             candidates = np.arange(next_line, next_line + n + len(skipped))
             lines = candidates[~np.isin(candidates, list(skipped))][:n]
