@@ -86,7 +86,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
+def daemon_with_history(gpus: int, days: float, detail: bool,
+                        start_wall: float | None = None) -> tuple[service.Daemon, ManualClock, float]:
+    """The daemon in-process on bench/gen.py's scenario and a manual clock, after ``days`` of history in 5-minute
+    ticks, its collector settled as Daemon.start leaves it; and the seconds the history took. ``start_wall``: the wall
+    time the history ends at (default: now)."""
     work = Path(tempfile.mkdtemp(prefix="gpuwear-scrape-"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,7 +103,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
         config = replace(config, metrics=replace(config.metrics, detail=True))
     simulation = load_scenario(str(gen.scenario(gpus, work)))
     simulation.max_step_seconds = 30.0
-    clock = ManualClock(start_wall=time.time() - days * 86400)
+    clock = ManualClock(start_wall=(time.time() if start_wall is None else start_wall) - days * 86400)
     sampler = service._sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
     sampler.open()
     daemon = service.Daemon(config, service.Source(sampler, clock, service._info("simulated", "scrape"), 1.0,
@@ -115,6 +119,11 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
     else:  # an older revision's (--against)
         gc.collect()
         gc.freeze()
+    return daemon, clock, history_s
+
+
+def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
+    daemon, clock, history_s = daemon_with_history(gpus, days, detail)
     exposition = daemon.exposition
     rounds_ms: list[tuple[float, float, float]] = []  # (views, text, gzip) per scrape
     calibration: list[float] = []  # the calibration workload's CPU ms after each
