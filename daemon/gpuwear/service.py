@@ -99,8 +99,8 @@ def settle_collector() -> None:
     collector's view and a full collection no longer walks it (one took 107 ms in a 64-GPU scrape). The youngest
     generation is collected every 10,000 net allocations of containers instead of 700. The daemon's values are
     acyclic and are freed by their reference counts, so these collections find almost nothing: 100 ticks and scrapes
-    at 64 GPUs left 2 cyclic objects. At 700, each such scrape ran 1.3 collections, 1.0 ms of its 7 ms, and under
-    the collector's threshold a scrape's views and lines get collected as they are built (bench/README.md)."""
+    at 64 GPUs left 42 objects in cycles. At 700, each such scrape ran 1.5 collections (0.7 ms) over the views and
+    lines it was building; at 10,000, none (bench/README.md)."""
     gc.collect()
     gc.freeze()
     young, middle, old = gc.get_threshold()
