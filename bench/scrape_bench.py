@@ -29,6 +29,7 @@ saved, free of the machine's speed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import gzip
 import http.client
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -172,23 +174,32 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
     }
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def revision(rev: str) -> Iterator[Path]:
+    """A temporary git worktree of ``rev`` (its package is ``/daemon`` below it), removed on the way out."""
+    tree = Path(tempfile.mkdtemp(prefix="gpuwear-against-")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
 def against(rev: str, gpus: int, days: float, rounds: int, detail: bool, pairs: int) -> dict[str, Any]:
     """This script on the working tree's code and on ``rev``'s, alternately, each in a fresh process: the medians
     of both and their ratios (working tree / rev)."""
-    root = Path(__file__).resolve().parent.parent
-    tree = Path(tempfile.mkdtemp(prefix="gpuwear-against-")) / "tree"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
     args = [sys.executable, __file__, str(gpus), "--days", str(days), "--rounds", str(rounds)]
     args += ["--detail"] if detail else []
     runs: dict[str, list[dict[str, Any]]] = {"tree": [], rev: []}
-    try:
+    with revision(rev) as tree:
         for _ in range(pairs):
-            for name, path in (("tree", root / "daemon"), (rev, tree / "daemon")):
+            for name, path in (("tree", ROOT / "daemon"), (rev, tree / "daemon")):
                 env = {**os.environ, "PYTHONPATH": str(path)}
                 out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
                 runs[name].append(json.loads(out))
-    finally:
-        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
 
     def median(name: str, key: str) -> float:
         return float(statistics.median(r[key] if key != "cpu_ms" else r[key]["total"] for r in runs[name]))

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scrape_bench import ROOT, daemon_with_history, revision
 
 STEPS = ("none", "views", "text", "all")
 START_WALL = 1_796_000_000.0  # 2026-11-29: every run the same
@@ -37,9 +41,6 @@ START_WALL = 1_796_000_000.0  # 2026-11-29: every run the same
 
 def child(gpus: int, days: float, rounds: int, detail: bool, step: str) -> None:
     """Under cachegrind: the daemon, three scrapes, then ``rounds`` ticks each followed by ``step``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from scrape_bench import daemon_with_history
-
     daemon, clock, _ = daemon_with_history(gpus, days, detail, START_WALL)
     exposition = daemon.exposition
     for i in range(rounds + 3):
@@ -88,24 +89,16 @@ def main() -> int:
     if shutil.which("valgrind") is None:
         print("scrape_instructions: valgrind not found: apt-get install valgrind", file=sys.stderr)
         return 1
-    root = Path(__file__).resolve().parent.parent
-    tree: Path | None = None
-    if args.against:
-        tree = Path(tempfile.mkdtemp(prefix="gpuwear-against-")) / "tree"
-        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q", str(tree), args.against],
-                       check=True)
-    try:
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(revision(args.against)) if args.against else None
         for n in args.gpus:
             out: dict[str, Any] = {"gpus": n, "days": args.days, "rounds": args.rounds, "detail": args.detail,
-                                   "instructions": count(root / "daemon", n, args.days, args.rounds, args.detail)}
+                                   "instructions": count(ROOT / "daemon", n, args.days, args.rounds, args.detail)}
             if tree is not None:
                 theirs = count(tree / "daemon", n, args.days, args.rounds, args.detail)
                 out[f"instructions_{args.against}"] = theirs
                 out["ratio"] = {part: out["instructions"][part] / theirs[part] for part in theirs if theirs[part]}
             print(json.dumps(out), flush=True)
-    finally:
-        if tree is not None:
-            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
     return 0
 
 

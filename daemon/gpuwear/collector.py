@@ -282,6 +282,8 @@ class GzipParts:
 
     def __init__(self, run_bytes: int = 8192) -> None:
         self._run_bytes = run_bytes
+        # level 1: a third of level 6's CPU for a body about a fifth larger (a 680 kB exposition: 2.5 against 8.4 ms,
+        # 125 against 102 kB)
         self._deflate = zlib.compressobj(1, zlib.DEFLATED, -zlib.MAX_WBITS, 6)
         self._runs: dict[tuple[int, int], tuple[tuple[bytes, ...], bytes]] = {}  # (first, end) -> (parts, deflated)
 
@@ -322,8 +324,6 @@ class Exposition:
         # (openmetrics, gzip) -> (state, body)
         self._cache: dict[tuple[bool, bool], tuple[tuple[object, ...], bytes]] = {}
         self._parts: dict[bool, list[bytes]] = {}  # openmetrics -> the parts of the body cached
-        # level 1: a third of level 6's CPU for a body about a fifth larger (a 680 kB exposition: 2.5 against 8.4 ms,
-        # 125 against 102 kB)
         self._gzip = {True: GzipParts(), False: GzipParts()}
         self._process = CollectorRegistry(auto_describe=False)
         if process:
