@@ -292,3 +292,67 @@ def test_gzip_of_parts_is_gzip_of_their_body(renders: list[list[tuple[int, bytes
         assert gzip.decompress(body) == b"".join(parts)
         assert zlib.decompress(body, 31) == b"".join(parts)  # one member, its CRC and size checked
         last = parts
+
+
+def _fake_proc(root: Path, fds: int) -> Path:
+    """A /proc of one process: its command name holds ") (" and spaces, as a hostile one may."""
+    import resource
+
+    me = root / "self"
+    (me / "fd").mkdir(parents=True)
+    for fd in range(fds):
+        (me / "fd" / str(fd)).touch()
+    (root / "stat").write_bytes(b"cpu  1 2 3 4\nintr 5\nbtime 1796000123\nprocesses 9\n")
+    fields = [b"S", b"1"] + [str(i * 7 + 3).encode() for i in range(2, 50)]
+    fields[11], fields[12], fields[19], fields[20], fields[21] = b"4321", b"987", b"2500000", b"1234567890123", b"98765"
+    (me / "stat").write_bytes(b"4242 (gpu ) (wear x) " + b" ".join(fields) + b"\n")
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    (me / "limits").write_bytes(b"Limit                     Soft Limit           Hard Limit           Units\n"
+                                b"Max cpu time              unlimited            unlimited            seconds\n"
+                                b"Max open files            %d                 %d                 files\n"
+                                % (soft, soft))
+    return root
+
+
+@pytest.mark.parametrize("openmetrics", [False, True], ids=["text", "openmetrics"])
+def test_process_metrics_are_prometheus_clients_byte_for_byte(tmp_path: Path, openmetrics: bool) -> None:
+    """ProcessMetrics against prometheus_client's ProcessCollector over the same /proc: the same bytes."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+    from prometheus_client.process_collector import ProcessCollector
+
+    from gpuwear.collector import ProcessMetrics
+
+    proc = _fake_proc(tmp_path, 17)
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(proc=str(proc), registry=registry)
+    theirs = openmetrics_latest(registry).removesuffix(b"# EOF\n") if openmetrics else generate_latest(registry)
+    ours = ProcessMetrics(str(proc)).encode(openmetrics)
+    assert ours == theirs
+    assert b"process_open_fds 17.0\n" in ours and b"process_cpu_seconds_total 53.08\n" in ours
+
+
+def test_process_metrics_of_this_process_and_without_proc(tmp_path: Path) -> None:
+    """Over the real /proc: the families ProcessCollector writes, with its values (CPU within what a few reads take,
+    fds within one); a /proc that cannot be read gives no series, never zeros."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.process_collector import ProcessCollector
+
+    from gpuwear.collector import ProcessMetrics
+
+    if not Path("/proc/self/stat").exists():
+        pytest.fail("this test reads /proc: run it on Linux")
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    ours = {s.name: s.value for f in text_string_to_metric_families(ProcessMetrics().encode(False).decode())
+            for s in f.samples}
+    theirs = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
+              for s in f.samples}
+    assert ours.keys() == theirs.keys() and len(ours) == 6
+    assert ours["process_start_time_seconds"] == theirs["process_start_time_seconds"]
+    assert ours["process_max_fds"] == theirs["process_max_fds"]
+    assert abs(ours["process_open_fds"] - theirs["process_open_fds"]) <= 1
+    assert abs(ours["process_cpu_seconds_total"] - theirs["process_cpu_seconds_total"]) < 0.5
+    assert ours["process_resident_memory_bytes"] > 10e6
+    assert ProcessMetrics(str(tmp_path)).encode(True) == b""  # no /proc there
+    (tmp_path / "stat").write_bytes(b"btime 1796000123\n")
+    assert ProcessMetrics(str(tmp_path)).encode(False) == b""  # the system's, not the process's
