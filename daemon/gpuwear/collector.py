@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gpuwear.metrics import GPU_LABELS, MetricDef, Published, catalog
+from gpuwear.metrics import GPU_LABELS, PROCESS_METRICS, MetricDef, ProcessReading, Published, catalog
 
 
 def _family(name: str, kind: str, unit: str, help: str,
@@ -298,36 +298,6 @@ class GzipParts:
         self._runs = runs
         out.append(_FINAL_BLOCK + struct.pack("<II", crc, size & 0xFFFFFFFF))
         return b"".join(out)
-
-
-@dataclass(frozen=True)
-class ProcessReading:
-    """The daemon process's own figures, as prometheus_client's ProcessCollector reads them (from /proc/self/stat,
-    the RLIMIT_NOFILE soft limit and /proc/self/fd)."""
-
-    virtual_memory_bytes: float
-    resident_memory_bytes: float
-    start_time_seconds: float  # Unix time
-    cpu_seconds: float  # user + system
-    open_fds: float
-    max_fds: float | None  # None: unlimited
-
-
-def _process_value(attr: str) -> Callable[[ProcessReading], list[tuple[tuple[str, ...], float]]]:
-    get = operator.attrgetter(attr)
-    return lambda r: [((), value)] if (value := get(r)) is not None else []
-
-
-# the standard process_* families, as ProcessCollector names, describes and orders them
-PROCESS_METRICS: tuple[MetricDef[ProcessReading], ...] = tuple(
-    MetricDef(name, kind, "", help, (), _process_value(attr)) for name, kind, help, attr in (
-        ("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", "virtual_memory_bytes"),
-        ("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", "resident_memory_bytes"),
-        ("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.",
-         "start_time_seconds"),
-        ("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", "cpu_seconds"),
-        ("process_open_fds", "gauge", "Number of open file descriptors.", "open_fds"),
-        ("process_max_fds", "gauge", "Maximum number of open file descriptors.", "max_fds")))
 
 
 class ProcessMetrics:

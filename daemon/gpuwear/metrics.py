@@ -462,6 +462,31 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
 
 
 @dataclass(frozen=True)
+class ProcessReading:
+    """The daemon process's own figures, as prometheus_client's ProcessCollector reads them (from /proc/self/stat,
+    the RLIMIT_NOFILE soft limit and /proc/self/fd)."""
+
+    virtual_memory_bytes: float
+    resident_memory_bytes: float
+    start_time_seconds: float  # Unix time
+    cpu_seconds: float  # user + system
+    open_fds: float
+    max_fds: float | None  # None: unlimited
+
+
+# the standard process_* families, as ProcessCollector names, describes and orders them
+PROCESS_METRICS: tuple[MetricDef[ProcessReading], ...] = tuple(
+    MetricDef(name, kind, "", help, (), _value(operator.attrgetter(attr))) for name, kind, help, attr in (
+        ("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", "virtual_memory_bytes"),
+        ("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", "resident_memory_bytes"),
+        ("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.",
+         "start_time_seconds"),
+        ("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", "cpu_seconds"),
+        ("process_open_fds", "gauge", "Number of open file descriptors.", "open_fds"),
+        ("process_max_fds", "gauge", "Maximum number of open file descriptors.", "max_fds")))
+
+
+@dataclass(frozen=True)
 class Catalog:
     """The families one configuration exports (``metrics.detail`` on or off)."""
 
