@@ -57,6 +57,7 @@ DAEMON_READY_SECONDS = 60.0  # plus 2 s per node: they start together on few cor
 PROMETHEUS_READY_SECONDS = 60.0
 DAEMON_EXIT_SECONDS = 15.0
 POLL_SECONDS = 0.2
+REMOTE_BATCH_DEADLINE_SECONDS = 5.0  # Prometheus' default remote_write queue_config.batch_send_deadline
 
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only: never through a proxy
 
@@ -858,16 +859,28 @@ def freeze_and_stop(fleet: Fleet) -> dict[str, Any]:
 
 
 def wait_remote_write(fleet: Fleet, since: float) -> None:
-    """Wait until p1 has sent p2 every sample up to ``since`` (Unix s): its highest sent timestamp passes it (p1
-    goes on scraping the stopped nodes, so up = 0 samples follow) and nothing is pending."""
+    """Wait until p1 has sent p2 every sample up to ``since`` (Unix s).
+
+    p1 goes on scraping the stopped nodes (up = 0 samples) and evaluating rules, so samples keep coming and each
+    shard holds its batch up to the batch deadline: ``samples_pending`` is seldom 0 for long. Once the highest sent
+    timestamp passes ``since``, every sample before it has been read from the WAL into a shard, and each shard sends
+    what it holds within the deadline. So: wait for that, then for pending to read 0 or one deadline (plus a scrape
+    interval) to pass, whichever comes first."""
     p1 = fleet.prom["p1"]
+    passed: list[float] = []
 
     def caught_up() -> bool | None:
         v = parse_exposition(http_get(f"http://{p1}/metrics") or "")
-        sent = v.get("prometheus_remote_storage_queue_highest_sent_timestamp_seconds", 0.0)
-        return True if sent > since and v.get("prometheus_remote_storage_samples_pending", 0.0) == 0 else None
+        if not passed:
+            if v.get("prometheus_remote_storage_queue_highest_sent_timestamp_seconds", 0.0) <= since:
+                return None
+            passed.append(time.monotonic())
+        pending = v.get("prometheus_remote_storage_samples_pending", 0.0)
+        flushed = time.monotonic() - passed[0] > REMOTE_BATCH_DEADLINE_SECONDS + fleet.opts.scrape_interval
+        return True if flushed or pending == 0 else None
 
     poll("p1's remote_write to reach p2 past the stop", 2 * fleet.opts.scrape_interval + 60, caught_up, fleet.check)
+    log(f"p1's remote_write passed the stop; {time.monotonic() - passed[0]:.1f} s more for its shards to flush")
 
 
 def _server_summary(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
