@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import re
 import shutil
 import subprocess
@@ -205,6 +206,21 @@ def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> N
     from gpuwear.collector import _number
 
     assert _number(value) == floatToGoString(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 1e6, math.nan, math.inf, 2.5]) | st.floats(), max_size=12))
+def test_a_series_line_follows_its_value(values: list[float]) -> None:
+    """A family writes a series' line again from its last one only when the value is the same, alike (0.0 and -0.0
+    compare equal and are written apart; nan equals nothing)."""
+    from prometheus_client.utils import floatToGoString
+
+    from gpuwear.collector import _Family
+    from gpuwear.metrics import MetricDef
+
+    family = _Family.of(MetricDef("x", "gauge", "", "x", ("k",), lambda v: [(("a",), v)]), ("gpu",))
+    for value in values:
+        assert family._lines([(("a",), value)], ("0",)) == f'x{{gpu="0",k="a"}} {floatToGoString(value)}\n'
 
 
 def _samples(text: str) -> dict[str, float]:

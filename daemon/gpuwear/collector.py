@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import operator
 import os
 import resource
@@ -86,6 +87,16 @@ _PREFIXES = 4096  # line prefixes a family keeps (GPUs x label values; jobs come
 _UNSEEN = object()  # a source's inputs before its first render: equal to nothing
 
 
+@dataclass(slots=True)
+class _Line:
+    """One series' ``name{labels} ``, made once, and its line as last written: a series whose value is the same
+    (attributed idle time while a job runs, a steady clock) gets the same line without formatting its number."""
+
+    prefix: str
+    value: float = math.nan  # equal to nothing
+    text: str = ""
+
+
 @dataclass
 class _Rendered:
     """What a family wrote at its last render, per source in order: the base label values, the series, their lines,
@@ -109,8 +120,8 @@ class _Family:
     sample: str
     keys: tuple[str, ...]  # 'name="' per label, in definition order (the GPU labels first)
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
-    # (base label values) -> (the series' own label values) -> 'name{...} '
-    prefixes: dict[tuple[str, ...], dict[tuple[str, ...], str]] = field(default_factory=dict, compare=False)
+    # (base label values) -> (the series' own label values) -> its line as last written (bounded: cleared when full)
+    written: dict[tuple[str, ...], dict[tuple[str, ...], _Line]] = field(default_factory=dict, compare=False)
     # the last render's sources, position by position: a GPU whose series did not change since (identity, limits,
     # counts, most of a slow-changing state) gets its lines again as they were; a family with inputs, without asking
     # its series while those are the same
@@ -148,8 +159,8 @@ class _Family:
         """Bring ``last.lines`` up to date with every source (with its escaped base label values, in the same order);
         whether a line changed. Compared with the last render's source at the same place (the same GPUs in the same
         order: else all are written afresh): one whose series are the same keeps its lines, without asking for them
-        while the objects they come from compare equal (MetricDef.inputs); else a line's ``name{labels} `` is the
-        same at every scrape for the same GPU and labels: made once, then looked up (bounded: cleared when full)."""
+        while the objects they come from compare equal (MetricDef.inputs); else each series' line is looked up (_Line)
+        and its number formatted again only when its value changed."""
         last, values, inputs = self.last, self.metric.values, self.metric.inputs
         changed = last.bases != bases
         if changed:
@@ -160,6 +171,8 @@ class _Family:
             stamps = asked.get(inputs)
             if stamps is None:
                 stamps = asked[inputs] = list(map(inputs, sources))
+            if not changed and stamps == last.stamps:  # most families at most scrapes: one comparison in C
+                return False
             for i in itertools.compress(range(len(stamps)), map(operator.ne, stamps, last.stamps)):
                 new = values(sources[i])
                 if new != series[i]:
@@ -175,19 +188,23 @@ class _Family:
         return changed
 
     def _lines(self, series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> str:
-        prefixes = self.prefixes.get(base)
-        if prefixes is None:
-            if len(self.prefixes) >= _PREFIXES:
-                self.prefixes.clear()
-            prefixes = self.prefixes[base] = {}
+        written = self.written.get(base)
+        if written is None:
+            if len(self.written) >= _PREFIXES:
+                self.written.clear()
+            written = self.written[base] = {}
         out = []
         for labels, value in series:
-            prefix = prefixes.get(labels)
-            if prefix is None:
-                if len(prefixes) >= _PREFIXES:
-                    prefixes.clear()
-                prefix = prefixes[labels] = self._prefix(base, labels)
-            out.append(f"{prefix}{_number(value)}\n")
+            line = written.get(labels)
+            if line is None:
+                if len(written) >= _PREFIXES:
+                    written.clear()
+                line = written[labels] = _Line(self._prefix(base, labels))
+            elif line.value == value and value:  # a series that did not change (0.0 and -0.0 are equal, not alike)
+                out.append(line.text)
+                continue
+            line.value, line.text = value, f"{line.prefix}{_number(value)}\n"
+            out.append(line.text)
         return "".join(out)
 
     def _prefix(self, base: tuple[str, ...], labels: tuple[str, ...]) -> str:
@@ -260,12 +277,12 @@ class GzipParts:
     compressed bytes start on a byte boundary and refer to nothing before them, so those of a run whose parts are
     the same objects (or equal bytes) as at the last call are put in the stream again as they were (zlib's restart
     points; pigz and gzjoin join deflate data the same way). The exposition writes the steady families first
-    (identity, limits, memory errors, cycles, the verdict) and those that change at most ticks last
-    (Catalog.in_order): a scrape then deflates again the end of the body, about 45 % of it at 64 GPUs and 8, and
-    the runs before it cost a comparison. Each run keeps the CRC-32 before and after it: an unchanged run after
-    unchanged ones adds its CRC without reading its bytes. Runs of 8 kB and a 16 kB hash table (memLevel 6: a full
-    flush clears it): gzip then takes 0.72 x the instructions of this class over the body in the catalog's order at
-    8 GPUs, 0.78 x at 64 (bench/README.md). Not thread-safe (Exposition calls it under its lock)."""
+    (identity, limits, memory errors, cycles, the verdict), then those that change at some ticks, then those that
+    change at each (Catalog.in_order): a scrape then deflates again the end of the body, about 30 % of it at 8 GPUs
+    (16 of 56 kB) and 45 % at 64 (with more GPUs, more of the families of some ticks change at each), and the runs
+    before it cost a comparison. Each run keeps the CRC-32 before and after it: an unchanged run after unchanged
+    ones adds its CRC without reading its bytes. Runs of 8 kB and a 16 kB hash table (memLevel 6: a full flush
+    clears it): bench/README.md has the figures. Not thread-safe (Exposition calls it under its lock)."""
 
     def __init__(self, run_bytes: int = 8192) -> None:
         self._run_bytes = run_bytes

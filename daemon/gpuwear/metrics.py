@@ -24,6 +24,11 @@ from gpuwear.wear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LAB
 Series = list[tuple[tuple[str, ...], float]]
 T = TypeVar("T")
 GPU_LABELS = ("gpu", "uuid")
+# how often a family's series change (MetricDef.changes), over all GPUs: seldom (identity, limits, rare events,
+# cycles, the verdict); at some ticks (clocks, utilization, throttling, an estimate that moves with the state); at
+# each tick with a reading (time, energy, the tick count, a read's duration, aging, and the die temperature and power
+# of one GPU or another)
+STEADY, SOME_TICKS, EACH_TICK = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -33,9 +38,8 @@ class MetricDef(Generic[T]):
     GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first. ``detail``:
     exported only with ``metrics.detail``; ``basic``: without it, only these label values.
     ``inputs``: what the series come from, an object or a tuple of them (the encoder writes
-    the same lines again while it compares equal: the same objects at once). ``each_tick``:
-    its series change at most ticks (a reading, a lifetime counter, an estimate); the
-    exposition writes these families after the steady ones (:meth:`Catalog.in_order`)."""
+    the same lines again while it compares equal: the same objects at once). ``changes``: how
+    often its series change, the order of the exposition (:meth:`Catalog.in_order`)."""
 
     name: str
     kind: str
@@ -48,7 +52,7 @@ class MetricDef(Generic[T]):
     # the objects the series are computed from: while they are the same objects as at the last render (or equal ones),
     # the encoder writes the same lines again without asking for the series
     inputs: Callable[[T], object] | None = None
-    each_tick: bool = False
+    changes: int = 0  # STEADY
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
         """This family as exported with or without ``metrics.detail`` (None: not exported)."""
@@ -198,14 +202,14 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
        _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius"))),
-       inputs=_reads("temperature_gpu_celsius", "temperature_memory_celsius"), each_tick=True),
+       inputs=_reads("temperature_gpu_celsius", "temperature_memory_celsius"), changes=EACH_TICK),
     MetricDef("gpuwear_temperature_threshold_celsius", "gauge", "celsius", "The device's own temperature "
        "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
                   ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius"))),
        basic=_only("slowdown", "gpu_max", "memory_max"), inputs=_slow),
     MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
-       _sample_field("power_watts"), inputs=_reads("power_watts"), each_tick=True),
+       _sample_field("power_watts"), inputs=_reads("power_watts"), changes=EACH_TICK),
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
        "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts"), inputs=_slow),
     MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
@@ -214,17 +218,17 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets (by default, "
        "gpuwear_lifetime_energy_joules_total counts the same energy).", (),
-       _value(lambda s: s.energy_joules_total if s.sample else None), detail=True, each_tick=True),
+       _value(lambda s: s.energy_joules_total if s.sample else None), detail=True, changes=EACH_TICK),
     MetricDef("gpuwear_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum "
        "(nvmlDeviceGetFanSpeed_v2 / 100); may exceed 1 on some boards.", ("fan",),
-       _per_fan("fan_speed_ratio"), inputs=_reads("fan_speed_ratio"), each_tick=True),
+       _per_fan("fan_speed_ratio"), inputs=_reads("fan_speed_ratio"), changes=SOME_TICKS),
     MetricDef("gpuwear_fan_speed_rpm", "gauge", "rpm", "Fan speed in revolutions per minute "
        "(nvmlDeviceGetFanSpeedRPM).", ("fan",), _per_fan("fan_speed_rpm"),
-       inputs=_reads("fan_speed_rpm"), each_tick=True),
+       inputs=_reads("fan_speed_rpm"), changes=SOME_TICKS),
     MetricDef("gpuwear_clock_hertz", "gauge", "hertz", "Current clock (nvmlDeviceGetClockInfo).", ("clock",),
        _labelled((("graphics", "clock_graphics_hz"), ("sm", "clock_sm_hz"), ("memory", "clock_memory_hz"))),
        basic=_only("sm", "memory"), inputs=_reads("clock_graphics_hz", "clock_sm_hz", "clock_memory_hz"),
-       each_tick=True),
+       changes=SOME_TICKS),
     MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
                              ("memory", "clock_memory_max_hz"))), detail=True, inputs=_slow),
@@ -240,10 +244,10 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_utilization_ratio", "gauge", "ratio", "Share of the last sample period the GPU "
        "(kernels) or memory (reads/writes) was busy (nvmlDeviceGetUtilizationRates).", ("resource",),
        _labelled((("gpu", "utilization_gpu_ratio"), ("memory", "utilization_memory_ratio"))),
-       inputs=_reads("utilization_gpu_ratio", "utilization_memory_ratio"), each_tick=True),
+       inputs=_reads("utilization_gpu_ratio", "utilization_memory_ratio"), changes=SOME_TICKS),
     MetricDef("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
        "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes"),
-       inputs=_reads("memory_used_bytes"), each_tick=True),
+       inputs=_reads("memory_used_bytes"), changes=SOME_TICKS),
     MetricDef("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
        _sample_field("mig_enabled"), detail=True, inputs=_slow),
     MetricDef("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
@@ -294,10 +298,10 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "driver), module_scope (a Grace superchip's module energy counter: power is integrated instead). Not a "
        "sampling failure.", ("reason",), _unavailable, inputs=_of("unavailable")),
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
-       "took.", (), _value(lambda s: s.last_duration_seconds), each_tick=True),
+       "took.", (), _value(lambda s: s.last_duration_seconds), changes=EACH_TICK),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
        "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None), detail=True,
-       each_tick=True),
+       changes=EACH_TICK),
     MetricDef("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
        _counts("errors"), inputs=_of("errors")),
     MetricDef("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
@@ -330,7 +334,7 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
     MetricDef("gpuwear_gpus", "gauge", "", "GPUs the daemon knows.", (),
                     lambda pub: [((), float(len(pub.snapshot.gpus)))], inputs=lambda pub: len(pub.snapshot.gpus)),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
-                    lambda pub: [((), float(pub.snapshot.ticks))], each_tick=True),
+                    lambda pub: [((), float(pub.snapshot.ticks))], changes=EACH_TICK),
     MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "
                     "succeeded, 0 when it failed (disk full, read-only state directory); absent before the first.",
                     (), _ledger(lambda st: None if st.last_success is None else float(st.last_success)),
@@ -389,28 +393,28 @@ def _reasons_active(v: WearView) -> Series:
 WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_lifetime_observed_seconds_total", "counter", "seconds", "Time the GPU was observed "
                   "(integrated samples), over its whole life in the ledger.", (),
-                  _value(lambda v: v.observed_seconds), each_tick=True),
+                  _value(lambda v: v.observed_seconds), changes=EACH_TICK),
     MetricDef("gpuwear_lifetime_busy_seconds_total", "counter", "seconds", "Observed time with GPU utilization "
                   "at or above wear.busy_utilization_ratio.", (), _value(lambda v: v.busy_seconds), detail=True,
-                  each_tick=True),
+                  changes=SOME_TICKS),
     MetricDef("gpuwear_lifetime_down_seconds_total", "counter", "seconds", "Time the GPU was lost (off the bus) "
                   "while the daemon ran.", (), _value(lambda v: v.down_seconds), detail=True),
     MetricDef("gpuwear_lifetime_unobserved_seconds_total", "counter", "seconds", "Time since first seen that "
                   "was not observed (daemon stopped, sample gaps); never extrapolated.", (),
                   _value(lambda v: v.gap_seconds), detail=True),
     MetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
-                  "was first seen.", (), _value(lambda v: v.coverage), inputs=_of("coverage"), each_tick=True),
+                  "was first seen.", (), _value(lambda v: v.coverage), inputs=_of("coverage"), changes=SOME_TICKS),
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
                   "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules),
-                  each_tick=True),
+                  changes=EACH_TICK),
     MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
                   "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds), detail=True),
     MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
                   "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds"),
-                  basic=PROTECTING, inputs=_of("throttle_seconds"), each_tick=True),
+                  basic=PROTECTING, inputs=_of("throttle_seconds"), changes=SOME_TICKS),
     MetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above a temperature, by sensor (from the 1 °C time-at-temperature histogram).",
-                  ("sensor", "celsius"), _wear_map("above_celsius"), detail=True, each_tick=True),
+                  ("sensor", "celsius"), _wear_map("above_celsius"), detail=True, changes=EACH_TICK),
     MetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
                   ("sensor", "threshold"), _wear_map("above_threshold"),
@@ -419,22 +423,22 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles"),
                   basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES), inputs=_of("cycles")),
     MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
-                  _fans(0), inputs=_of("fans"), each_tick=True),
+                  _fans(0), inputs=_of("fans"), changes=EACH_TICK),
     MetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "
-                  "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1), detail=True, each_tick=True),
+                  "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1), detail=True, changes=EACH_TICK),
     MetricDef("gpuwear_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal aging as time "
                   "at wear.arrhenius.reference_celsius (Arrhenius, JEDEC JEP122), per parameter band; an estimate, "
                   "not a measured remaining life.", ("sensor", "band"),
                   _bands("thermal_aging_equivalent_hours", 3600.0),
-                  basic=frozenset({("gpu", "central"), ("memory", "central")}), each_tick=True),
+                  basic=frozenset({("gpu", "central"), ("memory", "central")}), changes=EACH_TICK),
     MetricDef("gpuwear_cycle_fatigue_equivalent_cycles", "gauge", "", "Estimated thermal-cycle fatigue as "
                   "reference cycles (Coffin-Manson / Norris-Landzberg, Miner's rule), per parameter band; an "
                   "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles"),
                   basic=frozenset({("gpu", "central")}),
-                  inputs=lambda v: v.estimates["cycle_fatigue_equivalent_cycles"], each_tick=True),
+                  inputs=lambda v: v.estimates["cycle_fatigue_equivalent_cycles"], changes=SOME_TICKS),
     MetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
                   "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
-                  _value(lambda v: v.thermal_resistance), inputs=_of("thermal_resistance"), each_tick=True),
+                  _value(lambda v: v.thermal_resistance), inputs=_of("thermal_resistance"), changes=SOME_TICKS),
     MetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
                   "docker, container, systemd, session, process, simulated, unknown); user only when "
                   "jobs.user_in_metrics is on; a pod's namespace, name and container when the kubelet's "
@@ -444,13 +448,13 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                              for j in v.jobs], inputs=_of("jobs")),
     MetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
                   "kind: while a job's processes ran on the GPU (job) or not (idle).", ("kind",),
-                  lambda v: [((k,), a[0]) for k, a in v.attributed.items()], each_tick=True),
+                  lambda v: [((k,), a[0]) for k, a in v.attributed.items()], changes=EACH_TICK),
     MetricDef("gpuwear_lifetime_attributed_energy_joules_total", "counter", "joules", "Energy split by kind "
                   "(job / idle).", ("kind",), lambda v: [((k,), a[1]) for k, a in v.attributed.items()],
-                  each_tick=True),
+                  changes=EACH_TICK),
     MetricDef("gpuwear_attributed_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal "
                   "aging (central band) split by kind (job / idle), as time at wear.arrhenius.reference_celsius.",
-                  ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()], each_tick=True),
+                  ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()], changes=EACH_TICK),
     MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
                   "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "
                   "card cannot report is a reason of severity unknown).", ("status",), _status,
@@ -496,12 +500,12 @@ class Catalog:
 
     def in_order(self) -> tuple[tuple[str, MetricDef[Any]], ...]:
         """Every family with its source ("daemon", "gpu" or "wear") in the order of the exposition: the steady ones,
-        then those that change at most ticks (``each_tick``). A scrape's gzip then deflates again only the end of the
-        body (collector.GzipParts): at 8 GPUs a third of it, where families that change alternate with steady ones
-        over the whole body otherwise."""
+        then those that change at some ticks, then those that change at each (MetricDef.changes). A scrape's gzip then
+        deflates again only the end of the body (collector.GzipParts): at 8 GPUs under a third of it, where families
+        that change alternate with steady ones over the whole body otherwise."""
         groups = (("daemon", self.daemon), ("gpu", self.gpu), ("wear", self.wear))
-        return tuple((source, m) for each_tick in (False, True) for source, defs in groups for m in defs
-                     if m.each_tick is each_tick)
+        return tuple((source, m) for changes in (STEADY, SOME_TICKS, EACH_TICK) for source, defs in groups
+                     for m in defs if m.changes == changes)
 
 
 @functools.cache

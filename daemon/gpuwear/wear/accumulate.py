@@ -519,6 +519,8 @@ class GpuWear:
         over every bin again, and a bin is weighed once (bins only grow: a new one comes at the end, nothing removes
         one). ``key`` names the weight (the function and its parameters); an exact sum and an estimate of the same
         weight are kept apart."""
+        if not hist:  # none yet (often a fresh {} standing for a histogram not started): nothing to keep
+            return 0.0
         weighed = self.weighed.get(id(hist))
         if weighed is None or weighed.hist is not hist:
             if len(self.weighed) >= 64:
