@@ -51,7 +51,10 @@ def thermal_aging_hours(seconds_by_celsius: dict[str, float], reference_celsius:
     """Σ t·AF(T): hours at the reference temperature that age as much as the histogram
     (bins of whole °C, each taken at its value). ``owner``: the history the histogram belongs to, which keeps the
     sum from one call to the next, adding what the bins gained since (GpuWear.weighted)."""
-    return weighted_sum(seconds_by_celsius, *_aging_weight(reference_celsius, ea_ev), owner, exact=False) / 3600.0
+    key, weight = _aging_weight(reference_celsius, ea_ev)
+    if owner is not None:  # a view asks for a few of these per GPU at every scrape: the call kept short
+        return owner.weighted(seconds_by_celsius, key, weight, False) / 3600.0
+    return weighted_sum(seconds_by_celsius, key, weight) / 3600.0
 
 
 @functools.lru_cache(maxsize=64)  # a few parameter sets: a view asks for them at every scrape
@@ -101,18 +104,17 @@ def aging_bands(hist: dict[str, float], p: WearConfig, owner: GpuWear | None = N
                 bands: tuple[str, ...] = BANDS) -> dict[str, float]:
     """Thermal aging of a histogram in equivalent hours, per band (low / central / high activation energy)."""
     a = p.arrhenius
-    return {b: thermal_aging_hours(hist, a.reference_celsius, ea, owner)
-            for b, ea in a.activation_energy_ev.items() if b in bands}
+    return {b: thermal_aging_hours(hist, a.reference_celsius, getattr(a.activation_energy_ev, b), owner) for b in bands}
 
 
 def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, bands: tuple[str, ...] = BANDS) -> dict[str, float]:
     """Thermal-cycle fatigue of a sensor's closed cycles and open residue, in reference cycles, per band."""
     c, closed = p.cycles, w.cycles.get(sensor, {})
     out = {}
-    for (b, m), (_, q) in zip(c.exponent.items(), c.peak_term_kelvin.items(), strict=True):
-        if b in bands:
-            key, factor = _cycle_weight(c.reference_range_celsius, c.reference_peak_celsius, m, q)
-            out[b] = weighted_sum(closed, key, factor, w, exact=False) + w.residue_sum(sensor, key, factor)
+    for b in bands:
+        key, factor = _cycle_weight(c.reference_range_celsius, c.reference_peak_celsius, getattr(c.exponent, b),
+                                    getattr(c.peak_term_kelvin, b))
+        out[b] = w.weighted(closed, key, factor, False) + w.residue_sum(sensor, key, factor)
     return out
 
 
