@@ -29,7 +29,15 @@ from hypothesis import strategies as st
 from conftest import make_rig
 from gpuwear.collector import encode
 from gpuwear.config import WearConfig
-from gpuwear.jobs.kubelet import PodResources, ProtoError, by_gpu, decode_list, gpu_of, open_pod_resources
+from gpuwear.jobs.kubelet import (
+    PodResources,
+    PodResourcesWatch,
+    ProtoError,
+    by_gpu,
+    decode_list,
+    gpu_of,
+    open_pod_resources,
+)
 from gpuwear.jobs.resolve import Allocation, Job, JobWatcher, ProcessResolver
 from gpuwear.metrics import DaemonInfo, Published
 from gpuwear.wear.tracker import WearTracker
@@ -421,3 +429,26 @@ def test_open_pod_resources_on_a_live_socket(kubelet: FakeKubelet) -> None:
     answer = client.by_gpu()
     client.close()
     assert answer is not None and answer[GPU_A] == frozenset({Allocation("ml", "train-0", "trainer")})
+
+
+def test_a_socket_that_appears_after_the_start_is_used_from_then_on(kubelet: FakeKubelet,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A daemon started before the kubelet (gpuwear.service ahead of kubelet.service at boot): the socket is looked
+    for again at most every refresh interval, and its pods are named once it is there."""
+    now = [1000.0]
+    watch = PodResourcesWatch(str(kubelet.path), refresh_seconds=10.0, clock=lambda: now[0])
+    try:
+        assert watch.by_gpu() is None and watch.pods is None  # no kubelet yet
+        kubelet.pods = [("ml", "train-0", [("trainer", [("nvidia.com/gpu", [GPU_A])])])]
+        kubelet.start()
+        now[0] += 9.0
+        assert watch.by_gpu() is None and watch.pods is None  # there, but not looked for again within the interval
+        now[0] += 1.0
+        with caplog.at_level(logging.INFO, logger="gpuwear.jobs.kubelet"):
+            assert watch.by_gpu() == {GPU_A: frozenset({Allocation("ml", "train-0", "trainer")})}
+        assert watch.pods is not None and watch.pods.refresh_seconds == 10.0
+        assert [r.getMessage() for r in caplog.records if "appeared" in r.getMessage()] == [
+            f"kubelet pod-resources socket {kubelet.path} appeared"]
+    finally:
+        watch.close()
+    assert PodResourcesWatch("").by_gpu() is None  # "" (off): nothing looked for

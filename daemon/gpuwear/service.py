@@ -34,7 +34,7 @@ from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs.attribute import JobRecord
-from gpuwear.jobs.kubelet import open_pod_resources
+from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs
 from gpuwear.ledger import Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
@@ -233,8 +233,8 @@ class Daemon:
         resolver = ProcessResolver(show_users=config.jobs.record_users).resolve
         if source.simulation is not None:
             resolver = SimulatedJobs(source.simulation.jobs, resolver).resolve
-        # pod names from the kubelet, where its socket exists (a Kubernetes node; grpc is imported only then)
-        pods = None if source.simulation is not None else open_pod_resources(
+        # pod names from the kubelet once its socket exists (a Kubernetes node; grpc is imported only then)
+        pods = None if source.simulation is not None else PodResourcesWatch(
             config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds)
         self.job_watcher = JobWatcher(resolver, None if pods is None else pods.by_gpu)
         self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)

@@ -251,3 +251,37 @@ def open_pod_resources(path: str, refresh_seconds: float = 10.0,
         log.warning("kubelet pod-resources socket %s found, but grpcio is not installed (pip install "
                     "'gpuwear[kubernetes]'): pods are named by UID only", path)
         return None
+
+
+class PodResourcesWatch:
+    """:func:`open_pod_resources` again, while its socket is absent, at most every ``refresh_seconds`` (one stat):
+    a daemon started before the kubelet (gpuwear.service ahead of kubelet.service at boot, or Kubernetes set up on
+    the node later) names pods from the moment the socket appears, not from its next restart. A socket found but
+    not usable (not writable, no grpcio) is said once and not tried again, as at start. ``clock``: monotonic
+    seconds."""
+
+    def __init__(self, path: str, refresh_seconds: float = 10.0,
+                 mig_parent: Callable[[str], str | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.refresh_seconds = path, refresh_seconds
+        self._mig_parent, self._clock = mig_parent, clock
+        self.pods: PodResources | None = None
+        self._looked: float | None = None  # monotonic time of the last look for the socket
+        self._found = not path  # the socket was found (or none is configured): no more looking
+
+    def by_gpu(self) -> Mapping[str, frozenset[Allocation]] | None:
+        """As :meth:`PodResources.by_gpu`; None while there is no socket."""
+        if not self._found:
+            now = self._clock()
+            if self._looked is None or now - self._looked >= self.refresh_seconds:
+                if Path(self.path).exists():
+                    self._found = True
+                    if self._looked is not None:
+                        log.info("kubelet pod-resources socket %s appeared", self.path)
+                    self.pods = open_pod_resources(self.path, self.refresh_seconds, self._mig_parent)
+                self._looked = now
+        return None if self.pods is None else self.pods.by_gpu()
+
+    def close(self) -> None:
+        if self.pods is not None:
+            self.pods.close()
