@@ -83,7 +83,7 @@ def _number(value: float) -> str:
 
 _TEXT_HELP = str.maketrans({"\\": r"\\", "\n": r"\n"})
 _ESCAPED = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r'\"'})  # label values; OpenMetrics help too
-_PREFIXES = 4096  # line prefixes a family keeps (GPUs x label values; jobs come and go)
+_PREFIXES = 4096  # series lines a family keeps (GPUs x label values; jobs come and go)
 _UNSEEN = object()  # a source's inputs before its first render: equal to nothing
 
 

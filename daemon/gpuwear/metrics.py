@@ -52,7 +52,7 @@ class MetricDef(Generic[T]):
     # the objects the series are computed from: while they are the same objects as at the last render (or equal ones),
     # the encoder writes the same lines again without asking for the series
     inputs: Callable[[T], object] | None = None
-    changes: int = 0  # STEADY
+    changes: int = STEADY
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
         """This family as exported with or without ``metrics.detail`` (None: not exported)."""
