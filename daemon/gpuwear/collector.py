@@ -367,7 +367,7 @@ class ProcessMetrics:
             series = family.metric.values(reading)
             if series:
                 out.append(family.openmetrics_head if openmetrics else family.text_head)
-                out.append(f"{family.sample} {_number(series[0][1])}\n")
+                out.append(family._lines(series, ()))
         return "".join(out).encode()
 
 
