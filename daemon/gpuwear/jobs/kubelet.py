@@ -260,11 +260,8 @@ class PodResourcesWatch:
     not usable (not writable, no grpcio) is said once and not tried again, as at start. ``clock``: monotonic
     seconds."""
 
-    def __init__(self, path: str, refresh_seconds: float = 10.0,
-                 mig_parent: Callable[[str], str | None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self.refresh_seconds = path, refresh_seconds
-        self._mig_parent, self._clock = mig_parent, clock
+    def __init__(self, path: str, refresh_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.refresh_seconds, self._clock = path, refresh_seconds, clock
         self.pods: PodResources | None = None
         self._looked: float | None = None  # monotonic time of the last look for the socket
         self._found = not path  # the socket was found (or none is configured): no more looking
@@ -278,7 +275,7 @@ class PodResourcesWatch:
                     self._found = True
                     if self._looked is not None:
                         log.info("kubelet pod-resources socket %s appeared", self.path)
-                    self.pods = open_pod_resources(self.path, self.refresh_seconds, self._mig_parent)
+                    self.pods = open_pod_resources(self.path, self.refresh_seconds)
                 self._looked = now
         return None if self.pods is None else self.pods.by_gpu()
 
