@@ -42,7 +42,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     tracker = run_tracker(300, {})
     ledger = Ledger.open(tmp_path / "ledger.sqlite")
     wears, events, _ = tracker.take()
-    ledger.save(wears, [*events, Event(wears[0]["uuid"], 1.0, "test", {"a": 1})])
+    ledger.save(wears, [*events, Event(wears[0]["uuid"], 1_800_000_000.0, "test", {"a": 1})])
     loaded = ledger.load(2.0)
     assert sorted(loaded) == sorted(w["uuid"] for w in wears)
     for w in wears:
@@ -74,29 +74,32 @@ def test_restart_continues_the_history(tmp_path: Path) -> None:
         assert w.first_seen == old["first_seen"] and w.last_seen is not None and w.last_seen > old["last_seen"]
 
 
-def test_unreadable_ledger_is_moved_aside_never_replaced(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unreadable_file_is_kept_beside_a_new_ledger_never_replaced(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "ledger.sqlite"
     garbage = b"this is not SQLite" * 100
     path.write_bytes(garbage)
     ledger = Ledger.open(path)
-    assert ledger.moved_aside is not None and ledger.moved_aside.read_bytes() == garbage
+    assert ledger.recovered is not None and ledger.recovered.read_bytes() == garbage
     assert ledger.load(2.0) == {}
-    assert "cannot be read" in caplog.text and str(ledger.moved_aside) in caplog.text
+    assert "is damaged" in caplog.text and str(ledger.recovered) in caplog.text and "nothing readable" in caplog.text
     ledger.close()
     with pytest.raises(LedgerError, match="not a readable gpuwear ledger"):
-        Ledger.open_read_only(ledger.moved_aside)
+        Ledger.open_read_only(ledger.recovered)
 
 
-def test_truncated_ledger_is_moved_aside(tmp_path: Path) -> None:
+def test_a_truncated_ledger_is_recovered_as_far_as_it_reads(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     ledger = Ledger.open(path)
     wears, events, _ = run_tracker(60, {}).take()
     ledger.save(wears, events)
     ledger.close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     reopened = Ledger.open(path)
-    assert reopened.moved_aside is not None
+    assert reopened.recovered is not None and reopened.recovered.read_bytes() == data[: len(data) // 2]
     reopened.close()
 
 
@@ -137,7 +140,7 @@ def test_kill_9_during_writes_never_corrupts(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         ledger = Ledger.open(path)
-        assert ledger.moved_aside is None
+        assert ledger.recovered is None and ledger.set_aside == 0
         observed = ledger.load(2.0)["GPU-k"].observed_seconds
         ledger.close()
         assert observed >= last  # never backwards

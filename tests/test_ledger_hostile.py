@@ -178,37 +178,42 @@ def _corrupt(path: Path, sql: str, *args: Any) -> None:
     db.close()
 
 
-BAD_RECORDS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "NaN in a counter": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "energy_joules": math.nan}),)),
-    "a string for seconds": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "observed_seconds": "x"}),)),
-    "a GPU index that is not one": ("UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "index": -3}),)),
-    "bad JSON": ("UPDATE gpus SET wear = ?", ('{"schema": 1, "uuid": ',)),
-    "a flipped byte": ("UPDATE gpus SET wear = replace(wear, '\"observed_seconds\":3600', "
-                       "'\"observed_seconds\":3\x600')", ()),
-    "a number where text was": ("UPDATE gpus SET wear = 12", ()),
-    "a dropped table": ("DROP TABLE jobs", ()),
-    "a bad job record": ("INSERT INTO jobs VALUES ('x@1', 'slurm', 1, NULL, '{\"record\": 5}')", ()),
-    "a bad event": ("INSERT INTO events (uuid, wall, kind, detail) VALUES ('u', 1e300, 'gap', '{}')", ()),
-    "a negative import": ("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
-                          "VALUES ('u', 's', 2, 1, -4, 0, ?)", (json.dumps(wear_doc()),)),
-    "a log row not compressed": ("INSERT INTO wear_log (deltas) VALUES (x'00ff')", ()),
-    "a log row that inflates to 17 MiB": ("INSERT INTO wear_log (deltas) VALUES (?)",
-                                         (zlib.compress(b"{" + b" " * (17 << 20) + b"}", 9),)),
-    "a logged change of no GPU": ("INSERT INTO wear_log (deltas) VALUES (?)",
+# what each damage costs: "value" (one value of the GPU's record, its other figures kept), "record" (that record
+# alone: a GPU's whole record only where it cannot be read as one), "file" (SQLite cannot read the file as a ledger:
+# recovered into a new one, the damaged file kept beside it)
+BAD_RECORDS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
+    "NaN in a counter": ("value", "UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "energy_joules": math.nan}),)),
+    "a string for seconds": ("value", "UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "gap_seconds": "x"}),)),
+    "a GPU index that is not one": ("value", "UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "index": -3}),)),
+    "a bin that is not one": ("value", "UPDATE gpus SET wear = ?",
+                              (json.dumps(_set(wear_doc(), "temperature_seconds.gpu.x7", 5.0)),)),
+    "bad JSON": ("record", "UPDATE gpus SET wear = ?", ('{"schema": 1, "uuid": ',)),
+    "a flipped byte": ("record", "UPDATE gpus SET wear = replace(wear, '\"observed_seconds\":3600', "
+                                 "'\"observed_seconds\":3\x600')", ()),
+    "a number where text was": ("record", "UPDATE gpus SET wear = 12", ()),
+    "a dropped table": ("file", "DROP TABLE jobs", ()),
+    "a bad job record": ("record", "INSERT INTO jobs VALUES ('x@1', 'slurm', 1, NULL, '{\"record\": 5}')", ()),
+    "a bad event": ("record", "INSERT INTO events (uuid, wall, kind, detail) VALUES ('u', 1e300, 'gap', '{}')", ()),
+    "a negative import": ("record", "INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
+                                    "VALUES ('u', 's', 2, 1, -4, 0, ?)", (json.dumps(wear_doc()),)),
+    "a log row not compressed": ("record", "INSERT INTO wear_log (deltas) VALUES (x'00ff')", ()),
+    "a log row that inflates to 17 MiB": ("record", "INSERT INTO wear_log (deltas) VALUES (?)",
+                                          (zlib.compress(b"{" + b" " * (17 << 20) + b"}", 9),)),
+    "a logged change of no GPU": ("record", "INSERT INTO wear_log (deltas) VALUES (?)",
                                   (zlib.compress(json.dumps({"GPU-x": {"gaps": 1}}).encode()),)),
-    "a schema version that is not one": ("UPDATE meta SET value = 'abc' WHERE key = 'schema_version'", ()),
-    "schema version 0": ("UPDATE meta SET value = '0' WHERE key = 'schema_version'", ()),
-    "NaN through the log": ("INSERT INTO wear_log (deltas) VALUES (?)",
+    "a schema version that is not one": ("file", "UPDATE meta SET value = 'abc' WHERE key = 'schema_version'", ()),
+    "schema version 0": ("file", "UPDATE meta SET value = '0' WHERE key = 'schema_version'", ()),
+    "NaN through the log": ("value", "INSERT INTO wear_log (deltas) VALUES (?)",
                             (zlib.compress(json.dumps({UUID: {"energy_joules": math.nan}}).encode()),)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_RECORDS))
-def test_a_bad_record_moves_the_ledger_aside_and_the_daemon_serves(case: str, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_record_costs_only_itself_and_the_daemon_serves(case: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     state = tmp_path / "state"
     path = ledger_with_history(state / "simulated" / "demo")
-    sql, params = BAD_RECORDS[case]
+    cost, sql, params = BAD_RECORDS[case]
     _corrupt(path, sql, *params)
     assert main(["report", "--simulated", "--state-dir", str(state)]) == 1  # a clear line, no traceback
     err = capsys.readouterr().err
@@ -218,7 +223,8 @@ def test_a_bad_record_moves_the_ledger_aside_and_the_daemon_serves(case: str, tm
                              f"127.0.0.1:{port}", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True)
     try:
         body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 1.0", 30)
-        assert "gpuwear_ledger_moved_aside 1.0" in body
+        assert f"gpuwear_ledger_moved_aside {1.0 if cost == 'file' else 0.0}" in body
+        assert ("gpuwear_ledger_set_aside_records 0.0" in body) == (cost == "file")
         assert "NaN" not in body and "+Inf" not in body.replace('le="+Inf"', "")
         status, _ = fetch(f"http://127.0.0.1:{port}/healthz")
         assert status == 200
@@ -226,9 +232,21 @@ def test_a_bad_record_moves_the_ledger_aside_and_the_daemon_serves(case: str, tm
         proc.send_signal(signal.SIGTERM)
         _, log = proc.communicate(timeout=20)
     assert proc.returncode == 0, log[-2000:]
-    assert "moved it aside" in log
-    assert list(path.parent.glob("ledger.sqlite.unreadable-*"))
+    assert ("recovered what SQLite could still read" in log) == (cost == "file"), log[-2000:]
+    assert ("set aside" in log) == (cost != "file"), log[-2000:]
+    assert bool(list(path.parent.glob("ledger.sqlite.damaged-*"))) == (cost == "file")
     assert main(["report", "--simulated", "--state-dir", str(state)]) == 0
+    ledger = Ledger.open_read_only(path)
+    try:
+        old = ledger.load(2.0).get(UUID)
+        kept = ledger.rows()["set_aside"]
+    finally:
+        ledger.close()
+    whole_gpu = case in ("bad JSON", "a flipped byte", "a number where text was")
+    assert (old is None) == whole_gpu  # the GPU's history is kept unless its record cannot be read at all
+    if old is not None and case != "a string for seconds":
+        assert old.observed_seconds == 3600 and old.temperature_seconds["gpu"]["60"] == 1800
+    assert kept == (0 if cost == "file" else 1)  # what was taken out is kept, not lost
 
 
 def test_a_ledger_of_a_newer_gpuwear_is_refused_and_kept(tmp_path: Path) -> None:
@@ -242,7 +260,7 @@ def test_a_ledger_of_a_newer_gpuwear_is_refused_and_kept(tmp_path: Path) -> None
                              f"127.0.0.1:{free_port()}", "--state-dir", str(state)],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1 and "upgrade gpuwear" in result.stderr.splitlines()[-1]
-    assert not list(path.parent.glob("*.unreadable-*"))  # never moved aside: a downgrade discards nothing
+    assert not list(path.parent.glob("*.damaged-*"))  # never recovered: a downgrade discards nothing
 
 
 # -- files that are ours -------------------------------------------------------------------------------------------
@@ -467,7 +485,9 @@ def test_an_unset_clock_holds_accounting_until_it_is_set(tmp_path: Path) -> None
         ledger = Ledger.open(tmp_path / "ledger.sqlite")
         ledger.save(wears, [], jobs=jobs)
         ledger.close()
-        assert Ledger.open(tmp_path / "ledger.sqlite").moved_aside is None  # every record valid
+        opened = Ledger.open(tmp_path / "ledger.sqlite")
+        assert opened.recovered is None and opened.set_aside == 0  # every record valid
+        opened.close()
     finally:
         rig.backend.close()
 
@@ -579,6 +599,7 @@ def test_a_log_of_time_the_daemon_sampled_counts_once_and_a_log_of_its_gap_is_ta
 
     rig = make_rig("demo")
     try:
+        rig.clock.set_wall(T0)  # a past hour: an import refuses rows ahead of this machine's clock
         start = rig.clock.wall()
         tracker = WearTracker({}, WearConfig())
         _observe(tracker, rig, 600)  # the daemon sampled [start, start + 600]
@@ -609,7 +630,7 @@ def test_a_log_of_time_the_daemon_sampled_counts_once_and_a_log_of_its_gap_is_ta
     assert 3400 <= total <= 3601  # the hour the daemon missed, once
 
 
-def test_doctor_points_at_a_ledger_moved_aside(tmp_path: Path) -> None:
+def test_doctor_points_at_a_recovered_ledger_and_records_set_aside(tmp_path: Path) -> None:
     from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
     from gpuwear.backends.simulated import load_scenario
@@ -618,11 +639,15 @@ def test_doctor_points_at_a_ledger_moved_aside(tmp_path: Path) -> None:
 
     path = ledger_with_history(tmp_path / "state")
     _corrupt(path, "UPDATE gpus SET wear = 12")
+    _corrupt(path, "DROP TABLE events")
     Ledger.open(path).close()  # what the daemon does at its start
     doctor = Doctor(Config(state_dir=str(tmp_path / "state")),
                     NvmlBackend(FakeNvmlLibrary(load_scenario("demo"), ManualClock())), path, dev=tmp_path)
-    bad = [f for f in doctor.run() if not f.ok]
-    assert any("was moved aside: " in f.what and "restore it from a backup" in f.fix for f in bad), bad
+    findings = doctor.run()
+    bad = [f for f in findings if not f.ok]
+    assert any("damaged and recovered: the damaged file is kept as " in f.what for f in bad), bad
+    assert any("1 record(s) failed validation and were set aside" in f.what for f in bad), bad
+    assert any(f.ok and f.what.startswith("ledger size ") and "1 gpus rows" not in f.what for f in findings)
 
 
 # -- found in review ----------------------------------------------------------------------------------------------
@@ -659,7 +684,7 @@ def test_a_record_that_would_not_read_back_is_never_written(tmp_path: Path) -> N
     finally:
         ledger.close()
     again = Ledger.open(path)
-    assert again.moved_aside is None and observed(path) == 3600
+    assert again.recovered is None and again.set_aside == 0 and observed(path) == 3600
     again.close()
 
 

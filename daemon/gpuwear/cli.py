@@ -17,7 +17,7 @@ from typing import Any
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
 from gpuwear.config import Config, ConfigError, load_config, parse_listen
-from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError, ledger_path
+from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.webconfig import WebConfigError
 
@@ -353,10 +353,52 @@ def _export(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_FAILURE)
     text = json.dumps(doc, indent=1)
     if args.output:
-        Path(args.output).write_text(text + "\n")
+        try:
+            write_export(Path(args.output), text + "\n", config.resolved_state_dir())
+        except (ExportRefusedError, OSError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return _fail(f"export --output {printable(args.output)}: {printable(why)}; nothing written", EXIT_FAILURE)
     else:
         print(text)
     return 0
+
+
+class ExportRefusedError(ValueError):
+    """``export --output`` names a file an export must not replace."""
+
+
+def write_export(path: Path, text: str, state_dir: Path) -> None:
+    """Write an export document to a file of its own, atomically (a temporary file beside it, fsync'd, renamed over
+    it): never into the state directory (the ledger itself included), never through a symbolic link, and never over
+    a file that is not an earlier gpuwear export. Raises ExportRefusedError, or OSError (no such folder, a directory, a
+    full disk) with nothing left behind."""
+    if path.is_symlink():
+        raise ExportRefusedError("is a symbolic link (give the path of the file itself)")
+    target = Path(os.path.realpath(path))
+    state = Path(os.path.realpath(state_dir))
+    if target == state or state in target.parents:
+        raise ExportRefusedError(f"is inside the state directory {state} (where the ledger lives): write it elsewhere")
+    if target.is_dir():
+        raise ExportRefusedError("is a directory (give a file name)")
+    if target.exists():
+        try:
+            with target.open("rb") as f:
+                head = f.read(200)
+        except OSError as exc:
+            raise ExportRefusedError(f"exists and cannot be read ({exc.strerror})") from None
+        if b'"gpuwear-ledger-export"' not in head:
+            raise ExportRefusedError("exists and is not a gpuwear export: refusing to replace it")
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 MAX_EXPORT_BYTES = 64 << 20
@@ -571,6 +613,13 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except ConfigError as exc:  # any command's config file: every problem, one line each
         return _config_problems(args.file if args.command == "check-config" else args.config, exc)
+    except (LedgerError, sqlite3.Error) as exc:  # a ledger damaged in a way the command did not expect: one line
+        print(f"gpuwear: ledger: {printable(str(exc))[:500]}", file=sys.stderr)
+        return 1
+    except UnicodeDecodeError as exc:  # SQLite's message about a damaged page, with the page's bytes in it
+        print(f"gpuwear: bytes that are not UTF-8 text ({exc.reason}): a damaged ledger? the daemon recovers one "
+              "at its next start", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `gpuwear report | head`: the reader left (whatever was to be saved is saved)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's flush does not fail again
         return EXIT_SIGPIPE

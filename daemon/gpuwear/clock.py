@@ -25,31 +25,40 @@ class SystemClock:
 
 
 class ScaledClock:
-    """Simulated time running ``speed`` times faster than the machine's monotonic clock.
+    """Simulated time running ``speed`` times faster than a real clock (``base``: the machine's by default).
 
     Wall time starts at the real wall time and advances with the scaled monotonic time,
     so a simulated day at ``speed=600`` takes 144 s and is stamped as a day.
     """
 
-    def __init__(self, speed: float) -> None:
+    def __init__(self, speed: float, base: Clock | None = None) -> None:
         if speed <= 0:
             raise ValueError("speed must be positive")
         self.speed = speed
-        self._mono0 = time.monotonic()
-        self._wall0 = time.time()
+        self.base = base or SystemClock()
+        self._mono0 = self.base.monotonic()
+        self._wall0 = self.base.wall()
 
     def monotonic(self) -> float:
-        return self._mono0 + (time.monotonic() - self._mono0) * self.speed
+        return self._mono0 + (self.base.monotonic() - self._mono0) * self.speed
 
     def wall(self) -> float:
         return self._wall0 + (self.monotonic() - self._mono0)
 
-    def resume_after(self, wall: float) -> None:
-        """Move simulated wall time on to just after ``wall`` (where an earlier run's history ends) if it is behind
-        it: a run at --speed 600 ends hours ahead of the real clock, and the next one must not go back in time."""
+    def lead(self) -> float:
+        """Seconds simulated time is ahead of the real clock (what a faster-than-real run gained)."""
+        return self.wall() - self.base.wall()
+
+    def resume(self, lead: float | None, history_end: float) -> None:
+        """Go on from an earlier run: ``lead`` ahead of the real clock, the lead that run had gained (its history then
+        ends before now, and the next run never goes back into it). A real clock that was ahead while that history
+        was written and has been corrected since goes back, as on real GPUs: the daemon takes the lead back. Without
+        a recorded lead (a ledger from before it was kept), just after ``history_end`` where that is ahead."""
         now = self.wall()
-        if wall >= now:
-            self._wall0 += wall - now + 1.0
+        if lead is not None:
+            self._wall0 += max(0.0, lead) - (now - self.base.wall())
+        elif history_end >= now:
+            self._wall0 += history_end - now + 1.0
 
 
 class ManualClock:

@@ -157,6 +157,7 @@ class HealthConfig:
 @dataclass(frozen=True)
 class WearConfig:
     persist_interval_seconds: float = _key(60.0, _number(0.01, 86400))
+    event_retention_days: float = _key(365.0, _number(0, 36500))
     max_gap_seconds: float = _key(30.0, _number(0.01, 86400))
     busy_utilization_ratio: float = _key(0.1, _number(0, 1))
     arrhenius: ArrheniusConfig = field(default_factory=ArrheniusConfig)

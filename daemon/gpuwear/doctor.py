@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
 from gpuwear.config import Config
-from gpuwear.ledger import Ledger, LedgerError
+from gpuwear.ledger import Ledger, LedgerError, printable
 
 
 @dataclass
@@ -94,6 +95,11 @@ class Doctor:
                 self.check(False, f"a ledger the daemon could not read was moved aside: {moved}",
                            "its history is not counted: restore it from a backup, or delete it once it is not "
                            "needed (the daemon's log at that time says which record was bad)")
+        for kept in sorted(folder.glob(f"{self.ledger_file.name}.damaged-*")):
+            if not kept.name.endswith(("-wal", "-shm")):
+                self.check(False, f"the ledger was damaged and recovered: the damaged file is kept as {kept}",
+                           "the live ledger holds what SQLite could still read of it; delete the damaged copy once "
+                           "the history looks right (gpuwear report)")
         if not self.ledger_file.exists():
             existing = next(p for p in (folder, *folder.parents) if p.exists())
             writable = os.access(existing, os.W_OK)
@@ -105,14 +111,22 @@ class Doctor:
             ledger = Ledger.open_read_only(self.ledger_file)
             try:
                 live, every = ledger.load(2.0), ledger.load_all(2.0)
+                rows = ledger.rows()
             finally:
                 ledger.close()
             imported = len(every) - len(live)
             self.check(True, f"ledger {self.ledger_file}: {len(every)} GPU(s) recorded"
                        + (f" ({imported} known from imported logs only)" if imported else ""))
-        except LedgerError as exc:
-            self.check(False, f"ledger: {exc}", "the daemon moves an unreadable ledger aside at start; "
-                       "restore it from a backup if you have one")
+            size = sum(p.stat().st_size for p in (self.ledger_file, Path(f"{self.ledger_file}-wal")) if p.exists())
+            self.check(True, f"ledger size {size / 2**20:.1f} MiB: " + ", ".join(
+                f"{n} {table.replace('_', ' ')} rows" for table, n in rows.items() if table != "set_aside"))
+            if rows.get("set_aside"):
+                self.check(False, f"ledger: {rows['set_aside']} record(s) failed validation and were set aside "
+                           "(its set_aside table; the daemon's log at that time names them)",
+                           "their figures are not counted; the rest of the history is")
+        except (LedgerError, sqlite3.Error) as exc:
+            self.check(False, f"ledger: {printable(str(exc))[:300]}", "the daemon recovers a damaged ledger and "
+                       "sets bad records aside at start; restore it from a backup if you have one")
         self.check(os.access(folder, os.W_OK), f"{folder} writable", f"make {folder} writable by the daemon")
 
     def _port(self) -> None:

@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import stat
 import time
@@ -31,16 +32,18 @@ from gpuwear import __version__
 from gpuwear.config import Config
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.schema import SchemaError, check_event, check_job, check_wear
+from gpuwear.wear.schema import SchemaError, check_event, check_import, check_job, check_wear
 
 log = logging.getLogger(__name__)
 
 # 2: the wear log (saves write what changed); 3: records may hold "seen" (which kinds of reading a history held),
-# which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead
-SCHEMA_VERSION = 4
+# which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead;
+# 5: the set_aside table
+SCHEMA_VERSION = 5
 EXPORT_VERSION = 1  # the `gpuwear export` document
 PAGE_SIZE = 1024
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
+VACUUM_FREE_PAGES = 1024  # free pages (1 MiB) after which a save gives them back to the file system
 MAX_LOG_ROW_BYTES = 16 << 20  # a wear-log row inflates to no more than this (a larger one is corrupt)
 FILENAME = "ledger.sqlite"
 
@@ -95,12 +98,22 @@ CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' re
     id INTEGER PRIMARY KEY,
     deltas BLOB NOT NULL               -- zlib of JSON {uuid: changed keys (nested maps by key; null: removed)}
 );
+CREATE TABLE IF NOT EXISTS set_aside ( -- records (or values of a GPU's record) that failed validation at an open
+    id INTEGER PRIMARY KEY,
+    wall REAL NOT NULL,                -- when they were set aside, Unix seconds
+    source TEXT NOT NULL,              -- the table they came from
+    what TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    data TEXT NOT NULL                 -- JSON: the row's values, or the value removed from a GPU's record
+);
 """
+_SET_ASIDE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS set_aside"):]
 # Schema migrations: from version N to N + 1.
 _MIGRATIONS = {
     1: "CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL);",
     2: "SELECT 1",  # nothing to change: records without "seen" are read as before
     3: "SELECT 1",  # nothing to change: records without "index" are read as before
+    4: _SET_ASIDE,
 }
 
 
@@ -219,10 +232,12 @@ class Event:
 class Ledger:
     """One ledger file. Use :meth:`open` (daemon, read-write) or :meth:`open_read_only`."""
 
-    def __init__(self, path: Path, connection: sqlite3.Connection, moved_aside: Path | None = None) -> None:
+    def __init__(self, path: Path, connection: sqlite3.Connection, recovered: Path | None = None,
+                 set_aside: int = 0) -> None:
         self.path = path
         self._db = connection
-        self.moved_aside = moved_aside  # where an unreadable ledger was moved at open, if it was
+        self.recovered = recovered  # where the damaged file was kept when it was recovered at open
+        self.set_aside = set_aside  # records (or values of records) set aside at open
         self._saved: dict[str, dict[str, Any]] | None = None  # each GPU's record as committed (base + log)
         self._log_rows = 0
 
@@ -230,52 +245,54 @@ class Ledger:
 
     @classmethod
     def open(cls, path: Path) -> Ledger:
-        """Open or create the ledger, every record validated; an unreadable file, or one with a bad record, is
-        moved aside with an error log. Raises :class:`LedgerTooNewError` for a ledger of a newer gpuwear,
-        LedgerError for a symbolic link, OSError / sqlite3.Error when the directory cannot be written."""
+        """Open or create the ledger, every record validated. A record (or a value of a GPU's record) that fails
+        validation is set aside (the ``set_aside`` table) and the rest kept; a file SQLite cannot read whole is
+        recovered (:func:`recover`: what can still be read, in a new ledger; the damaged file kept beside it).
+        Raises :class:`LedgerTooNewError` for a ledger of a newer gpuwear, LedgerError for a symbolic link,
+        OSError / sqlite3.Error when the directory cannot be written."""
         private_folder(path.parent)
+        finish_recovery(path)  # one a kill interrupted
         _private_file(path)
-        moved: Path | None = None
-        try:
-            db = cls._connect(path)
+        recovered: Path | None = None
+        for attempt in range(2):
             try:
-                _verify(db)
-            except BaseException:
-                db.close()
+                db = cls._connect(path)
+                try:
+                    docs, bad = _audit(db)
+                except BaseException:
+                    db.close()
+                    raise
+                break
+            except LedgerTooNewError:
                 raise
-        except LedgerTooNewError:
-            raise
-        except (sqlite3.DatabaseError, LedgerError) as exc:
-            if isinstance(exc, sqlite3.Error) and environment_error(exc):
-                raise  # the disk or the directory, not the file: kept as it is, retried by the caller
-            moved = cls._move_aside(path, exc)
-            db = cls._connect(path)
-        return cls(path, db, moved)
-
-    @staticmethod
-    def _move_aside(path: Path, exc: BaseException) -> Path:
-        """Move an unusable ledger (and its WAL) aside, loudly; a new ledger is started at ``path``."""
-        moved = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(str(path) + suffix)
-            if src.exists():
-                src.rename(Path(str(moved) + suffix))
-        log.error("ledger %s cannot be read (%s); moved it aside to %s and started a new ledger: the "
-                  "history it held is not counted until it is repaired", path, exc, moved)
-        _private_file(path)
-        return moved
+            except (sqlite3.DatabaseError, LedgerError, UnicodeDecodeError) as exc:  # SQLite's message on a damaged
+                # page can hold the page's own bytes, which are not UTF-8
+                if (isinstance(exc, sqlite3.Error) and environment_error(exc)) or attempt:
+                    raise  # the disk or the directory, not the file: kept as it is, retried by the caller
+                recovered = recover(path, exc)
+        if bad:
+            _set_aside(db, docs, bad)
+            what, why = bad[0].what, bad[0].reason
+            first = printable(why if why.startswith(what) else f"{what}: {why}")[:300]
+            log.error("ledger %s: set aside %d record(s) that fail validation, the rest of the history kept (%s%s); "
+                      "they are kept in its set_aside table", path, len(bad), first,
+                      f"; and {len(bad) - 1} more" if len(bad) > 1 else "")
+        return cls(path, db, recovered, len(bad))
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        db.text_factory = _text
         try:
             ok = db.execute("PRAGMA quick_check").fetchone()
             if not ok or ok[0] != "ok":
-                raise LedgerError(f"integrity check failed: {ok[0] if ok else 'no answer'}")
+                raise LedgerError(f"integrity check failed: {printable(str(ok[0]))[:200] if ok else 'no answer'}")
             if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
                 # 1 KiB pages for a new ledger: a save appends a few KiB to the wear log, and every page it
-                # touches is written whole (twice: the WAL, then the checkpoint)
+                # touches is written whole (twice: the WAL, then the checkpoint); pages freed by retention can be
+                # given back (incremental vacuum, which must be chosen before the first table)
                 db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             # a 256 KiB page cache, not the default 2 MiB: the ledger is written once a minute and read at start,
@@ -296,6 +313,9 @@ class Ledger:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
                 db.execute("COMMIT")
             db.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', ?)", (__version__,))
+            if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # a ledger from before: once, rewritten whole
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                db.execute("VACUUM")
         except BaseException:
             db.close()
             raise
@@ -308,8 +328,9 @@ class Ledger:
             raise LedgerError(f"no ledger at {path}: has the daemon run with this state directory?")
         try:
             db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)
+            db.text_factory = _text
             version = _schema_version(db)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             raise LedgerError(f"{path}: not a readable gpuwear ledger ({exc})") from None
         if version is None or version > SCHEMA_VERSION:
             message = (_too_new(path, db, version) if version is not None else
@@ -318,9 +339,11 @@ class Ledger:
             raise LedgerTooNewError(message) if version is not None else LedgerError(message)
         try:
             _verify(db)
-        except (sqlite3.DatabaseError, LedgerError) as exc:
+        except (sqlite3.DatabaseError, LedgerError, UnicodeDecodeError) as exc:
             db.close()
-            raise LedgerError(f"{path}: {exc} (the daemon moves such a ledger aside at its next start)") from None
+            why = printable(str(exc))[:300]
+            raise LedgerError(f"{path}: {why} (the daemon sets such records aside, or recovers a damaged file, at its "
+                              "next start)") from None
         return cls(path, db)
 
     def close(self) -> None:
@@ -333,6 +356,17 @@ class Ledger:
         return {uuid: GpuWear.from_json(_checked(doc, f"{self.path}: GPU {uuid}"), gate_celsius)
                 for uuid, doc in sorted(_read_docs(self._db).items())}
 
+    def meta(self, key: str) -> str | None:
+        """A value of the meta table (``save(meta=...)`` writes them), None where absent."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row and isinstance(row[0], str) else None
+
+    def rows(self) -> dict[str, int]:
+        """Rows per table: what the file's size is made of (``gpuwear doctor``)."""
+        present = {name for (name,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return {table: self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("gpus", "wear_log", "jobs", "events", "imports", "set_aside") if table in present}
+
     def events(self, uuid: str | None = None, since: float | None = None) -> list[Event]:
         query = "SELECT uuid, wall, kind, detail FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? ORDER BY id"
         rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf")))
@@ -342,16 +376,20 @@ class Ledger:
         """The wall-clock intervals this ledger's history of a GPU observed, live and imported, sorted: what an
         import must not count again. A record from before intervals were kept counts as its whole span."""
         out: list[tuple[float, float]] = []
-        docs = [_read_docs(self._db).get(uuid)]
-        docs += [_json_object(text, f"import of GPU {uuid!r}")
-                 for (text,) in self._db.execute("SELECT wear FROM imports WHERE uuid = ?", (uuid,))]
-        for doc in docs:
-            if not doc:
-                continue
+        live = _read_docs(self._db).get(uuid)
+        if live and live.get("covered"):
+            out += [(float(a), float(b)) for a, b in live["covered"].items()]
+        elif live and live.get("first_seen") is not None and live.get("last_seen") is not None:
+            out.append((float(live["first_seen"]), float(live["last_seen"])))
+        # an import covers the intervals it integrated: its whole span only where it holds observed time but no
+        # intervals (a ledger export's part from before intervals were kept), never for rows that observed nothing
+        # (two rows years apart, from a clock that was off, would otherwise cover every later log of the card)
+        for first, last, text in self._db.execute("SELECT first, last, wear FROM imports WHERE uuid = ?", (uuid,)):
+            doc = _json_object(text, f"import of GPU {uuid!r}")
             if doc.get("covered"):
                 out += [(float(a), float(b)) for a, b in doc["covered"].items()]
-            elif doc.get("first_seen") is not None and doc.get("last_seen") is not None:
-                out.append((float(doc["first_seen"]), float(doc["last_seen"])))
+            elif doc.get("observed_seconds"):
+                out.append((float(first), float(last)))
         return sorted(out)
 
     def imported_spans(self, uuid: str) -> list[tuple[float, float]]:
@@ -421,7 +459,7 @@ class Ledger:
         """Each import that reaches past ``since`` as a period shaped like a job record (kind "imported", id the
         source file), so that `gpuwear jobs` lists imported history beside the jobs and idle lines."""
         out = []
-        rows = self._db.execute("SELECT rowid, uuid, source, first, last, wear FROM imports WHERE last >= ? "
+        rows = self._db.execute("SELECT rowid AS row_id, uuid, source, first, last, wear FROM imports WHERE last >= ? "
                                 "ORDER BY first DESC", (since if since is not None else float("-inf"),))
         for rowid, uuid, source, first, last, text in rows:
             wear = _wear(text, f"{self.path}: import of GPU {uuid}")
@@ -442,10 +480,12 @@ class Ledger:
 
     def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
              imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = (),
-             jobs: Iterable[dict[str, Any]] = (), forget_jobs_before: float | None = None) -> None:
+             jobs: Iterable[dict[str, Any]] = (), forget_jobs_before: float | None = None,
+             meta: dict[str, str] | None = None, forget_events_before: float | None = None) -> None:
         """Write accumulators (``GpuWear.to_json()`` dicts), events, imports (uuid, source,
         first, last, rows, wear) and job records in one transaction, removing the job records that ended before
-        ``forget_jobs_before`` (retention: each GPU's own record keeps its lifetime figures). Raises
+        ``forget_jobs_before`` and the events before ``forget_events_before`` (retention: each GPU's own record keeps
+        its lifetime figures; the pages they held are given back to the file system once enough are free). Raises
         ``sqlite3.Error`` (disk full, read-only directory) with nothing written."""
         now = time.time()
         if self._saved is None:  # what is committed, to write only what changed
@@ -454,12 +494,16 @@ class Ledger:
         saved = self._saved
         # a copy as JSON reads it back: to_json() hands out the live accumulators' own maps, which go on changing
         docs = {w["uuid"]: json.loads(json.dumps(_compact(w), separators=(",", ":"))) for w in wears}
-        jobs = list(jobs)
+        jobs, events, imports = list(jobs), list(events), list(imports)
         try:  # never write what the next open would refuse: that would move the whole ledger aside
             for uuid, doc in docs.items():
                 check_wear(doc, f"GPU {uuid}", WEAR_SCHEMA)
             for job in jobs:
                 check_job(job, f"job {job.get('record')!r}")
+            for event in events:
+                check_event({"wall": event.wall, "kind": event.kind, "detail": event.detail}, f"event of {event.uuid}")
+            for uuid, _, first, last, rows, wear in imports:
+                check_import(uuid, first, last, rows, json.loads(_dump(wear)))
         except SchemaError as exc:
             raise LedgerError(f"refusing to save a record that would not read back: {exc}") from None
         compact = self._log_rows >= COMPACT_AFTER
@@ -494,8 +538,20 @@ class Ledger:
                             for j in jobs])
             if forget_jobs_before is not None:
                 db.execute("DELETE FROM jobs WHERE end IS NOT NULL AND end < ?", (forget_jobs_before,))
+            if forget_events_before is not None:
+                db.execute("DELETE FROM events WHERE wall < ?", (forget_events_before,))
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list((meta or {}).items()))
         saved.update(docs)  # committed
         self._log_rows = 0 if compact else self._log_rows + bool(deltas)
+        self._give_back_pages()
+
+    def _give_back_pages(self) -> None:
+        """Give the pages retention freed back to the file system (incremental vacuum, a transaction of its own) once
+        VACUUM_FREE_PAGES are free: the file shrinks after pruning, and the pages a save frees meanwhile are reused."""
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        if free >= VACUUM_FREE_PAGES and self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+            # executescript steps it to the end (sqlite3_exec); execute() would free one page
+            self._db.executescript(f"PRAGMA incremental_vacuum({int(free)});")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -566,25 +622,55 @@ def _read_docs(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
 
 
 def _read_docs_now(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
+    docs, bad, _ = _read_docs_tolerant(db)
+    if bad:
+        raise LedgerError(bad[0].reason)
+    return docs
+
+
+def _read_docs_tolerant(db: sqlite3.Connection,
+                        ) -> tuple[dict[str, dict[str, Any]], list[BadRecord], dict[str, tuple[int, Any]]]:
+    """Each GPU's record with the wear log applied, the GPU rows and log rows that could not be read (a log row
+    that cannot be applied is left out whole: the records stay as the rows before it left them), and each GPU
+    row's rowid and name (read with it: an index may hold other bytes than a damaged row)."""
     docs: dict[str, dict[str, Any]] = {}
-    for uuid, text in db.execute("SELECT uuid, wear FROM gpus"):
-        docs[uuid] = _json_object(text, f"GPU {uuid!r}")
+    bad: list[BadRecord] = []
+    unreadable: set[str] = set()
+    rows: dict[str, tuple[int, Any]] = {}
+    for rowid, uuid, name, text in db.execute("SELECT rowid AS row_id, uuid, name, wear FROM gpus"):
+        rows[uuid] = (rowid, name)
+        try:
+            docs[uuid] = _json_object(text, f"GPU {uuid!r}")
+        except LedgerError as exc:
+            bad.append(BadRecord("gpus", rowid, f"GPU {uuid!r}", str(exc)))
+            unreadable.add(uuid)
     if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'wear_log'").fetchone() is None:
-        return docs  # a schema-1 ledger read before the daemon migrated it
+        return docs, bad, rows  # a schema-1 ledger read before the daemon migrated it
     for row, blob in db.execute("SELECT id, deltas FROM wear_log ORDER BY id"):
         where = f"wear log row {row}"
         try:
-            inflater = zlib.decompressobj()
-            text = inflater.decompress(blob, MAX_LOG_ROW_BYTES)
-            if inflater.unconsumed_tail:
-                raise LedgerError(f"{where}: inflates past {MAX_LOG_ROW_BYTES >> 20} MiB")
-        except (zlib.error, TypeError) as exc:
-            raise LedgerError(f"{where}: not a compressed log row ({exc})") from None
-        for uuid, delta in _json_object(text, where).items():
-            if uuid not in docs or not isinstance(delta, dict):
-                raise LedgerError(f"{where}: a change of {uuid!r}, which is not a GPU record")
-            _apply(docs[uuid], delta)
-    return docs
+            changes = _log_row(blob, where)
+            for uuid, delta in changes.items():
+                if (uuid not in docs and uuid not in unreadable) or not isinstance(delta, dict):
+                    raise LedgerError(f"{where}: a change of {uuid!r}, which is not a GPU record")
+        except LedgerError as exc:
+            bad.append(BadRecord("wear_log", row, where, str(exc)))
+            continue
+        for uuid, delta in changes.items():
+            if uuid in docs:  # a GPU whose row is unreadable is set aside with its changes
+                _apply(docs[uuid], delta)
+    return docs, bad, rows
+
+
+def _log_row(blob: Any, where: str) -> dict[str, Any]:
+    try:
+        inflater = zlib.decompressobj()
+        text = inflater.decompress(blob, MAX_LOG_ROW_BYTES)
+        if inflater.unconsumed_tail:
+            raise LedgerError(f"{where}: inflates past {MAX_LOG_ROW_BYTES >> 20} MiB")
+    except (zlib.error, TypeError) as exc:
+        raise LedgerError(f"{where}: not a compressed log row ({exc})") from None
+    return _json_object(text, where)
 
 
 def _json_object(text: Any, where: str) -> dict[str, Any]:
@@ -615,29 +701,132 @@ def _wear(text: Any, where: str) -> dict[str, Any]:
         raise LedgerError(f"{where}: unreadable accumulators ({exc})") from None
 
 
+@dataclass(frozen=True)
+class BadRecord:
+    """A stored record that fails validation: its table and rowid, what it is and why it fails."""
+
+    table: str  # gpus, wear_log, imports, events or jobs
+    rowid: int
+    what: str
+    reason: str
+    part: Any = _ABSENT  # the value removed from a GPU's record, whose other figures are kept; else the whole row
+
+
+MAX_SALVAGED = 100  # values removed from one GPU's record before the record as a whole is set aside
+_WHOLE = frozenset({"", "schema", "uuid"})  # a record failing here is not the GPU's at all
+
+
+def _salvage(doc: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """Remove, one by one, the values of a GPU's record that fail validation (a bin, an interval, a counter), so that
+    one bad value never costs the card its history: (where, why, the value) for each removed. A record that fails
+    in its identity, or in more than MAX_SALVAGED places, is left as it is (the caller sets it aside whole)."""
+    removed: list[tuple[str, str, Any]] = []
+    for _ in range(MAX_SALVAGED):
+        try:
+            check_wear(doc, "", WEAR_SCHEMA)
+            return removed
+        except SchemaError as exc:
+            if exc.where in _WHOLE or not _remove(doc, exc.where, removed, exc.problem):
+                return removed
+    return removed
+
+
+def _remove(doc: Any, where: str, removed: list[tuple[str, str, Any]], problem: str) -> bool:
+    """Remove the value at a validator's path (``thermal_resistance.2024-05-01[1]``: keys may hold dots, so each is
+    matched against the keys present); whether it was found."""
+    node, rest = doc, where
+    while True:
+        if isinstance(node, dict):
+            key = max((k for k in node if rest == k or rest.startswith((f"{k}.", f"{k}["))), key=len, default=None)
+            if key is None:
+                return False
+            rest = rest[len(key):].lstrip(".")
+        elif isinstance(node, list) and rest.startswith("[") and "]" in rest:
+            index = rest[1:rest.index("]")]
+            if not index.isdigit() or int(index) >= len(node):
+                return False
+            key, rest = int(index), rest[rest.index("]") + 1:].lstrip(".")
+        else:
+            return False
+        if not rest:
+            removed.append((where, problem, node[key]))
+            del node[key]
+            return True
+        node = node[key]
+
+
+def _audit(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadRecord]]:
+    """Read every record back and validate it: each GPU's record (its row with the wear log applied, a log row that
+    cannot be applied left out) and the records that fail, each on its own. Raises sqlite3.DatabaseError where
+    SQLite itself cannot read the file."""
+    bad: list[BadRecord] = []
+    docs, unusable, rows = _read_docs_tolerant(db)
+    bad += unusable
+    for uuid, doc in list(docs.items()):
+        rowid, name = rows[uuid]
+        parts = _salvage(doc)
+        bad += [BadRecord("gpus", rowid, f"GPU {uuid!r}: {where}", why, part) for where, why, part in parts]
+        try:
+            _checked(doc, f"GPU {uuid!r}")
+            if doc.get("uuid") != uuid or not isinstance(name, str):
+                raise LedgerError(f"GPU {uuid!r}: the row and its accumulators disagree")
+        except LedgerError as exc:
+            bad.append(BadRecord("gpus", rowid, f"GPU {uuid!r}", str(exc)))
+            del docs[uuid]
+    for rowid, uuid, first, last, count, text in db.execute("SELECT rowid AS row_id, uuid, first, last, rows, wear "
+                                                            "FROM imports"):
+        try:
+            check_import(uuid, first, last, count, _wear(text, f"import of GPU {uuid!r}"))
+        except (SchemaError, LedgerError) as exc:
+            bad.append(BadRecord("imports", rowid, f"import of GPU {uuid!r}", str(exc)))
+    for rowid, uuid, wall, kind, detail in db.execute("SELECT rowid AS row_id, uuid, wall, kind, detail FROM events"):
+        try:
+            check_event({"wall": wall, "kind": kind, "detail": json.loads(detail)}, "")
+        except (ValueError, TypeError, RecursionError) as exc:
+            bad.append(BadRecord("events", rowid, f"event of GPU {uuid!r}", str(exc)))
+    for rowid, record, data in db.execute("SELECT rowid AS row_id, record, data FROM jobs"):
+        try:
+            check_job(json.loads(data), "")
+        except (ValueError, TypeError, RecursionError) as exc:
+            bad.append(BadRecord("jobs", rowid, f"job {record!r}"[:80], str(exc)))
+    return docs, bad
+
+
 def _verify(db: sqlite3.Connection) -> None:
-    """Read every record back and validate it (at open: a bad record moves the ledger aside rather than failing
-    every start, every save or every report later). Raises LedgerError or sqlite3.DatabaseError."""
-    names = dict(db.execute("SELECT uuid, name FROM gpus"))
-    for uuid, doc in _read_docs(db).items():
-        _checked(doc, f"GPU {uuid!r}")
-        if doc["uuid"] != uuid or not isinstance(names.get(uuid), str):
-            raise LedgerError(f"GPU {uuid!r}: the row and its accumulators disagree")
-    for uuid, first, last, rows, text in db.execute("SELECT uuid, first, last, rows, wear FROM imports"):
-        _wear(text, f"import of GPU {uuid!r}")
-        if not (isinstance(first, (int, float)) and isinstance(last, (int, float)) and first <= last
-                and isinstance(rows, int) and rows >= 0):
-            raise LedgerError(f"import of GPU {uuid!r}: bad span or row count")
-    for i, (uuid, wall, kind, detail) in enumerate(db.execute("SELECT uuid, wall, kind, detail FROM events")):
+    """Every record valid, else LedgerError naming the first that is not (read-only opens: the daemon sets such
+    records aside at its next start). Raises sqlite3.DatabaseError where SQLite cannot read the file."""
+    _, bad = _audit(db)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise LedgerError(f"{bad[0].reason}{more}")
+
+
+def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: list[BadRecord]) -> None:
+    """In one transaction, move each bad record into the set_aside table (kept, never counted) and delete it where
+    it was; when a GPU record or a wear log row is among them, write every good GPU's record whole and empty the
+    log (its rows name the GPUs they change)."""
+    with closing(db.cursor()) as cur:
+        cur.execute("BEGIN IMMEDIATE")
         try:
-            check_event({"wall": wall, "kind": kind, "detail": json.loads(detail)}, f"events[{i}]")
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise LedgerError(f"event of GPU {uuid!r}: {exc}") from None
-    for record, data in db.execute("SELECT record, data FROM jobs"):
-        try:
-            check_job(json.loads(data), f"job {record!r}"[:80])
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise LedgerError(str(exc)) from None
+            for b in bad:
+                if b.part is not _ABSENT:  # a value removed from a GPU's record: the record is written again below
+                    data = json.dumps(b.part)
+                else:
+                    row = cur.execute(f"SELECT * FROM {b.table} WHERE rowid = ?", (b.rowid,)).fetchone()
+                    data = json.dumps([v.hex() if isinstance(v, bytes) else v for v in row]) if row else "null"
+                    cur.execute(f"DELETE FROM {b.table} WHERE rowid = ?", (b.rowid,))
+                cur.execute("INSERT INTO set_aside (wall, source, what, reason, data) VALUES (?, ?, ?, ?, ?)",
+                            (time.time(), b.table, b.what[:300], b.reason[:1000], data))
+            if any(b.table in ("gpus", "wear_log") for b in bad):
+                for uuid, doc in docs.items():
+                    cur.execute("UPDATE gpus SET wear = ? WHERE uuid = ?", (json.dumps(doc, separators=(",", ":")),
+                                                                            uuid))
+                cur.execute("DELETE FROM wear_log")
+            cur.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                cur.execute("ROLLBACK")
+            raise
 
 
 def _too_new(path: Path, db: sqlite3.Connection, version: int) -> str:
@@ -648,6 +837,170 @@ def _too_new(path: Path, db: sqlite3.Connection, version: int) -> str:
     by = f"gpuwear {row[0]}" if row else "a newer gpuwear"
     return (f"{path} was written by {by} (ledger schema {version}); this gpuwear {__version__} reads schema "
             f"{SCHEMA_VERSION} and older: upgrade gpuwear (the ledger is kept as it is, never replaced)")
+
+
+def _text(raw: bytes) -> str:
+    """TEXT as str: bytes damaged on disk that are not UTF-8 become U+FFFD (and then fail validation), never a
+    UnicodeDecodeError out of a query."""
+    return raw.decode("utf-8", "replace")
+
+
+def printable(text: str) -> str:
+    """Text from outside (a file's bytes, SQLite's messages about them) made safe for a terminal or a log line:
+    control and format characters (ESC, BEL, C1, bidi overrides) shown as escapes."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+# -- recovery of a file SQLite cannot read whole ------------------------------------------------------------------
+
+RECOVERING = ".recovering"  # the new ledger being written
+RECOVERED = ".recovered"  # the new ledger complete, waiting to replace the damaged one (finish_recovery)
+_TABLES = {"meta": ("key", "value"), "gpus": ("uuid", "name", "serial", "first_seen", "last_seen", "saved", "wear"),
+           "events": ("uuid", "wall", "kind", "detail"),
+           "imports": ("uuid", "source", "first", "last", "rows", "imported", "wear"),
+           "jobs": ("record", "kind", "start", "end", "data"), "wear_log": ("deltas",),
+           "set_aside": ("wall", "source", "what", "reason", "data")}
+
+
+def recover(path: Path, exc: BaseException) -> Path:
+    """Copy what SQLite can still read of a damaged ledger, row by row, into a new ledger that replaces it; the
+    damaged file (and its WAL) is kept beside it, named ``ledger.sqlite.damaged-TIME``, which is returned. A kill
+    at any instant leaves the damaged ledger in place (recovered again at the next open) or the new one complete
+    (:func:`finish_recovery` ends an interrupted swap)."""
+    kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+    work = path.with_name(path.name + RECOVERING)
+    for leftover in (work, Path(f"{work}-journal")):
+        leftover.unlink(missing_ok=True)
+    counts = _copy_readable(path, work, kept.name)
+    _fsync(work)
+    os.replace(work, path.with_name(path.name + RECOVERED))
+    _fsync(path.parent)
+    finish_recovery(path)
+    log.error("ledger %s is damaged (%s): recovered what SQLite could still read into a new ledger (%s) and kept "
+              "the damaged file as %s", path, printable(str(exc))[:300],
+              ", ".join(f"{n} {table}" for table, n in counts.items() if table != "meta") or "nothing readable",
+              kept)
+    return kept
+
+
+def finish_recovery(path: Path) -> None:
+    """Put a complete recovered ledger in the damaged one's place: link the damaged files to their kept names, drop
+    the damaged WAL (which must never be applied to the new file), then rename. Each step can be run again."""
+    done = path.with_name(path.name + RECOVERED)
+    if not done.exists():
+        return
+    with closing(sqlite3.connect(f"file:{done}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT value FROM meta WHERE key = 'recovered_from'").fetchone()
+    kept = path.with_name(str(row[0]) if row else f"{path.name}.damaged")
+    for suffix in ("", "-wal", "-shm"):
+        src, dst = Path(f"{path}{suffix}"), Path(f"{kept}{suffix}")
+        if src.exists() and not dst.exists():
+            try:
+                os.link(src, dst)
+            except OSError:  # a file system without hard links
+                shutil.copy2(src, dst)
+    _fsync(path.parent)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    os.replace(done, path)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_readable(src: Path, dst: Path, kept: str) -> dict[str, int]:
+    """Every row SQLite can still read of the known tables of ``src`` into a new ledger at ``dst``, rowids kept
+    (events and wear log rows are read in id order); rows it cannot read are stepped over."""
+    out = sqlite3.connect(dst, isolation_level=None)
+    counts: dict[str, int] = {}
+    try:
+        out.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        out.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        out.executescript(_SCHEMA)
+        out.execute("BEGIN")
+        try:
+            source: sqlite3.Connection | None = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=10.0)
+        except sqlite3.Error:
+            source = None
+        if source is not None:
+            source.text_factory = _text
+            try:
+                try:
+                    present = {name for (name,) in source.execute("SELECT name FROM sqlite_master WHERE type = "
+                                                                  "'table'")}
+                except (sqlite3.DatabaseError, UnicodeDecodeError):
+                    present = set()
+                for table, columns in _TABLES.items():
+                    if table in present:
+                        counts[table] = _copy_rows(source, out, table, columns)
+            finally:
+                source.close()
+        out.execute("DELETE FROM meta WHERE key IN ('schema_version', 'recovered_from')")
+        out.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        out.execute("INSERT INTO meta VALUES ('recovered_from', ?)", (kept,))
+        out.execute("COMMIT")
+    finally:
+        out.close()
+    return counts
+
+
+def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> int:
+    """Copy a table's readable rows in rowid order: in batches while SQLite reads them; past damage, rowid by rowid
+    (a point lookup reaches a row whose neighbours' pages are damaged), then by growing steps where nothing reads."""
+    names = ", ".join(columns)
+    batch = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT 256"
+    point = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid = ?"
+    insert = f"INSERT OR IGNORE INTO {table} (rowid, {names}) VALUES ({', '.join('?' * (len(columns) + 1))})"
+    try:
+        last = source.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]
+    except (sqlite3.DatabaseError, UnicodeDecodeError):
+        last = None
+    after, copied, step, seen = -(1 << 63), 0, 1, 0
+    for _ in range(100_000):  # bounded: a damaged b-tree may answer errors wherever it is asked
+        if after >= (last if isinstance(last, int) else seen + (1 << 20)):
+            break
+        try:
+            rows = source.execute(batch, (after,)).fetchall()
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
+            rows = None
+        if rows == []:
+            break
+        if rows is None:  # damage ahead: the next rows one lookup each, until a stretch reads in a batch again
+            found, start = 0, max(after, 0)
+            for rowid in range(start + 1, start + POINT_LOOKUPS + 1):
+                try:
+                    rows = source.execute(point, (rowid,)).fetchall()
+                except (sqlite3.DatabaseError, UnicodeDecodeError):
+                    continue
+                for row in rows:
+                    copied += _insert(out, insert, row)
+                    found, seen = found + 1, rowid
+            after = start + POINT_LOOKUPS
+            if not found:  # nothing readable in that stretch: step further each time
+                after, step = min(after + step, (1 << 63) - 1), min(step * 2, 1 << 40)
+            continue
+        for row in rows:
+            copied += _insert(out, insert, row)
+        after, step = rows[-1][0], 1
+        seen = max(seen, after)
+    return copied
+
+
+POINT_LOOKUPS = 2048  # rowids looked up one by one past damage before reading in batches again
+
+
+def _insert(out: sqlite3.Connection, insert: str, row: Any) -> int:
+    try:
+        out.execute(insert, row)
+        return 1
+    except sqlite3.Error:
+        return 0
 
 
 # SQLite result codes that say the disk, the directory or another process stood in the way, not that the file is

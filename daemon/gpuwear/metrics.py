@@ -83,7 +83,8 @@ class LedgerStatus:
     last_success: bool | None  # None before the first save
     last_success_wall: float | None  # Unix time of the last successful save
     failures: int  # failed saves since start
-    moved_aside: bool  # the ledger found at start was unreadable and moved aside
+    moved_aside: bool  # the ledger found at start was damaged: recovered, the damaged file kept beside it
+    set_aside: int = 0  # records (or values of records) that failed validation at start, set aside
 
 
 @dataclass(frozen=True)
@@ -345,9 +346,14 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
     MetricDef("gpuwear_ledger_persist_failures_total", "counter", "", "Failed saves of the wear ledger "
                     "since start.", (), _ledger(lambda st: st.failures),
                     inputs=_of("ledger")),
-    MetricDef("gpuwear_ledger_moved_aside", "gauge", "", "1 when the ledger found at start could not be "
-                    "read and was moved aside (its history is not counted until repaired).", (),
+    MetricDef("gpuwear_ledger_moved_aside", "gauge", "", "1 when the ledger found at start was damaged: what "
+                    "SQLite could still read was recovered into a new ledger, the damaged file moved aside beside it "
+                    "(ledger.sqlite.damaged-TIME).", (),
                     _ledger(lambda st: float(st.moved_aside)),
+                    inputs=_of("ledger")),
+    MetricDef("gpuwear_ledger_set_aside_records", "gauge", "", "Records of the ledger (or values of a GPU's "
+                    "record) that failed validation at start and were set aside (its set_aside table), the rest of "
+                    "the history kept.", (), _ledger(lambda st: float(st.set_aside)),
                     inputs=_of("ledger")),
 )
 

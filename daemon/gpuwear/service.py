@@ -48,6 +48,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SIMULATION_LEAD = "simulation_lead_seconds"  # ledger meta: ScaledClock.lead() at the last save
+
+
+def _lead(text: str | None) -> float | None:
+    """A stored simulation lead (seconds, a whole number), None where absent or not one."""
+    return float(text) if text is not None and text.isdigit() and len(text) <= 12 else None
+
+
 # Under --speed, ticks never come faster than this (wall seconds); each covers more
 # simulated time instead. Ledger saves likewise.
 MIN_WALL_INTERVAL_SECONDS = 0.02
@@ -206,6 +214,7 @@ class Daemon:
         self.ledger: Ledger | None = None
         self._lock: StateLock | None = None  # the state directory, held for the daemon's life
         self._history_loaded = False  # the ledger's history is in the tracker (never merged twice)
+        self._saved_lead: int | None = None  # the simulated clock's lead last written to the ledger
         gate = config.wear.cycles.hysteresis_celsius
         wears, imported, running = {}, {}, []
         try:
@@ -214,8 +223,9 @@ class Daemon:
             wears, imported = self.ledger.load(gate), self.ledger.load_imported(gate)
             running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
             self._history_loaded = True
-            if isinstance(source.clock, ScaledClock):  # a simulation goes on from where its history ends
-                source.clock.resume_after(max((w.last_seen or 0.0 for w in wears.values()), default=0.0))
+            if isinstance(source.clock, ScaledClock):  # a simulation goes on with the lead its last run gained
+                source.clock.resume(_lead(self.ledger.meta(SIMULATION_LEAD)),
+                                    max((w.last_seen or 0.0 for w in wears.values()), default=0.0))
         except (StateLockedError, LedgerTooNewError):  # another daemon, or a newer gpuwear's ledger: refuse to run
             if self.ledger is not None:
                 self.ledger.close()
@@ -239,7 +249,8 @@ class Daemon:
         self.job_watcher = JobWatcher(resolver, None if pods is None else pods.by_gpu)
         self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
-                                           self.ledger is not None and self.ledger.moved_aside is not None)
+                                           self.ledger is not None and self.ledger.recovered is not None,
+                                           self.ledger.set_aside if self.ledger is not None else 0)
         self.tracker.set_detail(config.metrics.detail)
         self.collector = GpuwearCollector(self.published, config.metrics.detail)
         self.registry = registry or CollectorRegistry(auto_describe=False)
@@ -391,12 +402,9 @@ class Daemon:
                 self.ledger = self._reopen_ledger()
             wears, events, jobs = self.tracker.take(running_jobs_every)
             try:
-                days = self.config.jobs.retention_days
-                # no retention on a clock that jumped in this process, or that starts further from the ledger's last
-                # sight than the retention itself (a clock ahead at start): one save would forget every record
-                trusted = not self.tracker.clock_jumped and self.tracker.largest_start_gap < days * 86400
-                forget = self.source.clock.wall() - days * 86400 if days and trusted else None
-                self.ledger.save(wears, events, jobs=jobs, forget_jobs_before=forget)
+                self.ledger.save(wears, events, jobs=jobs, forget_jobs_before=self._forget_before(
+                    self.config.jobs.retention_days), forget_events_before=self._forget_before(
+                    self.config.wear.event_retention_days), meta=self._simulation_lead())
             except BaseException:
                 self.tracker.give_back(events, jobs)
                 raise
@@ -413,6 +421,25 @@ class Daemon:
             log.warning("the wear ledger %s is saved again", self.ledger_file)
         self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
         return True
+
+    def _forget_before(self, days: float) -> float | None:
+        """The Unix time before which records go (retention of ``days``; None: keep them). No retention on a clock
+        that jumped in this process, or that starts further from the ledger's last sight than the retention itself (a
+        clock ahead at start): one save would forget every record."""
+        trusted = not self.tracker.clock_jumped and self.tracker.largest_start_gap < days * 86400
+        return self.source.clock.wall() - days * 86400 if days and trusted else None
+
+    def _simulation_lead(self) -> dict[str, str]:
+        """The simulated clock's lead over the real one, for the ledger (ScaledClock.resume), when it moved by a second
+        or more since the last save: never at --speed 1, so no page is written for it there."""
+        clock = self.source.clock
+        if not isinstance(clock, ScaledClock):
+            return {}
+        lead = max(0, round(clock.lead()))
+        if lead == self._saved_lead:
+            return {}
+        self._saved_lead = lead
+        return {SIMULATION_LEAD: str(lead)}
 
     def _every(self, seconds: Callable[[], float], action: Callable[[], object]) -> None:
         """Run ``action`` at a fixed rate on the monotonic clock until stopped (the sampling tick, the ledger save,

@@ -232,7 +232,7 @@ def _settle(g: _Gpu) -> None:
 def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | None = None,
                 columns: list[str] | None = None, tz: datetime.tzinfo | None = None, max_gap: float | None = None,
                 say: Callable[[str], None] = print, progress: Callable[[int], None] | None = None,
-                rows_only: bool = False) -> FileResult:
+                rows_only: bool = False, latest: float | None = None) -> FileResult:
     """Import one file into ``ledger`` (one transaction). Raises ``ImportFormatError`` when
     the file as a whole cannot be used; a bad row is reported through ``say`` and skipped.
 
@@ -249,11 +249,11 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
         else:
             try:
                 return columnar.import_file(path, ledger, params, gpu=gpu, columns=columns, tz=tz, max_gap=max_gap,
-                                            say=say, progress=progress)
+                                            say=say, progress=progress, latest=latest)
             except columnar.ColumnarError as exc:
                 why = str(exc)
     result = import_rows(path, ledger, params, gpu=gpu, columns=columns, tz=tz, max_gap=max_gap, say=say,
-                         progress=progress)
+                         progress=progress, latest=latest)
     result.reader = f"rows: {why}"
     return result
 
@@ -261,22 +261,23 @@ def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
 def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | None = None,
                 columns: list[str] | None = None, tz: datetime.tzinfo | None = None, max_gap: float | None = None,
                 say: Callable[[str], None] = print, progress: Callable[[int], None] | None = None,
-                progress_every: int = 65536) -> FileResult:
+                progress_every: int = 65536, latest: float | None = None) -> FileResult:
     """:func:`import_file`, row by row: the reference the columnar path is held to.
 
-    Rows go through, per GPU: the ledger's coverage (time already observed is skipped); order (a repeated
-    local hour is its second pass when the log goes on from it; a row earlier than the last is refused; a
-    row at the same time as the last is dropped); physical ranges and the shutdown threshold; whether the row
-    holds any reading (one that does not is a break: unobserved time); the cadence (``max_gap``, else
-    :func:`gap_threshold` of the median of the first CADENCE_INTERVALS intervals); lone spikes
-    (:mod:`gpuwear.wear.plausibility`); then the same accumulator as live samples. ``progress`` is called
-    with the number of rows read so far every ``progress_every`` rows."""
+    Rows whose time no reading can have (before 2000, or past ``latest``: by default a day after this machine's
+    clock) are refused as problems. Rows go through, per GPU: the ledger's coverage (time already observed is
+    skipped); order (a repeated local hour is its second pass when the log goes on from it; a row earlier than the
+    last is refused; a row at the same time as the last is dropped); physical ranges and the shutdown threshold;
+    whether the row holds any reading (one that does not is a break: unobserved time); the cadence (``max_gap``,
+    else :func:`gap_threshold` of the median of the first CADENCE_INTERVALS intervals); lone spikes
+    (:mod:`gpuwear.wear.plausibility`); then the same accumulator as live samples. ``progress`` is called with the
+    number of rows read so far every ``progress_every`` rows."""
     gate = params.cycles.hysteresis_celsius
     known = ledger.load(gate)
     gpus: dict[str, _Gpu] = {}
     result = FileResult(path)
     resolved: dict[tuple[str, str | None], str] = {}  # (row's GPU key, name) -> ledger UUID: the same few each row
-    for count, item in enumerate(read_telemetry_csv(path, columns=columns, tz=tz), 1):
+    for count, item in enumerate(read_telemetry_csv(path, columns=columns, tz=tz, latest=latest), 1):
         if progress is not None and count % progress_every == 0:
             progress(count)
         if isinstance(item, RowProblem):

@@ -63,6 +63,7 @@ from gpuwear.wear.batch import (
     spikes,
 )
 from gpuwear.wear.plausibility import shutdown_limit
+from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL
 
 BLOCK_BYTES = 4 << 20  # arrow reads this much of the file at a time (~20k nvidia-smi rows)
 _IDENTITY = ("uuid", "pci_bus_id", "index", "name")
@@ -211,6 +212,7 @@ class _Clock:
 
     tz: datetime.tzinfo | None
     bound: Any
+    latest: float  # the latest Unix time a row may hold (parse.impossible_time)
     hours: dict[tuple[int, int, int, int], int | None] = field(default_factory=dict)
     cells: dict[str, tuple[float, float | None] | None] = field(default_factory=dict)
 
@@ -278,6 +280,7 @@ class _Clock:
                     ts[i] = got[0]
                     if got[1] is not None:
                         later[i] = got[1]
+        bad |= ~np.isnan(ts) & ((ts < EARLIEST_WALL) | (ts > min(self.latest, LATEST_WALL - 1.0)))
         return ts, later, bad
 
 
@@ -340,7 +343,7 @@ class _RenumberError(Exception):
 
 
 def _blocks(path: Path, layout: Any, offset: int, line0: int, tz: datetime.tzinfo | None, block_bytes: int,
-            problems: list[tuple[int, str]], threads: bool) -> Iterator[_Block]:
+            problems: list[tuple[int, str]], threads: bool, latest: float) -> Iterator[_Block]:
     """The file's data rows, a block at a time. Rows of the wrong width become problems here; the lines of
     every row are counted (arrow's serial reader numbers the rows it refuses; with ``threads``, a refused row
     raises _RenumberError)."""
@@ -359,7 +362,7 @@ def _blocks(path: Path, layout: Any, offset: int, line0: int, tz: datetime.tzinf
             problems.extend(_refused(line0 + number, text, layout.width))
         refused.clear()
 
-    clock = _Clock(tz, layout.time)
+    clock = _Clock(tz, layout.time, latest)
     with path.open("rb") as fh:
         fh.seek(offset)
         reader = pacsv.open_csv(
@@ -435,14 +438,14 @@ def _has_nul(array: pa.Array) -> bool:
     return int(np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]].min()) == 0
 
 
-def _problem(block: _Block, row: int, layout: Any, tz: datetime.tzinfo | None) -> str | None:
+def _problem(block: _Block, row: int, layout: Any, tz: datetime.tzinfo | None, latest: float) -> str | None:
     """What the row path says of a row the block could not use (None: a header row of the same layout, which
     the row path takes silently)."""
     cells = [_strip_initial(block.table.column(i)[row].as_py()) for i in range(layout.width)]
     if all(cell == "" for cell in cells):
         raise ColumnarError("a blank line (arrow cannot tell it from a row of empty cells)")
     line = int(block.lines[row])
-    result = importer._row(cells, line, layout, tz, {})
+    result = importer._row(cells, line, layout, tz, {}, latest)
     if not isinstance(result, RowProblem):
         raise ColumnarError(f"line {line}: the row path reads it")
     if importer._looks_like_header(cells):
@@ -704,18 +707,20 @@ def _judge(g: _Gpu, s: Series, final: bool) -> None:
 def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | None = None,
                 columns: list[str] | None = None, tz: datetime.tzinfo | None = None, max_gap: float | None = None,
                 say: Callable[[str], None] = print, progress: Callable[[int], None] | None = None,
-                block_bytes: int = BLOCK_BYTES) -> FileResult:
+                block_bytes: int = BLOCK_BYTES, latest: float | None = None) -> FileResult:
     """backfill.import_file, by columns. Raises ColumnarError (nothing written, nothing said) when the file needs
     the row path, ImportFormatError when it cannot be used at all."""
+    last = importer.latest_time(latest)
     try:
-        return _import(path, ledger, params, gpu, columns, tz, max_gap, say, progress, block_bytes, threads=True)
+        return _import(path, ledger, params, gpu, columns, tz, max_gap, say, progress, block_bytes, last, threads=True)
     except _RenumberError:
-        return _import(path, ledger, params, gpu, columns, tz, max_gap, say, progress, block_bytes, threads=False)
+        return _import(path, ledger, params, gpu, columns, tz, max_gap, say, progress, block_bytes, last,
+                       threads=False)
 
 
 def _import(path: Path, ledger: Ledger, params: WearConfig, gpu: str | None, columns: list[str] | None,
             tz: datetime.tzinfo | None, max_gap: float | None, say: Callable[[str], None],
-            progress: Callable[[int], None] | None, block_bytes: int, threads: bool) -> FileResult:
+            progress: Callable[[int], None] | None, block_bytes: int, latest: float, threads: bool) -> FileResult:
     layout, offset, line0 = importer.open_telemetry_csv(path, columns=columns)
     known = ledger.load(params.cycles.hysteresis_celsius)
     gpus: dict[str, _Gpu] = {}
@@ -723,11 +728,11 @@ def _import(path: Path, ledger: Ledger, params: WearConfig, gpu: str | None, col
     problems: list[tuple[int, str]] = []
     said: list[tuple[int, str]] = []
     rows_read = 0
-    for block in _blocks(path, layout, offset, line0, tz, block_bytes, problems, threads):
+    for block in _blocks(path, layout, offset, line0, tz, block_bytes, problems, threads, latest):
         rows_read += len(block.lines)
         ok = ~block.problem
         for i in np.flatnonzero(block.problem).tolist():
-            message = _problem(block, i, layout, tz)
+            message = _problem(block, i, layout, tz, latest)
             if message is not None:
                 problems.append((int(block.lines[i]), message))
         rows = np.flatnonzero(ok)

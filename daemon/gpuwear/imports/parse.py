@@ -22,12 +22,18 @@ from __future__ import annotations
 import csv
 import datetime
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
 from gpuwear.sample import GpuIdentity, GpuSample
+from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL
+
+# a row may be this far ahead of the importing machine's clock (a log written on a box whose clock ran a little
+# ahead, zones misread by a day at most); further ahead is a clock that was not set
+FUTURE_SLACK_SECONDS = 86400.0
 
 MAX_LINE_BYTES = 1 << 20  # a longer physical line is reported as a problem and skipped, never held in memory
 
@@ -447,6 +453,18 @@ def _timestamp(text: str, bound: _Bound, tz: datetime.tzinfo | None) -> tuple[fl
     return early, (late if late > early else None)
 
 
+def impossible_time(timestamp: float, latest: float) -> bool:
+    """Whether a row's Unix time cannot be a reading's: before 2000 (a clock reset before NTP, 1970) or after
+    ``latest`` (the importing machine's clock plus FUTURE_SLACK_SECONDS). Such a row is refused, never stored:
+    the ledger's validator refuses times outside [2000, 2100), and one would set the whole import aside."""
+    return not EARLIEST_WALL <= timestamp <= min(latest, LATEST_WALL - 1.0)
+
+
+def impossible_message(timestamp: float, latest: float) -> str:
+    when = "before 2000" if timestamp < EARLIEST_WALL else "over a day ahead of this machine's clock"
+    return f"a time {when}, which no reading can have (the logging box's clock was not set)"
+
+
 def _clip(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
@@ -472,8 +490,9 @@ def cell_value(raw: str, b: _Bound) -> tuple[int, Any]:
 
 
 def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | None,
-         times: dict[str, tuple[float, float | None]]) -> ImportedRow | RowProblem:
-    """One data row; ``times`` caches timestamps already read (the GPUs of one nvidia-smi tick share one)."""
+         times: dict[str, tuple[float, float | None]], latest: float) -> ImportedRow | RowProblem:
+    """One data row; ``times`` caches timestamps already read (the GPUs of one nvidia-smi tick share one); a
+    timestamp outside [2000, ``latest``] (:func:`impossible_time`) makes the row a problem."""
     if len(cells) != layout.width:
         return RowProblem(line, f"expected {layout.width} fields, found {len(cells)}")
     raw = cells[layout.time.index]
@@ -487,6 +506,9 @@ def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | Non
             times.clear()
         times[raw] = when
     timestamp, later = when
+    if impossible_time(timestamp, latest):
+        return RowProblem(line, f"column {layout.time.header!r}: {impossible_message(timestamp, latest)}: "
+                                f"{_clip(raw.strip())}")
     values: dict[str, Any] = {}
     identity: dict[str, Any] = {}
     for index, name, is_identity, fast, b in layout.plan:
@@ -557,7 +579,7 @@ def _blank(cells: list[str]) -> bool:
     return not cells or (len(cells) == 1 and not cells[0].strip())
 
 
-def _rows(path: Path, layout: _Layout, offset: int, line: int, tz: datetime.tzinfo | None,
+def _rows(path: Path, layout: _Layout, offset: int, line: int, tz: datetime.tzinfo | None, latest: float,
           ) -> Iterator[ImportedRow | RowProblem]:
     with path.open("rb") as fh:
         fh.seek(offset)
@@ -578,7 +600,7 @@ def _rows(path: Path, layout: _Layout, offset: int, line: int, tz: datetime.tzin
                 yield RowProblem(first, lines.trouble)
                 lines.trouble = None
             elif not _blank(cells):
-                result = _row(cells, first, layout, tz, times)
+                result = _row(cells, first, layout, tz, times, latest)
                 # logs appended to by several nvidia-smi runs repeat the header (checked only on failure: fast)
                 if isinstance(result, RowProblem) and _looks_like_header(cells):
                     try:
@@ -590,7 +612,8 @@ def _rows(path: Path, layout: _Layout, offset: int, line: int, tz: datetime.tzin
 
 
 def read_telemetry_csv(path: Path, *, columns: list[str] | None = None, tz: datetime.tzinfo | None = None,
-                       max_bytes: int = 2 * 1024**3) -> Iterator[ImportedRow | RowProblem]:
+                       max_bytes: int = 2 * 1024**3, latest: float | None = None,
+                       ) -> Iterator[ImportedRow | RowProblem]:
     """Read an nvidia-smi ``--query-gpu`` CSV log or an llm-gpu-stress NVML logger CSV, lazily, row by row.
 
     The file is checked, and its header read, when this is called: ``ImportFormatError`` if it is larger than
@@ -612,7 +635,12 @@ def read_telemetry_csv(path: Path, *, columns: list[str] | None = None, tz: date
     column; a file with none of these (a single-GPU log) is taken to be GPU ``"index:0"``.
     """
     layout, offset, line = open_telemetry_csv(path, columns=columns, max_bytes=max_bytes)
-    return _rows(Path(path), layout, offset, line, tz)
+    return _rows(Path(path), layout, offset, line, tz, latest_time(latest))
+
+
+def latest_time(latest: float | None) -> float:
+    """The latest Unix time a row may hold: ``latest``, else this machine's clock plus FUTURE_SLACK_SECONDS."""
+    return time.time() + FUTURE_SLACK_SECONDS if latest is None else latest
 
 
 def open_telemetry_csv(path: Path, *, columns: list[str] | None = None, max_bytes: int = 2 * 1024**3,

@@ -92,7 +92,8 @@ def mapping(value: Any, where: str, keys: Callable[[str], bool] | None = None,
         raise SchemaError(where, f"expected a mapping, got {type(value).__name__}")
     for key in value:
         if not isinstance(key, str) or (keys is not None and not keys(key)):
-            raise SchemaError(where, f"unexpected key {key!r}"[:120])
+            # the key's own path, so that the one bad key can be taken out (ledger._salvage), not its whole map
+            raise SchemaError(_join(where, key) if isinstance(key, str) else where, f"unexpected key {key!r}"[:120])
     if len(value) > limit:
         raise SchemaError(where, f"{len(value)} keys (at most {limit})")
     if values is not None:
@@ -221,6 +222,17 @@ def check_wear(doc: Any, where: str = "", schema: int = 1) -> Any:
                 or (last is not None and end > last + 1.0):
             raise SchemaError(_join(_join(where, "covered"), start), "an interval outside the record's span")
     return doc
+
+
+def check_import(uuid: Any, first: Any, last: Any, rows: Any, wear: Any) -> None:
+    """Validate one stored import (a log's history of one GPU): its GPU, span, row count and accumulators."""
+    text(uuid, "uuid", limit=128)
+    start = wall(first, "first", optional=False)
+    end = wall(last, "last", optional=False)
+    if start is not None and end is not None and start > end:
+        raise SchemaError("first", "after last")
+    integer(rows, "rows")
+    check_wear(wear, "wear")
 
 
 def check_event(doc: Any, where: str) -> Any:

@@ -1,0 +1,396 @@
+"""No single input sets history aside (issue 26): impossible timestamps in imported logs, bytes damaged inside the
+SQLite file, absurd spans, and `export --output` aimed at what it must not replace. Each case failed on 7452d28."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwear.cli import main
+from gpuwear.ledger import Event, Ledger
+from helpers import free_port, wait_for
+from test_ledger_hostile import T0, UUID, ledger_with_history, observed, wear_doc
+
+SMI_UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def _smi(path: Path, stamps: list[str], uuid: str = SMI_UUID) -> Path:
+    lines = ["timestamp, uuid, temperature.gpu, power.draw [W], utilization.gpu [%]"]
+    lines += [f"{t}, {uuid}, {50 + i % 5}, 100.00 W, 50 %" for i, t in enumerate(stamps)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _stamps(start: float, seconds: int) -> list[str]:
+    return [f"{datetime.datetime.fromtimestamp(start + i, datetime.timezone.utc):%Y/%m/%d %H:%M:%S}.000"
+            for i in range(seconds)]
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    return err
+
+
+# -- impossible timestamps in an imported log ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("reader", ["columns", "rows"])
+@pytest.mark.parametrize("odd", ["1970/01/01 00:00:05.000", "100000000000000000000000", "2100/06/01 00:00:00.000",
+                                 "2099/01/01 00:00:00.000"])
+def test_an_impossible_timestamp_is_refused_and_the_rest_imported(odd: str, reader: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuwear.config import WearConfig
+    from gpuwear.imports.backfill import import_file
+
+    state = tmp_path / "state"
+    log = _smi(tmp_path / "log.csv", [odd, *_stamps(T0, 120)])
+    ledger = Ledger.open(state / "ledger.sqlite")
+    try:
+        said: list[str] = []
+        result = import_file(log, ledger, WearConfig(), tz=datetime.timezone.utc, say=said.append,
+                             rows_only=reader == "rows", latest=T0 + 86400)
+    finally:
+        ledger.close()
+    assert result.problems == 1 and result.imported[SMI_UUID] == 120
+    assert len(said) == 1 and said[0].endswith("which no reading can have (the logging box's clock was not set): "
+                                               f"'{odd}'; row skipped"), said
+    assert main(["report", "--state-dir", str(state)]) == 0  # readable: nothing that the validator refuses
+    _one_line(capsys)
+    opened = Ledger.open(state / "ledger.sqlite")  # what the daemon does at its start: nothing set aside
+    try:
+        assert opened.set_aside == 0 and opened.recovered is None
+        assert opened.load_imported(2.0)[SMI_UUID].observed_seconds == 119
+    finally:
+        opened.close()
+
+
+def test_the_cli_refuses_rows_ahead_of_this_machines_clock(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    future = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=3)
+    log = _smi(tmp_path / "log.csv", [f"{future:%Y/%m/%d %H:%M:%S}.000", *_stamps(T0, 60)])
+    assert main(["import", "nvidia-smi", str(log), "--state-dir", str(state), "--timezone", "UTC"]) == 0
+    out, err = capsys.readouterr()
+    assert "60 row(s) imported" in out and "over a day ahead of this machine's clock" in err
+
+
+def test_rows_years_apart_never_cover_the_logs_between_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log holding one 2023 row and one 2100 row (or 2025: both possible) covered its whole span, and every later
+    log of the card imported as "0 imported, N skipped (already imported)"."""
+    state = tmp_path / "state"
+    y2023 = datetime.datetime(2023, 3, 1, tzinfo=datetime.timezone.utc).timestamp()
+    y2025 = datetime.datetime(2025, 3, 1, tzinfo=datetime.timezone.utc).timestamp()
+    for i, last in enumerate(("2100/01/02 00:00:00.000", "2099/12/31 00:00:00.000", _stamps(y2025, 1)[0])):
+        odd = _smi(tmp_path / f"odd{i}.csv", [_stamps(y2023, 1)[0], last])
+        assert main(["import", "nvidia-smi", str(odd), "--state-dir", str(state), "--timezone", "UTC"]) == 0
+    real = _smi(tmp_path / "real.csv", _stamps(T0, 100))  # 2025-06
+    assert main(["import", "nvidia-smi", str(real), "--state-dir", str(state), "--timezone", "UTC"]) == 0
+    out = capsys.readouterr().out
+    assert "100 row(s) imported" in out.splitlines()[-1] and "skipped" not in out.splitlines()[-1], out
+    assert observed(state / "ledger.sqlite") == 99
+    assert sorted(p.name for p in state.iterdir() if p.name.startswith("ledger.sqlite.")) == []  # nothing set aside
+
+
+# -- bytes damaged inside the SQLite file -------------------------------------------------------------------------
+
+def _busy_ledger(folder: Path) -> Path:
+    """Eight GPUs, hundreds of events and a job each, checkpointed into the main file (no WAL)."""
+    path = folder / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    docs = [wear_doc(uuid=f"GPU-{i:08x}-1111-2222-3333-444455556666") for i in range(8)]
+    recent = time.time() - 86400  # within the daemon's event retention
+    ledger.save(docs, [Event(d["uuid"], recent + k, "gap", {"seconds": 1.0}) for d in docs for k in range(200)])
+    ledger.close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+def _flip(path: Path, seed: int, count: int) -> None:
+    data = bytearray(path.read_bytes())
+    rnd = random.Random(seed)
+    for _ in range(count):
+        i = rnd.randrange(1024, len(data))  # past the first page: SQLite's header and the schema
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flipped_bytes_are_recovered_and_every_command_answers_in_one_line(
+        seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    path = _busy_ledger(state / "simulated" / "demo")
+    _flip(path, seed, 30)
+    for command in (["report"], ["report", "--json"], ["jobs"], ["jobs", "--all"], ["doctor", "--simulate"],
+                    ["export", "GPU-00000000", "--output", str(tmp_path / "out.json")]):
+        code = main([*command, "--simulated" if command[0] != "doctor" else "--simulate", "--state-dir", str(state)]
+                    if command[0] != "doctor" else [*command, "--state-dir", str(state)])
+        assert code in (0, 1), command
+        _one_line(capsys)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--speed", "60", "--listen",
+                             f"127.0.0.1:{port}", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True)
+    try:
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 1.0", 30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, log = proc.communicate(timeout=20)
+    assert proc.returncode == 0, log[-2000:]
+    assert "gpuwear_ledger_moved_aside 1.0" in body
+    assert "recovered what SQLite could still read" in log
+    kept = [p for p in path.parent.glob("ledger.sqlite.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert len(kept) == 1
+    assert main(["report", "--simulated", "--state-dir", str(state)]) == 0
+    capsys.readouterr()
+    ledger = Ledger.open_read_only(path)
+    try:
+        gpus = ledger.load(2.0)
+        events = ledger.events()
+    finally:
+        ledger.close()
+    # most of the history is what SQLite can still read: 30 bytes touch a few rows, not the ledger
+    assert sum(u.startswith("GPU-0000000") for u in gpus) >= 5 and len(events) >= 1000
+
+
+RECOVERY_KILLER = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {daemon!r})
+import gpuwear.ledger as ledger
+steps = [0]
+real = {{name: getattr(os, name) for name in ("replace", "link", "unlink")}}
+def counted(name):
+    def call(*args, **kwargs):
+        steps[0] += 1
+        if steps[0] == {kill_at}:
+            os.kill(os.getpid(), 9)
+        return real[name](*args, **kwargs)
+    return call
+for name in real:
+    setattr(os, name, counted(name))
+ledger.Ledger.open(Path({path!r})).close()
+"""
+
+
+def test_kill_9_at_any_step_of_a_recovery_leaves_the_damaged_ledger_or_the_recovered_one(tmp_path: Path) -> None:
+    daemon = str(Path(__file__).parent.parent / "daemon")
+    for kill_at in range(1, 12):
+        folder = tmp_path / f"k{kill_at}"
+        folder.mkdir(mode=0o700)
+        path = _busy_ledger(folder)
+        _flip(path, 3, 30)
+        damaged = path.read_bytes()
+        script = RECOVERY_KILLER.format(daemon=daemon, path=str(path), kill_at=kill_at)
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, check=False)
+        assert result.returncode in (0, -signal.SIGKILL), result.stderr[-2000:]
+        assert path.exists()
+        if path.read_bytes() != damaged:  # the new ledger in place: complete, and never with the damaged WAL
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                assert db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+                assert db.execute("SELECT value FROM meta WHERE key = 'recovered_from'").fetchone()
+        reopened = Ledger.open(path)  # the next start: recovery done, or ended where the kill left it
+        try:
+            assert len(reopened.load(2.0)) >= 5
+        finally:
+            reopened.close()
+        kept = [p for p in folder.glob("ledger.sqlite.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+        assert kept and all(p.read_bytes() == damaged for p in kept)
+        assert not list(folder.glob("*.recovering")) or not (folder / "ledger.sqlite.recovered").exists()
+
+
+# -- export --output ----------------------------------------------------------------------------------------------
+
+def test_export_never_replaces_the_ledger_a_link_or_a_foreign_file(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    path = ledger_with_history(state)
+    before = path.read_bytes()
+    target = tmp_path / "precious.txt"
+    target.write_text("not an export\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    (tmp_path / "folder").mkdir()
+    cases = {str(path): "inside the state directory", str(state / "other.json"): "inside the state directory",
+             str(link): "symbolic link", str(target): "not a gpuwear export", str(tmp_path / "folder"): "directory",
+             str(tmp_path / "missing" / "x.json"): "No such file or directory"}
+    for output, why in cases.items():
+        assert main(["export", UUID, "--output", output, "--state-dir", str(state)]) == 1, output
+        err = _one_line(capsys)
+        assert why in err and "nothing written" in err, err
+    assert path.read_bytes() == before and target.read_text() == "not an export\n"
+    assert observed(path) == 3600
+    out = tmp_path / "card.json"
+    for _ in range(2):  # a new file, then an earlier export replaced
+        assert main(["export", UUID, "--output", str(out), "--state-dir", str(state)]) == 0
+        assert json.loads(out.read_text())["uuid"] == UUID
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_export_that_cannot_be_written_whole_says_so_in_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """A disk that fills mid-write: the file-size limit stands in for it (EFBIG where ENOSPC would be)."""
+    state = tmp_path / "state"
+    ledger = Ledger.open(ledger_with_history(state))
+    ledger.save([], [Event(UUID, T0 + k, "gap", {"seconds": 1.0}) for k in range(2000)])  # an export of ~100 kB
+    ledger.close()
+    out = tmp_path / "card.json"
+    # 48 kB: more than the ledger's -shm file (32 kB), which a reader may create, less than the export
+    script = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (48000, 48000)); from gpuwear.cli import main; "
+              f"sys.exit(main(['export', {UUID!r}, '--output', {str(out)!r}, '--state-dir', {str(state)!r}]))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("gpuwear: export --output ") and "nothing written" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("*card.json*"))
+
+
+# -- clocks that jump ---------------------------------------------------------------------------------------------
+
+def _simulated_run(state: Path, base: object, seconds: int, speed: float = 1.0) -> tuple[float, float, float]:
+    """One run of the simulated daemon on ``base`` (a ManualClock standing for the machine's): ticks, saves, stops.
+    Returns the first GPU's (last_seen, coverage, observed seconds) as saved."""
+    from gpuwear.backends.fakenvml import FakeNvmlLibrary
+    from gpuwear.backends.nvml import NvmlBackend
+    from gpuwear.backends.simulated import load_scenario
+    from gpuwear.clock import ManualClock, ScaledClock
+    from gpuwear.config import Config
+    from gpuwear.metrics import DaemonInfo
+    from gpuwear.service import Daemon, Source, _sampler
+
+    assert isinstance(base, ManualClock)
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state))
+    simulation = load_scenario("demo")
+    clock = ScaledClock(speed, base)
+    sampler = _sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
+    sampler.open()
+    daemon = Daemon(config, Source(sampler, clock, DaemonInfo("t", "3", "simulated", "demo"), speed, simulation))
+    try:
+        for _ in range(seconds):
+            base.advance(1.0 / speed)
+            daemon._tick()
+        assert daemon.persist(final=True)
+    finally:
+        daemon.stop()
+    ledger = Ledger.open_read_only(state / "simulated" / "demo" / "ledger.sqlite")
+    try:
+        w = sorted(ledger.load(2.0).items())[0][1]
+    finally:
+        ledger.close()
+    assert w.last_seen is not None
+    return w.last_seen, w.coverage() or 0.0, w.observed_seconds
+
+
+TEN_YEARS = 10 * 365 * 86400.0
+
+
+def test_a_restart_ten_years_ahead_then_corrected_leaves_coverage_and_last_seen_right(tmp_path: Path) -> None:
+    from gpuwear.clock import ManualClock
+
+    base = ManualClock(start_wall=T0)
+    _simulated_run(tmp_path, base, 300)
+    base.set_wall(base.wall() + TEN_YEARS)  # the machine's clock 10 years ahead at a restart
+    ahead, _, _ = _simulated_run(tmp_path, base, 300)
+    assert ahead > T0 + TEN_YEARS
+    base.set_wall(base.wall() - TEN_YEARS + 60)  # corrected before the next start
+    last_seen, coverage, seen = _simulated_run(tmp_path, base, 300)
+    assert last_seen <= base.wall() + 1  # not left in 2035 for good
+    assert coverage > 0.8 and 890 <= seen <= 905, (coverage, seen)
+
+
+def test_a_fast_simulation_goes_on_from_where_its_history_ends(tmp_path: Path) -> None:
+    from gpuwear.clock import ManualClock
+
+    base = ManualClock(start_wall=T0)
+    first, _, _ = _simulated_run(tmp_path, base, 3600, speed=600.0)  # an hour simulated in 6 s of the machine's
+    assert first > base.wall() + 3500
+    base.advance(10.0)
+    second, coverage, _ = _simulated_run(tmp_path, base, 600, speed=600.0)
+    assert second >= first + 600  # never back into its own history
+    assert coverage > 0.9
+
+
+# -- retention ----------------------------------------------------------------------------------------------------
+
+def test_retention_prunes_detail_keeps_lifetime_figures_and_the_file_shrinks(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    try:
+        doc = wear_doc()
+        job = {"record": "slurm:1@x", "kind": "slurm", "id": "1", "user": None, "name": "a", "start": T0,
+               "last_seen": T0 + 60, "end": T0 + 60, "gpus": [{"uuid": UUID, "start": T0, "end": T0 + 60,
+                                                             "wear": wear_doc(seconds=60), "max_celsius": {},
+                                                             "events": {}}]}
+        for day in range(20):
+            ledger.save([doc], [Event(UUID, T0 + day * 86400 + k, "xid", {"code": 13, "note": "x" * 200})
+                                for k in range(1000)],
+                        jobs=[{**job, "record": f"slurm:{day}-{k}@x", "start": T0 + day * 86400 + k,
+                               "end": T0 + day * 86400 + k + 60, "last_seen": T0 + day * 86400 + k + 60}
+                              for k in range(200)])
+        big = path.stat().st_size + Path(f"{path}-wal").stat().st_size
+        ledger.save([doc], [], forget_jobs_before=T0 + 18 * 86400, forget_events_before=T0 + 18 * 86400)
+        rows = ledger.rows()
+        assert rows["events"] == 2000 and rows["jobs"] == 400
+        assert ledger.load(2.0)[UUID].observed_seconds == 3600  # the lifetime figures are the GPU's own record's
+    finally:
+        ledger.close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+    assert free < 1024 and path.stat().st_size < big / 4, (free, path.stat().st_size, big)
+
+
+PRUNER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {daemon!r})
+sys.path.insert(0, {tests!r})
+from gpuwear.ledger import Event, Ledger
+from test_ledger_hostile import T0, UUID, wear_doc
+ledger = Ledger.open(Path({path!r}))
+held = ledger.load(2.0).get(UUID)
+doc = held.to_json() if held is not None else wear_doc()
+day = int(ledger.meta("day") or 0)
+print("ready", flush=True)
+while True:
+    doc["observed_seconds"] += 1.0
+    ledger.save([doc], [Event(UUID, T0 + day * 86400 + k, "gap", {{"seconds": 1.0, "pad": "p" * 300}})
+                        for k in range(300)], forget_events_before=T0 + (day - 3) * 86400, meta={{"day": str(day)}})
+    day += 1
+"""
+
+
+def test_kill_9_during_pruning_and_vacuum_leaves_a_whole_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    script = PRUNER.format(daemon=str(Path(__file__).parent.parent / "daemon"), tests=str(Path(__file__).parent),
+                           path=str(path))
+    rng = random.Random(5)
+    last = 0.0
+    for _ in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time_to_kill = rng.uniform(0.05, 0.6)
+        try:
+            proc.wait(timeout=time_to_kill)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            assert db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        ledger = Ledger.open(path)
+        try:
+            assert ledger.recovered is None and ledger.set_aside == 0
+            seen = ledger.load(2.0)[UUID].observed_seconds
+            assert ledger.rows()["events"] <= 5 * 300  # pruned as it goes: the last days' only
+        finally:
+            ledger.close()
+        assert seen >= last
+        last = seen
+    assert last > 3600 + 20
