@@ -230,3 +230,39 @@ def test_gpuwear_jobs_command(tmp_path: Path) -> None:
     assert len(one["jobs"]) == 1 and one["jobs"][0]["id"] == "llama-lora"
     bad = run("jobs", "--since", "yesterday")
     assert bad.returncode == 2 and "--since: expected a duration" in bad.stderr
+
+
+def test_a_listing_that_shows_some_lines_counts_all_of_them_as_one_that_shows_all() -> None:
+    """jobs.report.document(shown=N) keeps N lines whole and only the totals of the others (the memory a listing
+    of a busy box's months takes is what it shows): every figure it gives is the whole listing's, byte for byte."""
+    import json as _json
+    import random
+
+    from gpuwear.config import WearConfig
+    from gpuwear.jobs import report as jobreport
+    from gpuwear.wear.accumulate import GpuWear
+
+    rnd = random.Random(3)
+    records = []
+    for k in range(300):
+        uuid = f"GPU-{k % 3}"
+        w = GpuWear(uuid, name="card", first_seen=1.75e9 + k * 600, last_seen=1.75e9 + k * 600 + 500)
+        w.observed_seconds = 500.0
+        w.energy_joules = rnd.uniform(1e4, 1e5)
+        w.temperature_seconds = {"gpu": {str(t): rnd.uniform(1, 50) for t in rnd.sample(range(30, 90), 8)}}
+        w.cycles = {"gpu": {f"{r}:{60 + r}": rnd.uniform(0, 3) for r in rnd.sample(range(3, 30), 4)}}
+        kind = rnd.choice(["slurm", "idle", "slurm"])
+        records.append({"record": f"r{k}", "kind": kind, "id": str(k), "user": None, "name": f"n{k % 7}",
+                        "start": w.first_seen, "end": w.last_seen, "last_seen": w.last_seen,
+                        "gpus": [{"uuid": uuid, "start": w.first_seen, "end": w.last_seen, "wear": w.to_json(),
+                                  "max_celsius": {"gpu": float(max(int(t) for t in w.temperature_seconds["gpu"]))},
+                                  "events": {}}]})
+    records.reverse()  # newest first
+    every = jobreport.document(iter(records), {}, WearConfig(), None)
+    for shown in (0, 1, 20, 299, 300, 500):
+        part = jobreport.document(iter(records), {}, WearConfig(), None, shown=shown)
+        assert _json.dumps(part["jobs"]) == _json.dumps(every["jobs"][:shown])
+        assert _json.dumps({k: v for k, v in part.items() if k != "jobs"}) == \
+            _json.dumps({k: v for k, v in every.items() if k != "jobs"})
+        assert jobreport.text(part, {}, shown) == jobreport.text(every, {}, shown)
+    assert every["jobs_in_window"] == 300 and every["hottest_label"]

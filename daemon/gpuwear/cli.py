@@ -252,7 +252,8 @@ def _report(args: argparse.Namespace) -> int:
                     wanted = select_gpu(args.gpu, ledger.load_all(config.wear.cycles.hysteresis_celsius))
                 except ValueError as exc:
                     return _fail(f"{exc} in {path}", EXIT_USAGE)
-            doc, jobs = documents(ledger, config.wear, str(path), args.simulated is not None, wanted)
+            doc, jobs = documents(ledger, config.wear, str(path), args.simulated is not None, wanted,
+                                  with_jobs=args.html is not None)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
@@ -283,31 +284,32 @@ def _jobs(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return _fail(f"--since: {exc}", EXIT_USAGE)
     path = ledger_path(config, args.simulated)
+    if args.limit is not None and args.limit < 1:
+        return _fail(f"--limit: expected a number of jobs, 1 or more, got {args.limit}", EXIT_USAGE)
+    limit = None if args.all else args.limit if args.limit is not None else None if args.json else JOBS_SHOWN
     try:
         ledger = Ledger.open_read_only(path)
         try:
-            records = sorted(ledger.jobs(since) + ledger.import_periods(since), key=lambda r: -r["start"])
             gpus = ledger.load(config.wear.cycles.hysteresis_celsius)
             every = ledger.load_all(config.wear.cycles.hysteresis_celsius)
+            wanted = None
+            if args.gpu is not None:
+                try:
+                    wanted = select_gpu(args.gpu, every)
+                except ValueError as exc:
+                    return _fail(f"{exc} in {path}", EXIT_USAGE)
+            records: Iterable[dict[str, Any]] = ledger.periods(since)
+            if args.job:
+                first = next((r for r in records if args.job in (r["record"], r["id"], r["name"])), None)
+                if first is None:
+                    return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
+                records = [first]
+            # the lines shown are made whole; the others count in the totals and shares only
+            doc = jobreport.document(records, gpus, config.wear, since, wanted, shown=limit)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
-    if args.limit is not None and args.limit < 1:
-        return _fail(f"--limit: expected a number of jobs, 1 or more, got {args.limit}", EXIT_USAGE)
-    wanted = None
-    if args.gpu is not None:
-        try:
-            wanted = select_gpu(args.gpu, every)
-        except ValueError as exc:
-            return _fail(f"{exc} in {path}", EXIT_USAGE)
-    if args.job:
-        matching = [r for r in records if args.job in (r["record"], r["id"], r["name"])]
-        if not matching:
-            return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
-        records = matching[:1]
-    doc = jobreport.document(records, gpus, config.wear, since, wanted)
-    limit = None if args.all else args.limit if args.limit is not None else None if args.json else JOBS_SHOWN
     if args.json:
         print(json.dumps(jobreport.limited(doc, limit), indent=2))
     else:

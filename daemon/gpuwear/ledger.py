@@ -14,6 +14,7 @@ daemon's life, it is created 0700 and the ledger 0600, and symbolic links are no
 from __future__ import annotations
 
 import fcntl
+import heapq
 import json
 import logging
 import os
@@ -73,7 +74,8 @@ CREATE TABLE IF NOT EXISTS events (
     uuid TEXT NOT NULL,
     wall REAL NOT NULL,                -- Unix seconds
     kind TEXT NOT NULL,
-    detail TEXT NOT NULL               -- JSON
+    detail TEXT NOT NULL,              -- JSON
+    crc INTEGER                        -- _event_crc, written with the row (NULL: a row from before schema 5)
 );
 CREATE INDEX IF NOT EXISTS events_by_gpu ON events (uuid, wall);
 CREATE TABLE IF NOT EXISTS imports (  -- history backfilled from logs, kept apart from the live one
@@ -91,7 +93,8 @@ CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one
     kind TEXT NOT NULL,
     start REAL NOT NULL,
     end REAL,                          -- NULL while running
-    data TEXT NOT NULL                 -- JobRecord.to_json()
+    data TEXT NOT NULL,                -- JobRecord.to_json()
+    crc INTEGER                        -- crc32 of data, written with it (NULL: a row from before schema 5)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_start ON jobs (start);
 CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' records, applied in id order
@@ -108,12 +111,13 @@ CREATE TABLE IF NOT EXISTS set_aside ( -- records (or values of a GPU's record) 
 );
 """
 _SET_ASIDE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS set_aside"):]
+
 # Schema migrations: from version N to N + 1.
-_MIGRATIONS = {
-    1: "CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL);",
-    2: "SELECT 1",  # nothing to change: records without "seen" are read as before
-    3: "SELECT 1",  # nothing to change: records without "index" are read as before
-    4: _SET_ASIDE,
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL);",),
+    2: ("SELECT 1",),  # nothing to change: records without "seen" are read as before
+    3: ("SELECT 1",),  # nothing to change: records without "index" are read as before
+    4: ("ALTER TABLE events ADD COLUMN crc INTEGER", "ALTER TABLE jobs ADD COLUMN crc INTEGER", _SET_ASIDE),
 }
 
 
@@ -255,10 +259,11 @@ class Ledger:
         _private_file(path)
         recovered: Path | None = None
         for attempt in range(2):
+            legacy: list[tuple[str, int, int]] = []
             try:
                 db = cls._connect(path)
                 try:
-                    docs, bad = _audit(db)
+                    docs, bad = _audit(db, legacy)
                 except BaseException:
                     db.close()
                     raise
@@ -270,6 +275,14 @@ class Ledger:
                 if (isinstance(exc, sqlite3.Error) and environment_error(exc)) or attempt:
                     raise  # the disk or the directory, not the file: kept as it is, retried by the caller
                 recovered = recover(path, exc)
+        if legacy:  # rows from before checksums, validated once: stamped, so that later opens only check them
+            with closing(db.cursor()) as cur:
+                cur.execute("BEGIN IMMEDIATE")
+                cur.executemany("UPDATE events SET crc = ? WHERE rowid = ?",
+                                [(crc, rowid) for table, rowid, crc in legacy if table == "events"])
+                cur.executemany("UPDATE jobs SET crc = ? WHERE rowid = ?",
+                                [(crc, rowid) for table, rowid, crc in legacy if table == "jobs"])
+                cur.execute("COMMIT")
         if bad:
             _set_aside(db, docs, bad)
             what, why = bad[0].what, bad[0].reason
@@ -308,7 +321,8 @@ class Ledger:
                 if version not in _MIGRATIONS:
                     raise LedgerError(f"no migration from ledger schema {version}")
                 db.execute("BEGIN IMMEDIATE")
-                db.execute(_MIGRATIONS[version])
+                for statement in _MIGRATIONS[version]:
+                    db.execute(statement)
                 version += 1
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
                 db.execute("COMMIT")
@@ -337,13 +351,7 @@ class Ledger:
                        f"{path}: not a gpuwear ledger this version can read (no schema version)")
             db.close()
             raise LedgerTooNewError(message) if version is not None else LedgerError(message)
-        try:
-            _verify(db)
-        except (sqlite3.DatabaseError, LedgerError, UnicodeDecodeError) as exc:
-            db.close()
-            why = printable(str(exc))[:300]
-            raise LedgerError(f"{path}: {why} (the daemon sets such records aside, or recovers a damaged file, at its "
-                              "next start)") from None
+        # no pass over the whole history: each read proves what it reads (checksums, validation)
         return cls(path, db)
 
     def close(self) -> None:
@@ -367,10 +375,21 @@ class Ledger:
         return {table: self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
                 for table in ("gpus", "wear_log", "jobs", "events", "imports", "set_aside") if table in present}
 
-    def events(self, uuid: str | None = None, since: float | None = None) -> list[Event]:
-        query = "SELECT uuid, wall, kind, detail FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? ORDER BY id"
-        rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf")))
-        return [Event(u, w, k, json.loads(d)) for u, w, k, d in rows]
+    def events(self, uuid: str | None = None, since: float | None = None, last: int | None = None) -> list[Event]:
+        """A GPU's events (all GPUs': None) from ``since`` on, oldest first: the newest ``last`` of them where given.
+        Each is proved whole by its checksum (validated where it has none); LedgerError for one that is not."""
+        query = ("SELECT uuid, wall, kind, detail, crc FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? "
+                 "ORDER BY id DESC LIMIT ?")
+        rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf"),
+                                        -1 if last is None else last)).fetchall()
+        out = []
+        for u, w, k, d, crc in reversed(rows):
+            problem = _event_problem(u, w, k, d, crc)
+            if problem:
+                raise LedgerError(f"{self.path}: an event of GPU {printable(str(u))[:80]!r}: {problem} (the daemon "
+                                  "sets it aside at its next start)")
+            out.append(Event(u, w, k, json.loads(d)))
+        return out
 
     def covered(self, uuid: str) -> list[tuple[float, float]]:
         """The wall-clock intervals this ledger's history of a GPU observed, live and imported, sorted: what an
@@ -440,7 +459,8 @@ class Ledger:
                     continue
                 removed["jobs"] += 1
                 if gpus:
-                    db.execute("UPDATE jobs SET data = ? WHERE record = ?", (json.dumps({**job, "gpus": gpus}), record))
+                    text = json.dumps({**job, "gpus": gpus}, separators=(",", ":"))
+                    db.execute("UPDATE jobs SET data = ?, crc = ? WHERE record = ?", (text, _crc(text), record))
                 else:
                     db.execute("DELETE FROM jobs WHERE record = ?", (record,))
         self._saved = None  # what is committed changed under the save cache
@@ -473,10 +493,24 @@ class Ledger:
 
     def jobs(self, since: float | None = None, running_only: bool = False) -> list[dict[str, Any]]:
         """Job records (``JobRecord.to_json()``) that ended after ``since`` or still run, newest first."""
+        return list(self.iter_jobs(since, running_only))
+
+    def iter_jobs(self, since: float | None = None, running_only: bool = False) -> Iterator[dict[str, Any]]:
+        """:meth:`jobs` one record at a time (a listing of a busy box's months holds one in memory, not all), each
+        proved whole by its checksum (validated where it has none); LedgerError for one that is not."""
         rows = self._db.execute(
-            "SELECT data FROM jobs WHERE (end IS NULL OR end >= ?) AND (? = 0 OR end IS NULL) ORDER BY start DESC",
-            (since if since is not None else float("-inf"), int(running_only)))
-        return [json.loads(d) for (d,) in rows]
+            "SELECT record, data, crc FROM jobs WHERE (end IS NULL OR end >= ?) AND (? = 0 OR end IS NULL) "
+            "ORDER BY start DESC", (since if since is not None else float("-inf"), int(running_only)))
+        for record, data, crc in rows:
+            problem = _job_problem(data, crc)
+            if problem:
+                raise LedgerError(f"{self.path}: job {printable(str(record))[:80]!r}: {problem} (the daemon sets it "
+                                  "aside at its next start)")
+            yield json.loads(data)
+
+    def periods(self, since: float | None = None) -> Iterator[dict[str, Any]]:
+        """Job records and import periods (:meth:`import_periods`) together, newest first, one at a time."""
+        return heapq.merge(self.iter_jobs(since), self.import_periods(since), key=lambda r: -r["start"])
 
     def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
              imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = (),
@@ -525,17 +559,18 @@ class Ledger:
             if deltas:  # one row a save: its GPUs' changes compressed together (their keys repeat)
                 db.execute("INSERT INTO wear_log (deltas) VALUES (?)",
                            (zlib.compress(json.dumps(deltas, separators=(",", ":")).encode(), 6),))
-            db.executemany("INSERT INTO events (uuid, wall, kind, detail) VALUES (?, ?, ?, ?)",
-                           [(e.uuid, e.wall, e.kind, json.dumps(e.detail)) for e in events])
+            fields = [(e.uuid, float(e.wall), e.kind, json.dumps(e.detail)) for e in events]
+            db.executemany("INSERT INTO events (uuid, wall, kind, detail, crc) VALUES (?, ?, ?, ?, ?)",
+                           [(*f, _event_crc(*f)) for f in fields])
             db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?)",
                            [(u, src, a, b, n, now, _dump(w)) for u, src, a, b, n, w in imports])
-            db.executemany("INSERT INTO jobs (record, kind, start, end, data) VALUES (?, ?, ?, ?, ?) "
-                           "ON CONFLICT (record) DO UPDATE SET end = excluded.end, data = excluded.data",
-                           [(j["record"], j["kind"], j["start"], j["end"],
-                             json.dumps({**j, "gpus": [{**g, "wear": _compact(g["wear"])} for g in j["gpus"]]},
-                                        separators=(",", ":")))
-                            for j in jobs])
+            texts = [(j, json.dumps({**j, "gpus": [{**g, "wear": _compact(g["wear"])} for g in j["gpus"]]},
+                                    separators=(",", ":"))) for j in jobs]
+            db.executemany("INSERT INTO jobs (record, kind, start, end, data, crc) VALUES (?, ?, ?, ?, ?, ?) "
+                           "ON CONFLICT (record) DO UPDATE SET end = excluded.end, data = excluded.data, "
+                           "crc = excluded.crc",
+                           [(j["record"], j["kind"], j["start"], j["end"], text, _crc(text)) for j, text in texts])
             if forget_jobs_before is not None:
                 db.execute("DELETE FROM jobs WHERE end IS NOT NULL AND end < ?", (forget_jobs_before,))
             if forget_events_before is not None:
@@ -755,11 +790,13 @@ def _remove(doc: Any, where: str, removed: list[tuple[str, str, Any]], problem: 
         node = node[key]
 
 
-def _audit(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadRecord]]:
+def _audit(db: sqlite3.Connection, legacy: list[tuple[str, int, int]] | None = None,
+           ) -> tuple[dict[str, dict[str, Any]], list[BadRecord]]:
     """Read every record back and validate it: each GPU's record (its row with the wear log applied, a log row that
     cannot be applied left out) and the records that fail, each on its own. Raises sqlite3.DatabaseError where
     SQLite itself cannot read the file."""
     bad: list[BadRecord] = []
+    legacy = [] if legacy is None else legacy  # (table, rowid, checksum) of valid rows written without one
     docs, unusable, rows = _read_docs_tolerant(db)
     bad += unusable
     for uuid, doc in list(docs.items()):
@@ -779,26 +816,57 @@ def _audit(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadR
             check_import(uuid, first, last, count, _wear(text, f"import of GPU {uuid!r}"))
         except (SchemaError, LedgerError) as exc:
             bad.append(BadRecord("imports", rowid, f"import of GPU {uuid!r}", str(exc)))
-    for rowid, uuid, wall, kind, detail in db.execute("SELECT rowid AS row_id, uuid, wall, kind, detail FROM events"):
-        try:
-            check_event({"wall": wall, "kind": kind, "detail": json.loads(detail)}, "")
-        except (ValueError, TypeError, RecursionError) as exc:
-            bad.append(BadRecord("events", rowid, f"event of GPU {uuid!r}", str(exc)))
-    for rowid, record, data in db.execute("SELECT rowid AS row_id, record, data FROM jobs"):
-        try:
-            check_job(json.loads(data), "")
-        except (ValueError, TypeError, RecursionError) as exc:
-            bad.append(BadRecord("jobs", rowid, f"job {record!r}"[:80], str(exc)))
+    # events and jobs, the tables that grow: proved whole by their checksums, validated where they have none
+    for rowid, uuid, wall, kind, detail, crc in db.execute("SELECT rowid AS row_id, uuid, wall, kind, detail, crc "
+                                                           "FROM events"):
+        problem = _event_problem(uuid, wall, kind, detail, crc)
+        if problem:
+            bad.append(BadRecord("events", rowid, f"event of GPU {uuid!r}", problem))
+        elif crc is None:
+            legacy.append(("events", rowid, _event_crc(uuid, float(wall), kind, detail)))
+    for rowid, record, data, crc in db.execute("SELECT rowid AS row_id, record, data, crc FROM jobs"):
+        problem = _job_problem(data, crc)
+        if problem:
+            bad.append(BadRecord("jobs", rowid, f"job {record!r}"[:80], problem))
+        elif crc is None:
+            legacy.append(("jobs", rowid, _crc(data)))
     return docs, bad
 
 
-def _verify(db: sqlite3.Connection) -> None:
-    """Every record valid, else LedgerError naming the first that is not (read-only opens: the daemon sets such
-    records aside at its next start). Raises sqlite3.DatabaseError where SQLite cannot read the file."""
-    _, bad = _audit(db)
-    if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise LedgerError(f"{bad[0].reason}{more}")
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
+def _event_crc(uuid: str, wall: float, kind: str, detail: str) -> int:
+    return _crc(f"{uuid}\x1f{wall!r}\x1f{kind}\x1f{detail}")
+
+
+def _event_problem(uuid: Any, wall: Any, kind: Any, detail: Any, crc: Any) -> str | None:
+    """Why a stored event cannot be read (None: it can): its checksum, else (a row from before schema 5) its
+    fields. Validated when it was written, an event whose checksum holds needs nothing more."""
+    if isinstance(crc, int) and isinstance(detail, str) and isinstance(wall, float) and isinstance(uuid, str) \
+            and isinstance(kind, str):
+        return None if crc == _event_crc(uuid, wall, kind, detail) else "its bytes changed since it was written"
+    if crc is not None:
+        return "its bytes changed since it was written"
+    try:
+        check_event({"wall": wall, "kind": kind, "detail": json.loads(detail)}, "")
+    except (ValueError, TypeError, RecursionError) as exc:
+        return str(exc)
+    return None
+
+
+def _job_problem(data: Any, crc: Any) -> str | None:
+    """Why a stored job record cannot be read (None: it can), as :func:`_event_problem`."""
+    if isinstance(crc, int) and isinstance(data, str):
+        return None if crc == _crc(data) else "its bytes changed since it was written"
+    if crc is not None:
+        return "its bytes changed since it was written"
+    try:
+        check_job(json.loads(data), "")
+    except (ValueError, TypeError, RecursionError) as exc:
+        return str(exc)
+    return None
 
 
 def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: list[BadRecord]) -> None:
@@ -855,10 +923,11 @@ def printable(text: str) -> str:
 
 RECOVERING = ".recovering"  # the new ledger being written
 RECOVERED = ".recovered"  # the new ledger complete, waiting to replace the damaged one (finish_recovery)
+SCRATCH = ".scratch"  # a copy of the damaged file whose table definitions are put right before it is read
 _TABLES = {"meta": ("key", "value"), "gpus": ("uuid", "name", "serial", "first_seen", "last_seen", "saved", "wear"),
-           "events": ("uuid", "wall", "kind", "detail"),
+           "events": ("uuid", "wall", "kind", "detail", "crc"),
            "imports": ("uuid", "source", "first", "last", "rows", "imported", "wear"),
-           "jobs": ("record", "kind", "start", "end", "data"), "wear_log": ("deltas",),
+           "jobs": ("record", "kind", "start", "end", "data", "crc"), "wear_log": ("deltas",),
            "set_aside": ("wall", "source", "what", "reason", "data")}
 
 
@@ -869,18 +938,60 @@ def recover(path: Path, exc: BaseException) -> Path:
     (:func:`finish_recovery` ends an interrupted swap)."""
     kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
     work = path.with_name(path.name + RECOVERING)
-    for leftover in (work, Path(f"{work}-journal")):
+    scratch = path.with_name(path.name + SCRATCH)
+    for leftover in (work, Path(f"{work}-journal"), *(Path(f"{scratch}{x}") for x in ("", "-wal", "-shm"))):
         leftover.unlink(missing_ok=True)
-    counts = _copy_readable(path, work, kept.name)
+    try:
+        _schema_repaired_copy(path, scratch)
+        best: dict[str, int] | None = None
+        for lenient in (False, True):  # the reading that keeps more rows
+            trial = path.with_name(f"{path.name}{RECOVERING}-{int(lenient)}")
+            trial.unlink(missing_ok=True)
+            counts = _copy_readable(scratch, trial, kept.name, lenient)
+            if best is None or sum(counts.values()) > sum(best.values()):
+                best = counts
+                os.replace(trial, work)
+            else:
+                trial.unlink()
+        assert best is not None
+        counts = best
+    finally:
+        for leftover in (Path(f"{scratch}{x}") for x in ("", "-wal", "-shm")):
+            leftover.unlink(missing_ok=True)
     _fsync(work)
     os.replace(work, path.with_name(path.name + RECOVERED))
     _fsync(path.parent)
     finish_recovery(path)
     log.error("ledger %s is damaged (%s): recovered what SQLite could still read into a new ledger (%s) and kept "
               "the damaged file as %s", path, printable(str(exc))[:300],
-              ", ".join(f"{n} {table}" for table, n in counts.items() if table != "meta") or "nothing readable",
+              ", ".join(f"{n} {table}" for table, n in counts.items() if table != "meta")
+              if any(counts.values()) else "nothing readable",
               kept)
     return kept
+
+
+def _schema_repaired_copy(src: Path, dst: Path) -> None:
+    """A copy of a damaged ledger (and its WAL) whose known tables' definitions are written again from this
+    gpuwear's schema: a damaged byte in a CREATE statement otherwise makes SQLite refuse every query on the file
+    (its pages are found by the root page kept in the entry). Definitions it cannot rewrite are left as they are."""
+    for suffix in ("", "-wal"):
+        if Path(f"{src}{suffix}").exists():
+            shutil.copyfile(f"{src}{suffix}", f"{dst}{suffix}")
+    try:
+        with closing(sqlite3.connect(dst, isolation_level=None)) as db:
+            db.text_factory = _text
+            db.execute("PRAGMA writable_schema=ON")  # also: the entries that do not parse are passed over, not fatal
+            db.executemany("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ? AND sql IS NOT ?",
+                           [(sql, name, sql) for name, sql in _create_statements().items()])
+    except (sqlite3.DatabaseError, UnicodeDecodeError):
+        pass
+
+
+def _create_statements() -> dict[str, str]:
+    """Each table's CREATE statement as sqlite_master holds it for this gpuwear's schema."""
+    with closing(sqlite3.connect(":memory:")) as db:
+        db.executescript(_SCHEMA)
+        return dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
 
 
 def finish_recovery(path: Path) -> None:
@@ -914,9 +1025,11 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _copy_readable(src: Path, dst: Path, kept: str) -> dict[str, int]:
+def _copy_readable(src: Path, dst: Path, kept: str, lenient: bool) -> dict[str, int]:
     """Every row SQLite can still read of the known tables of ``src`` into a new ledger at ``dst``, rowids kept
-    (events and wear log rows are read in id order); rows it cannot read are stepped over."""
+    (events and wear log rows are read in id order); rows it cannot read are stepped over. ``lenient``: the schema
+    read with ``writable_schema`` (a damaged entry passed over rather than failing every query; some damage reads
+    better one way, some the other)."""
     out = sqlite3.connect(dst, isolation_level=None)
     counts: dict[str, int] = {}
     try:
@@ -930,15 +1043,24 @@ def _copy_readable(src: Path, dst: Path, kept: str) -> dict[str, int]:
             source = None
         if source is not None:
             source.text_factory = _text
+            if lenient:
+                try:
+                    source.execute("PRAGMA writable_schema=ON")  # schema entries that do not parse are passed over
+                except (sqlite3.DatabaseError, UnicodeDecodeError):
+                    pass
             try:
                 try:
                     present = {name for (name,) in source.execute("SELECT name FROM sqlite_master WHERE type = "
                                                                   "'table'")}
-                except (sqlite3.DatabaseError, UnicodeDecodeError):
-                    present = set()
+                except (sqlite3.DatabaseError, UnicodeDecodeError):  # its pages damaged: each table is tried
+                    present = set(_TABLES)
                 for table, columns in _TABLES.items():
                     if table in present:
-                        counts[table] = _copy_rows(source, out, table, columns)
+                        try:  # a ledger of an older schema lacks some (the checksums: read as none)
+                            have = {row[1] for row in source.execute(f"PRAGMA table_info({table})")}
+                        except (sqlite3.DatabaseError, UnicodeDecodeError):
+                            have = set(columns)
+                        counts[table] = _copy_rows(source, out, table, tuple(c for c in columns if c in have))
             finally:
                 source.close()
         out.execute("DELETE FROM meta WHERE key IN ('schema_version', 'recovered_from')")
@@ -953,6 +1075,13 @@ def _copy_readable(src: Path, dst: Path, kept: str) -> dict[str, int]:
 def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> int:
     """Copy a table's readable rows in rowid order: in batches while SQLite reads them; past damage, rowid by rowid
     (a point lookup reaches a row whose neighbours' pages are damaged), then by growing steps where nothing reads."""
+    try:
+        source.execute(f"SELECT rowid FROM {table} LIMIT 0").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such" in str(exc):  # a table (or column) the file does not have
+            return 0
+    except (sqlite3.DatabaseError, UnicodeDecodeError):
+        pass
     names = ", ".join(columns)
     batch = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT 256"
     point = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid = ?"

@@ -123,18 +123,10 @@ def _references(d: dict[str, Any], key: str, per_day: str, label: str) -> str:
 def _jobs(uuid: str, jobs: dict[str, Any] | None) -> str:
     if jobs is None:
         return ""
-    rows = []
-    for job in jobs["jobs"]:
-        for s in job["gpus"]:
-            if s["uuid"] == uuid and s["share"]["thermal_aging"]:
-                name = {"idle": "idle time", "imported": f"imported: {job['id']}"}.get(job["kind"]) or (
-                    job["name"] or job["id"])
-                rows.append((str(name)[:18], 100 * s["share"]["thermal_aging"]))
-    if not rows:
+    merged = {name: 100 * share for name, share in jobs["thermal_aging_share_by_name"].get(uuid, {}).items()
+              if share}
+    if not merged:
         return '<h3>Jobs</h3><p class="muted">No job recorded for this GPU.</p>'
-    merged: dict[str, float] = {}
-    for name, share in rows:
-        merged[name] = merged.get(name, 0.0) + share
     top = sorted(merged.items(), key=lambda kv: -kv[1])[:8]
     return ("<h3>Who caused its heat aging (% of it, by recorded job)</h3>"
             + _bars([(name, share, False) for name, share in top], "% of its thermal aging"))

@@ -32,6 +32,9 @@ def readings(w: GpuWear, live: bool) -> dict[str, str]:
             for group in READING_GROUPS}
 
 
+EVENTS_SHOWN = 50  # the newest events of each GPU a report lists
+
+
 def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = True) -> dict[str, Any]:
     """The report of one GPU: measured health first, then stress, then estimate bands. ``live``: the ledger holds
     live history of it (else only imported logs, which say nothing about what the card could report)."""
@@ -71,23 +74,25 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         "violation_seconds": {k: round(v, 3) for k, v in sorted(w.violation_seconds.items())},
         "thermal_resistance": resistance_trend(w),
         **est,
-        "events": [{"wall": e.wall, "kind": e.kind, **e.detail} for e in events[-50:]],
+        "events": [{"wall": e.wall, "kind": e.kind, **e.detail} for e in events[-EVENTS_SHOWN:]],
     }
 
 
 def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
-              gpu: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The report document of a ledger (or one GPU of it) and its jobs document (every retained job, for the
-    page's shares), read in one go."""
+              gpu: str | None = None, with_jobs: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The report document of a ledger (or one GPU of it) and, ``with_jobs``, its jobs document (every retained
+    job, for the page's shares: a cost that grows with the jobs kept, which the text and JSON reports do not
+    pay), read in one go."""
     from gpuwear.jobs import report as jobreport
 
     wears = ledger.load_all(p.cycles.hysteresis_celsius)
     live = ledger.load(p.cycles.hysteresis_celsius)
-    events = {uuid: ledger.events(uuid) for uuid in wears}
-    records = sorted(ledger.jobs(None) + ledger.import_periods(None), key=lambda r: -r["start"])
+    events = {uuid: ledger.events(uuid, last=EVENTS_SHOWN) for uuid in wears}
     selected = [w for uuid, w in sorted(wears.items()) if gpu is None or uuid == gpu]
-    return (document(selected, p, events, where, simulated, set(live)),
-            jobreport.document(records, live, p, None, gpu))
+    doc = document(selected, p, events, where, simulated, set(live))
+    if not with_jobs:
+        return doc, None
+    return doc, jobreport.document(ledger.periods(None), live, p, None, gpu, shown=0)
 
 
 def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]], ledger: str,

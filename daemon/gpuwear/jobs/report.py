@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import estimates
+from gpuwear.wear.models import aging_bands, fatigue_bands
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -29,7 +30,8 @@ def parse_duration(text: str) -> float:
 
 def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, Any]:
     w = GpuWear.from_json(g["wear"], 0.0)
-    est = estimates(w, p)
+    # the two bands a slice shows, as models.estimates computes them (the rest of estimates is not shown here)
+    aging, fatigue = aging_bands(w.temperature_seconds.get("gpu", {}), p, w), fatigue_bands(w, "gpu", p)
     hist = w.temperature_seconds.get("gpu", {})
     total = sum(hist.values())
     mean = {sensor: round(sum(int(t) * s for t, s in h.items()) / sum(h.values()), 2)
@@ -46,36 +48,68 @@ def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, A
         if slowdown is not None and total else None,
         "throttle_seconds": {k: round(v, 3) for k, v in sorted(w.throttle_seconds.items()) if k != "gpu_idle"},
         "thermal_cycles": round(sum(n for bins in w.cycles.values() for n in bins.values()), 3),
-        "thermal_aging_equivalent_hours": {b: est["thermal_aging_equivalent_hours"][b]
-                                           for b in ("low", "central", "high")},
-        "cycle_fatigue_equivalent_cycles": {b: est["cycle_fatigue_equivalent_cycles"][b]
-                                            for b in ("low", "central", "high")},
+        "thermal_aging_equivalent_hours": aging,
+        "cycle_fatigue_equivalent_cycles": fatigue,
         "events": g["events"],
     }
 
 
-def document(records: list[dict[str, Any]], gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
-             gpu: str | None = None) -> dict[str, Any]:
-    """Jobs (newest first) with per-GPU figures and shares, and per-GPU totals of the listing."""
+def _light(g: dict[str, Any], p: WearConfig) -> dict[str, Any]:
+    """What a job's GPU adds to the listing's totals and shares, as :func:`_slice` computes it, for a line that is
+    not shown (its other figures are not computed)."""
+    w = GpuWear.from_json(g["wear"], 0.0)
+    return {"uuid": g["uuid"], "observed_seconds": round(w.observed_seconds, 3),
+            "energy_joules": round(w.energy_joules, 3), "max_celsius": g["max_celsius"],
+            "thermal_aging_equivalent_hours": aging_bands(w.temperature_seconds.get("gpu", {}), p, w, ("central",)),
+            "cycle_fatigue_equivalent_cycles": fatigue_bands(w, "gpu", p, ("central",))}
+
+
+def line_name(job: dict[str, Any]) -> str:
+    """A line's name in the page's "who caused its heat aging" (jobs of one name add up)."""
+    return str({"idle": "idle time", "imported": f"imported: {job['id']}"}.get(job["kind"])
+               or (job["name"] or job["id"]))[:18]
+
+
+def document(records: Iterable[dict[str, Any]], gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
+             gpu: str | None = None, shown: int | None = None) -> dict[str, Any]:
+    """Jobs (``records`` newest first, read once: an iterator keeps the memory to what is shown) with per-GPU
+    figures and shares, and per-GPU totals of the listing. ``shown``: the newest that many lines are kept whole
+    (None: all); every line counts in the totals, the shares by name, the hottest and ``jobs_in_window``."""
     jobs = []
+    totals: dict[str, dict[str, float]] = {}
+    by_line: dict[str, float] = {}  # the text's "share of all GPUs' thermal aging", by line label
+    by_name: dict[str, dict[str, float]] = {}  # per GPU, by line_name: the page's shares
+    hottest: tuple[float, dict[str, Any], str] | None = None
+    count = 0
     for rec in records:
-        slices = [_slice(g, p, gpus.get(g["uuid"])) for g in rec["gpus"] if gpu is None or g["uuid"] == gpu]
+        whole = shown is None or count < shown
+        slices = [(_slice(g, p, gpus.get(g["uuid"])) if whole else _light(g, p)) for g in rec["gpus"]
+                  if gpu is None or g["uuid"] == gpu]
         if not slices:
             continue
+        count += 1
         end = rec["end"] if rec["end"] is not None else rec["last_seen"]
-        jobs.append({"record": rec["record"], "kind": rec["kind"], "id": rec["id"], "user": rec["user"],
-                     "name": rec["name"], "start": rec["start"], "end": rec["end"], "running": rec["end"] is None,
-                     "duration_seconds": round(end - rec["start"], 3), "gpus": slices})
-    totals: dict[str, dict[str, float]] = {}
-    for job in jobs:
-        for s in job["gpus"]:
+        job = {"record": rec["record"], "kind": rec["kind"], "id": rec["id"], "user": rec["user"],
+               "name": rec["name"], "start": rec["start"], "end": rec["end"], "running": rec["end"] is None,
+               "duration_seconds": round(end - rec["start"], 3), "gpus": slices}
+        label = "idle" if job["kind"] == "idle" else "imported" if job["kind"] == "imported" else _label(job)
+        for s in slices:
             t = totals.setdefault(s["uuid"], {"observed_seconds": 0.0, "energy_joules": 0.0,
                                               "thermal_aging_equivalent_hours": 0.0,
                                               "cycle_fatigue_equivalent_cycles": 0.0})
+            aging = s["thermal_aging_equivalent_hours"]["central"]
             t["observed_seconds"] += s["observed_seconds"]
             t["energy_joules"] += s["energy_joules"]
-            t["thermal_aging_equivalent_hours"] += s["thermal_aging_equivalent_hours"]["central"]
+            t["thermal_aging_equivalent_hours"] += aging
             t["cycle_fatigue_equivalent_cycles"] += s["cycle_fatigue_equivalent_cycles"]["central"]
+            by_line[label] = by_line.get(label, 0.0) + aging
+            names = by_name.setdefault(s["uuid"], {})
+            names[line_name(job)] = names.get(line_name(job), 0.0) + aging
+            peak = s["max_celsius"].get("gpu")
+            if job["kind"] != "idle" and peak and (hottest is None or peak > hottest[0]):
+                hottest = (peak, {"record": job["record"], "uuid": s["uuid"], "max_celsius": peak}, _label(job))
+        if whole:
+            jobs.append(job)
     for job in jobs:
         for s in job["gpus"]:
             t = totals[s["uuid"]]
@@ -87,11 +121,12 @@ def document(records: list[dict[str, Any]], gpus: dict[str, GpuWear], p: WearCon
                 "cycle_fatigue": _ratio(s["cycle_fatigue_equivalent_cycles"]["central"],
                                         t["cycle_fatigue_equivalent_cycles"]),
             }
-    hottest = max(((j, s) for j in jobs if j["kind"] != "idle" for s in j["gpus"] if s["max_celsius"].get("gpu")),
-                  key=lambda js: js[1]["max_celsius"]["gpu"], default=None)
-    return {"since": since, "jobs": jobs, "totals": totals,
-            "hottest": None if hottest is None else {"record": hottest[0]["record"], "uuid": hottest[1]["uuid"],
-                                                     "max_celsius": hottest[1]["max_celsius"]["gpu"]}}
+    aging_shares = {uuid: {name: _ratio(v, totals[uuid]["thermal_aging_equivalent_hours"]) for name, v in names.items()}
+                    for uuid, names in by_name.items()}
+    return {"since": since, "jobs": jobs, "jobs_in_window": count, "totals": totals,
+            "hottest": None if hottest is None else hottest[1],
+            "hottest_label": None if hottest is None else hottest[2],
+            "thermal_aging_by_line": by_line, "thermal_aging_share_by_name": aging_shares}
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -118,14 +153,14 @@ def _label(job: dict[str, Any]) -> str:
 def limited(doc: dict[str, Any], limit: int | None) -> dict[str, Any]:
     """The document with its newest ``limit`` jobs (all: None); totals and shares stay the whole window's."""
     if limit is None or len(doc["jobs"]) <= limit:
-        return {**doc, "jobs_in_window": len(doc["jobs"])}
-    return {**doc, "jobs": doc["jobs"][:limit], "jobs_in_window": len(doc["jobs"])}
+        return doc
+    return {**doc, "jobs": doc["jobs"][:limit]}
 
 
 def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None) -> str:
     """The jobs as a table a person reads, with who caused what share of each GPU's wear: the newest ``limit``
     (all: None), and how many more there are."""
-    if not doc["jobs"]:
+    if not doc["jobs_in_window"]:
         return "No job, idle period or import recorded in this window.\n"
     shown = limited(doc, limit)
     lines = ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
@@ -146,20 +181,16 @@ def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None
                          f"{s['max_celsius'].get('gpu', float('nan')):>6.0f} {s['energy_joules'] / 3.6e6:>6.2f} kWh "
                          f"{_pct(s['share']['thermal_aging']):>6} {_pct(s['share']['cycle_fatigue']):>6}")
             first = False
-    more = len(doc["jobs"]) - len(shown["jobs"])
+    more = doc["jobs_in_window"] - len(shown["jobs"])
     if more:
         lines.append(f"... and {more} older line(s) in this window: `gpuwear jobs --all`, `--limit N` or `--since`")
     lines.append("")
     hottest = doc["hottest"]
     if hottest:
-        job = next(j for j in doc["jobs"] if j["record"] == hottest["record"])
-        lines.append(f"Hottest: {_label(job)} ran GPU {index_of.get(hottest['uuid'], hottest['uuid'])} up to "
-                     f"{hottest['max_celsius']:.0f} °C.")
-    by_job: dict[str, float] = {}
+        lines.append(f"Hottest: {doc['hottest_label']} ran GPU {index_of.get(hottest['uuid'], hottest['uuid'])} up "
+                     f"to {hottest['max_celsius']:.0f} °C.")
+    by_job = doc["thermal_aging_by_line"]
     total = sum(t["thermal_aging_equivalent_hours"] for t in doc["totals"].values())
-    for job in doc["jobs"]:
-        name = "idle" if job["kind"] == "idle" else "imported" if job["kind"] == "imported" else _label(job)
-        by_job[name] = by_job.get(name, 0.0) + sum(s["thermal_aging_equivalent_hours"]["central"] for s in job["gpus"])
     if total > 0:
         lines.append("Share of all GPUs' thermal aging in this window: " + "; ".join(
             f"{name} {100 * v / total:.0f} %" for name, v in sorted(by_job.items(), key=lambda kv: -kv[1])))
