@@ -343,6 +343,7 @@ class Ledger:
         try:
             db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)
             db.text_factory = _text
+            db.execute("PRAGMA cache_size=-256")  # as the daemon's own: the page at / reads through one of these
             version = _schema_version(db)
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             raise LedgerError(f"{path}: not a readable gpuwear ledger ({exc})") from None
