@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -439,7 +440,9 @@ def test_a_job_or_event_changed_on_disk_is_caught_by_its_checksum(tmp_path: Path
     ledger.save([], [Event(UUID, recent, "xid", {"code": 13})], jobs=[_job(recent)])
     ledger.close()
     with sqlite3.connect(path) as db:  # still valid JSON of a valid record: only the checksum can tell
-        db.execute("UPDATE jobs SET data = replace(data, '\"observed_seconds\":60', '\"observed_seconds\":90')")
+        (blob,) = db.execute("SELECT data FROM jobs").fetchone()
+        changed = zlib.decompress(blob).replace(b'"observed_seconds":60', b'"observed_seconds":90')
+        db.execute("UPDATE jobs SET data = ?", (zlib.compress(changed),))
         db.execute("UPDATE events SET detail = '{\"code\": 79}'")
     for command in (["jobs"], ["report"]):
         assert main([*command, "--state-dir", str(state)]) == 1

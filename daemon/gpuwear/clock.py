@@ -49,14 +49,19 @@ class ScaledClock:
         """Seconds simulated time is ahead of the real clock (what a faster-than-real run gained)."""
         return self.wall() - self.base.wall()
 
-    def resume(self, lead: float | None, history_end: float) -> None:
+    def resume(self, lead: float | None, history_end: float, slack: float = 0.0) -> None:
         """Go on from an earlier run: ``lead`` ahead of the real clock, the lead that run had gained (its history then
-        ends before now, and the next run never goes back into it). A real clock that was ahead while that history
-        was written and has been corrected since goes back, as on real GPUs: the daemon takes the lead back. Without
-        a recorded lead (a ledger from before it was kept), just after ``history_end`` where that is ahead."""
+        ends before now, and the next run never goes back into it); a history that ends up to ``slack`` seconds
+        later (the lead it gained since the lead was last written) is gone on from. A real clock that was ahead
+        while that history was written and has been corrected since goes back, as on real GPUs: the daemon takes
+        the lead back. Without a recorded lead (a ledger from before it was kept), just after ``history_end``
+        where that is ahead."""
         now = self.wall()
         if lead is not None:
             self._wall0 += max(0.0, lead) - (now - self.base.wall())
+            now = self.wall()
+            if now < history_end <= now + slack:
+                self._wall0 += history_end - now + 1.0
         elif history_end >= now:
             self._wall0 += history_end - now + 1.0
 

@@ -93,7 +93,7 @@ CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one
     kind TEXT NOT NULL,
     start REAL NOT NULL,
     end REAL,                          -- NULL while running
-    data TEXT NOT NULL,                -- JobRecord.to_json()
+    data TEXT NOT NULL,                -- JobRecord.to_json(): zlib of the JSON (a BLOB), or the JSON (before schema 5)
     crc INTEGER                        -- crc32 of data, written with it (NULL: a row from before schema 5)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_start ON jobs (start);
@@ -454,14 +454,14 @@ class Ledger:
             db.execute("DELETE FROM imports WHERE uuid = ?", (uuid,))
             removed["events"] = db.execute("DELETE FROM events WHERE uuid = ?", (uuid,)).rowcount
             for record, data in db.execute("SELECT record, data FROM jobs").fetchall():
-                job = _json_object(data, f"job {record!r}")
+                job = _json_object(_job_text(data, f"job {record!r}"), f"job {record!r}")
                 gpus = [g for g in job.get("gpus", []) if g.get("uuid") != uuid]
                 if len(gpus) == len(job.get("gpus", [])):
                     continue
                 removed["jobs"] += 1
                 if gpus:
-                    text = json.dumps({**job, "gpus": gpus}, separators=(",", ":"))
-                    db.execute("UPDATE jobs SET data = ?, crc = ? WHERE record = ?", (text, _crc(text), record))
+                    blob = _job_blob(json.dumps({**job, "gpus": gpus}, separators=(",", ":")))
+                    db.execute("UPDATE jobs SET data = ?, crc = ? WHERE record = ?", (blob, zlib.crc32(blob), record))
                 else:
                     db.execute("DELETE FROM jobs WHERE record = ?", (record,))
         self._saved = None  # what is committed changed under the save cache
@@ -507,7 +507,7 @@ class Ledger:
             if problem:
                 raise LedgerError(f"{self.path}: job {printable(str(record))[:80]!r}: {problem} (the daemon sets it "
                                   "aside at its next start)")
-            yield json.loads(data)
+            yield json.loads(_job_text(data, f"job {record!r}"))
 
     def periods(self, since: float | None = None) -> Iterator[dict[str, Any]]:
         """Job records and import periods (:meth:`import_periods`) together, newest first, one at a time."""
@@ -566,12 +566,13 @@ class Ledger:
             db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?)",
                            [(u, src, a, b, n, now, _dump(w)) for u, src, a, b, n, w in imports])
-            texts = [(j, json.dumps({**j, "gpus": [{**g, "wear": _compact(g["wear"])} for g in j["gpus"]]},
-                                    separators=(",", ":"))) for j in jobs]
+            blobs = [(j, _job_blob(json.dumps({**j, "gpus": [{**g, "wear": _compact(g["wear"])} for g in j["gpus"]]},
+                                              separators=(",", ":")))) for j in jobs]
             db.executemany("INSERT INTO jobs (record, kind, start, end, data, crc) VALUES (?, ?, ?, ?, ?, ?) "
                            "ON CONFLICT (record) DO UPDATE SET end = excluded.end, data = excluded.data, "
                            "crc = excluded.crc",
-                           [(j["record"], j["kind"], j["start"], j["end"], text, _crc(text)) for j, text in texts])
+                           [(j["record"], j["kind"], j["start"], j["end"], blob, zlib.crc32(blob))
+                            for j, blob in blobs])
             if forget_jobs_before is not None:
                 db.execute("DELETE FROM jobs WHERE end IS NOT NULL AND end < ?", (forget_jobs_before,))
             if forget_events_before is not None:
@@ -830,7 +831,7 @@ def _audit(db: sqlite3.Connection, legacy: list[tuple[str, int, int]] | None = N
         if problem:
             bad.append(BadRecord("jobs", rowid, f"job {record!r}"[:80], problem))
         elif crc is None:
-            legacy.append(("jobs", rowid, _crc(data)))
+            legacy.append(("jobs", rowid, _stored_crc(data)))
     return docs, bad
 
 
@@ -859,15 +860,39 @@ def _event_problem(uuid: Any, wall: Any, kind: Any, detail: Any, crc: Any) -> st
 
 def _job_problem(data: Any, crc: Any) -> str | None:
     """Why a stored job record cannot be read (None: it can), as :func:`_event_problem`."""
-    if isinstance(crc, int) and isinstance(data, str):
-        return None if crc == _crc(data) else "its bytes changed since it was written"
+    if isinstance(crc, int) and isinstance(data, (str, bytes)):
+        return None if crc == _stored_crc(data) else "its bytes changed since it was written"
     if crc is not None:
         return "its bytes changed since it was written"
     try:
-        check_job(json.loads(data), "")
-    except (ValueError, TypeError, RecursionError) as exc:
+        check_job(json.loads(_job_text(data, "")), "")
+    except (ValueError, TypeError, RecursionError, LedgerError) as exc:
         return str(exc)
     return None
+
+
+def _job_blob(text: str) -> bytes:
+    """A job record as stored: its JSON compressed (a job's histograms repeat their keys: about a third the bytes,
+    in the file and in what a save writes)."""
+    return zlib.compress(text.encode(), 6)
+
+
+def _job_text(data: Any, where: str) -> str:
+    """A stored job record's JSON: inflated (bounded), or as it is in a row from before schema 5."""
+    if isinstance(data, str):
+        return data
+    try:
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(data, MAX_LOG_ROW_BYTES)
+        if inflater.unconsumed_tail:
+            raise LedgerError(f"{where}: inflates past {MAX_LOG_ROW_BYTES >> 20} MiB")
+        return raw.decode()
+    except (zlib.error, TypeError, UnicodeDecodeError) as exc:
+        raise LedgerError(f"{where}: not a compressed job record ({exc})") from None
+
+
+def _stored_crc(data: str | bytes) -> int:
+    return zlib.crc32(data) if isinstance(data, bytes) else _crc(data)
 
 
 def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: list[BadRecord]) -> None:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SIMULATION_LEAD = "simulation_lead_seconds"  # ledger meta: ScaledClock.lead() at the last save
+LEAD_SAVE_STEP_SECONDS = 3600  # the lead is written again once it moved this far (ScaledClock.resume's slack)
 
 
 def _lead(text: str | None) -> float | None:
@@ -225,7 +226,8 @@ class Daemon:
             self._history_loaded = True
             if isinstance(source.clock, ScaledClock):  # a simulation goes on with the lead its last run gained
                 source.clock.resume(_lead(self.ledger.meta(SIMULATION_LEAD)),
-                                    max((w.last_seen or 0.0 for w in wears.values()), default=0.0))
+                                    max((w.last_seen or 0.0 for w in wears.values()), default=0.0),
+                                    2 * LEAD_SAVE_STEP_SECONDS)
         except (StateLockedError, LedgerTooNewError):  # another daemon, or a newer gpuwear's ledger: refuse to run
             if self.ledger is not None:
                 self.ledger.close()
@@ -430,13 +432,14 @@ class Daemon:
         return self.source.clock.wall() - days * 86400 if days and trusted else None
 
     def _simulation_lead(self) -> dict[str, str]:
-        """The simulated clock's lead over the real one, for the ledger (ScaledClock.resume), when it moved by a second
-        or more since the last save: never at --speed 1, so no page is written for it there."""
+        """The simulated clock's lead over the real one, for the ledger (ScaledClock.resume), when it moved by
+        LEAD_SAVE_STEP_SECONDS since it was last written (and at the first save): never again at --speed 1, and at
+        --speed 60 once a wall minute, not at every save."""
         clock = self.source.clock
         if not isinstance(clock, ScaledClock):
             return {}
         lead = max(0, round(clock.lead()))
-        if lead == self._saved_lead:
+        if self._saved_lead is not None and abs(lead - self._saved_lead) < LEAD_SAVE_STEP_SECONDS:
             return {}
         self._saved_lead = lead
         return {SIMULATION_LEAD: str(lead)}
