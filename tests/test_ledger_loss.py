@@ -246,7 +246,8 @@ def test_export_never_replaces_the_ledger_a_link_or_a_foreign_file(tmp_path: Pat
     (tmp_path / "folder").mkdir()
     cases = {str(path): "inside the state directory", str(state / "other.json"): "inside the state directory",
              str(link): "symbolic link", str(target): "not a gpuwear export", str(tmp_path / "folder"): "directory",
-             str(tmp_path / "missing" / "x.json"): "No such file or directory"}
+             str(tmp_path / "missing" / "x.json"): "No such file or directory",
+             "/dev/null": "not a regular file"}
     for output, why in cases.items():
         assert main(["export", UUID, "--output", output, "--state-dir", str(state)]) == 1, output
         err = _one_line(capsys)
