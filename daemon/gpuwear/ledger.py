@@ -1,13 +1,13 @@
 """The durable wear ledger: SQLite (stdlib) in the state directory, keyed by GPU UUID.
 
-Every save is one transaction (WAL journal, ``synchronous=FULL``): a crash at any instant
-leaves the previous save or the new one, never a mix. Readers (``gpuwear report``) open
-the file read-only while the daemon writes. Every record is validated when the ledger is
-opened (:mod:`gpuwear.wear.schema`): a file that cannot be read as a ledger, or holds one
-record that fails validation, is moved aside (never silently replaced) and the move is
-reported; a ledger written by a newer gpuwear is refused (:class:`LedgerTooNewError`), never
-moved aside. The state directory is the daemon's alone: :class:`StateLock` holds it for the
-daemon's life, it is created 0700 and the ledger 0600, and symbolic links are not followed.
+Every save is one transaction (WAL journal, ``synchronous=FULL``): a crash at any instant leaves the previous save
+or the new one, never a mix. Every record is validated before it is written (:mod:`gpuwear.wear.schema`); events and
+job records carry a CRC-32 of what was written. The daemon's open checks every record (checksums where there are
+some): one that fails costs only itself (:func:`_salvage`, the ``set_aside`` table), and a file SQLite cannot read
+whole is recovered into a new one, the damaged file kept beside it (:func:`recover`). Readers (``gpuwear report``)
+open the file read-only while the daemon writes and prove what they read. A ledger written by a newer gpuwear is
+refused (:class:`LedgerTooNewError`), never replaced. The state directory is the daemon's alone: :class:`StateLock`
+holds it for the daemon's life, it is created 0700 and the ledger 0600, and symbolic links are not followed.
 ``meta.schema_version`` allows migrations.
 """
 
@@ -530,7 +530,7 @@ class Ledger:
         # a copy as JSON reads it back: to_json() hands out the live accumulators' own maps, which go on changing
         docs = {w["uuid"]: json.loads(json.dumps(_compact(w), separators=(",", ":"))) for w in wears}
         jobs, events, imports = list(jobs), list(events), list(imports)
-        try:  # never write what the next open would refuse: that would move the whole ledger aside
+        try:  # never write what the next open would refuse (and set aside)
             for uuid, doc in docs.items():
                 check_wear(doc, f"GPU {uuid}", WEAR_SCHEMA)
             for job in jobs:
