@@ -382,9 +382,9 @@ def write_export(path: Path, text: str, state_dir: Path) -> None:
         raise ExportRefusedError(f"is inside the state directory {state} (where the ledger lives): write it elsewhere")
     if target.is_dir():
         raise ExportRefusedError("is a directory (give a file name)")
-    if target.exists() and not target.is_file():  # a device, a FIFO: never read nor replaced
-        raise ExportRefusedError("is not a regular file (leave out --output to print the export)")
     if target.exists():
+        if not target.is_file():  # a device, a FIFO: never read nor replaced
+            raise ExportRefusedError("is not a regular file (leave out --output to print the export)")
         try:
             with target.open("rb") as f:
                 head = f.read(200)

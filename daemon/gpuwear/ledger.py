@@ -14,6 +14,7 @@ holds it for the daemon's life, it is created 0700 and the ledger 0600, and symb
 from __future__ import annotations
 
 import fcntl
+import functools
 import heapq
 import json
 import logging
@@ -24,7 +25,7 @@ import stat
 import time
 import zlib
 from collections.abc import Iterable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,13 +277,10 @@ class Ledger:
                     raise  # the disk or the directory, not the file: kept as it is, retried by the caller
                 recovered = recover(path, exc)
         if legacy:  # rows from before checksums, validated once: stamped, so that later opens only check them
-            with closing(db.cursor()) as cur:
-                cur.execute("BEGIN IMMEDIATE")
-                cur.executemany("UPDATE events SET crc = ? WHERE rowid = ?",
-                                [(crc, rowid) for table, rowid, crc in legacy if table == "events"])
-                cur.executemany("UPDATE jobs SET crc = ? WHERE rowid = ?",
-                                [(crc, rowid) for table, rowid, crc in legacy if table == "jobs"])
-                cur.execute("COMMIT")
+            with _transaction(db):
+                for table in ("events", "jobs"):
+                    db.executemany(f"UPDATE {table} SET crc = ? WHERE rowid = ?",
+                                   [(crc, rowid) for t, rowid, crc in legacy if t == table])
         if bad:
             _set_aside(db, docs, bad)
             what, why = bad[0].what, bad[0].reason
@@ -538,7 +536,7 @@ class Ledger:
             for event in events:
                 check_event({"wall": event.wall, "kind": event.kind, "detail": event.detail}, f"event of {event.uuid}")
             for uuid, _, first, last, rows, wear in imports:
-                check_import(uuid, first, last, rows, json.loads(_dump(wear)))
+                check_import(uuid, first, last, rows, json.loads(_dump(wear)), WEAR_SCHEMA)
         except SchemaError as exc:
             raise LedgerError(f"refusing to save a record that would not read back: {exc}") from None
         compact = self._log_rows >= COMPACT_AFTER
@@ -590,16 +588,21 @@ class Ledger:
             # executescript steps it to the end (sqlite3_exec); execute() would free one page
             self._db.executescript(f"PRAGMA incremental_vacuum({int(free)});")
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-            self._db.execute("COMMIT")
-        except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return _transaction(self._db)
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on ``db``: committed at the end of the block, rolled back if it raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
 
 
 _KEPT = frozenset({"schema", "uuid", "name"})
@@ -700,14 +703,19 @@ def _read_docs_tolerant(db: sqlite3.Connection,
 
 
 def _log_row(blob: Any, where: str) -> dict[str, Any]:
+    return _json_object(_inflate(blob, where, "log row"), where)
+
+
+def _inflate(blob: Any, where: str, what: str) -> bytes:
+    """A stored zlib blob inflated, to MAX_LOG_ROW_BYTES at most (a larger one is corrupt); LedgerError otherwise."""
     try:
         inflater = zlib.decompressobj()
-        text = inflater.decompress(blob, MAX_LOG_ROW_BYTES)
-        if inflater.unconsumed_tail:
-            raise LedgerError(f"{where}: inflates past {MAX_LOG_ROW_BYTES >> 20} MiB")
+        raw = inflater.decompress(blob, MAX_LOG_ROW_BYTES)
     except (zlib.error, TypeError) as exc:
-        raise LedgerError(f"{where}: not a compressed log row ({exc})") from None
-    return _json_object(text, where)
+        raise LedgerError(f"{where}: not a compressed {what} ({exc})") from None
+    if inflater.unconsumed_tail:
+        raise LedgerError(f"{where}: inflates past {MAX_LOG_ROW_BYTES >> 20} MiB")
+    return raw
 
 
 def _json_object(text: Any, where: str) -> dict[str, Any]:
@@ -815,7 +823,7 @@ def _audit(db: sqlite3.Connection, legacy: list[tuple[str, int, int]] | None = N
     for rowid, uuid, first, last, count, text in db.execute("SELECT rowid AS row_id, uuid, first, last, rows, wear "
                                                             "FROM imports"):
         try:
-            check_import(uuid, first, last, count, _wear(text, f"import of GPU {uuid!r}"))
+            check_import(uuid, first, last, count, _json_object(text, f"import of GPU {uuid!r}"), WEAR_SCHEMA)
         except (SchemaError, LedgerError) as exc:
             bad.append(BadRecord("imports", rowid, f"import of GPU {uuid!r}", str(exc)))
     # events and jobs, the tables that grow: proved whole by their checksums, validated where they have none
@@ -882,12 +890,8 @@ def _job_text(data: Any, where: str) -> str:
     if isinstance(data, str):
         return data
     try:
-        inflater = zlib.decompressobj()
-        raw = inflater.decompress(data, MAX_LOG_ROW_BYTES)
-        if inflater.unconsumed_tail:
-            raise LedgerError(f"{where}: inflates past {MAX_LOG_ROW_BYTES >> 20} MiB")
-        return raw.decode()
-    except (zlib.error, TypeError, UnicodeDecodeError) as exc:
+        return _inflate(data, where, "job record").decode()
+    except UnicodeDecodeError as exc:
         raise LedgerError(f"{where}: not a compressed job record ({exc})") from None
 
 
@@ -899,28 +903,20 @@ def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: lis
     """In one transaction, move each bad record into the set_aside table (kept, never counted) and delete it where
     it was; when a GPU record or a wear log row is among them, write every good GPU's record whole and empty the
     log (its rows name the GPUs they change)."""
-    with closing(db.cursor()) as cur:
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            for b in bad:
-                if b.part is not _ABSENT:  # a value removed from a GPU's record: the record is written again below
-                    data = json.dumps(b.part)
-                else:
-                    row = cur.execute(f"SELECT * FROM {b.table} WHERE rowid = ?", (b.rowid,)).fetchone()
-                    data = json.dumps([v.hex() if isinstance(v, bytes) else v for v in row]) if row else "null"
-                    cur.execute(f"DELETE FROM {b.table} WHERE rowid = ?", (b.rowid,))
-                cur.execute("INSERT INTO set_aside (wall, source, what, reason, data) VALUES (?, ?, ?, ?, ?)",
-                            (time.time(), b.table, b.what[:300], b.reason[:1000], data))
-            if any(b.table in ("gpus", "wear_log") for b in bad):
-                for uuid, doc in docs.items():
-                    cur.execute("UPDATE gpus SET wear = ? WHERE uuid = ?", (json.dumps(doc, separators=(",", ":")),
-                                                                            uuid))
-                cur.execute("DELETE FROM wear_log")
-            cur.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                cur.execute("ROLLBACK")
-            raise
+    with _transaction(db):
+        for b in bad:
+            if b.part is not _ABSENT:  # a value removed from a GPU's record: the record is written again below
+                data = json.dumps(b.part)
+            else:
+                row = db.execute(f"SELECT * FROM {b.table} WHERE rowid = ?", (b.rowid,)).fetchone()
+                data = json.dumps([v.hex() if isinstance(v, bytes) else v for v in row]) if row else "null"
+                db.execute(f"DELETE FROM {b.table} WHERE rowid = ?", (b.rowid,))
+            db.execute("INSERT INTO set_aside (wall, source, what, reason, data) VALUES (?, ?, ?, ?, ?)",
+                       (time.time(), b.table, b.what[:300], b.reason[:1000], data))
+        if any(b.table in ("gpus", "wear_log") for b in bad):
+            for uuid, doc in docs.items():
+                db.execute("UPDATE gpus SET wear = ? WHERE uuid = ?", (json.dumps(doc, separators=(",", ":")), uuid))
+            db.execute("DELETE FROM wear_log")
 
 
 def _too_new(path: Path, db: sqlite3.Connection, version: int) -> str:
@@ -950,11 +946,6 @@ def printable(text: str) -> str:
 RECOVERING = ".recovering"  # the new ledger being written
 RECOVERED = ".recovered"  # the new ledger complete, waiting to replace the damaged one (finish_recovery)
 SCRATCH = ".scratch"  # a copy of the damaged file whose table definitions are put right before it is read
-_TABLES = {"meta": ("key", "value"), "gpus": ("uuid", "name", "serial", "first_seen", "last_seen", "saved", "wear"),
-           "events": ("uuid", "wall", "kind", "detail", "crc"),
-           "imports": ("uuid", "source", "first", "last", "rows", "imported", "wear"),
-           "jobs": ("record", "kind", "start", "end", "data", "crc"), "wear_log": ("deltas",),
-           "set_aside": ("wall", "source", "what", "reason", "data")}
 
 
 def recover(path: Path, exc: BaseException) -> Path:
@@ -1008,16 +999,20 @@ def _schema_repaired_copy(src: Path, dst: Path) -> None:
             db.text_factory = _text
             db.execute("PRAGMA writable_schema=ON")  # also: the entries that do not parse are passed over, not fatal
             db.executemany("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ? AND sql IS NOT ?",
-                           [(sql, name, sql) for name, sql in _create_statements().items()])
+                           [(sql, name, sql) for name, (sql, _) in _tables().items()])
     except (sqlite3.DatabaseError, UnicodeDecodeError):
         pass
 
 
-def _create_statements() -> dict[str, str]:
-    """Each table's CREATE statement as sqlite_master holds it for this gpuwear's schema."""
+@functools.cache
+def _tables() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """This gpuwear's tables: each one's CREATE statement as sqlite_master holds it, and its columns but an
+    ``INTEGER PRIMARY KEY`` (the rowid, which recovery copies as such)."""
     with closing(sqlite3.connect(":memory:")) as db:
         db.executescript(_SCHEMA)
-        return dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
+        return {name: (sql, tuple(c[1] for c in db.execute(f"PRAGMA table_info({name})")
+                                  if not (c[5] and c[2].upper() == "INTEGER")))
+                for name, sql in db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()}
 
 
 def finish_recovery(path: Path) -> None:
@@ -1079,8 +1074,8 @@ def _copy_readable(src: Path, dst: Path, kept: str, lenient: bool) -> dict[str, 
                     present = {name for (name,) in source.execute("SELECT name FROM sqlite_master WHERE type = "
                                                                   "'table'")}
                 except (sqlite3.DatabaseError, UnicodeDecodeError):  # its pages damaged: each table is tried
-                    present = set(_TABLES)
-                for table, columns in _TABLES.items():
+                    present = set(_tables())
+                for table, (_, columns) in _tables().items():
                     if table in present:
                         try:  # a ledger of an older schema lacks some (the checksums: read as none)
                             have = {row[1] for row in source.execute(f"PRAGMA table_info({table})")}

@@ -404,9 +404,12 @@ class Daemon:
                 self.ledger = self._reopen_ledger()
             wears, events, jobs = self.tracker.take(running_jobs_every)
             try:
+                lead = self._simulation_lead()
                 self.ledger.save(wears, events, jobs=jobs, forget_jobs_before=self._forget_before(
                     self.config.jobs.retention_days), forget_events_before=self._forget_before(
-                    self.config.wear.event_retention_days), meta=self._simulation_lead())
+                    self.config.wear.event_retention_days), meta=lead)
+                if lead:  # written: the next is due once the lead moved on from this one
+                    self._saved_lead = int(lead[SIMULATION_LEAD])
             except BaseException:
                 self.tracker.give_back(events, jobs)
                 raise
@@ -441,7 +444,6 @@ class Daemon:
         lead = max(0, round(clock.lead()))
         if self._saved_lead is not None and abs(lead - self._saved_lead) < LEAD_SAVE_STEP_SECONDS:
             return {}
-        self._saved_lead = lead
         return {SIMULATION_LEAD: str(lead)}
 
     def _every(self, seconds: Callable[[], float], action: Callable[[], object]) -> None:

@@ -63,7 +63,6 @@ from gpuwear.wear.batch import (
     spikes,
 )
 from gpuwear.wear.plausibility import shutdown_limit
-from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL
 
 BLOCK_BYTES = 4 << 20  # arrow reads this much of the file at a time (~20k nvidia-smi rows)
 _IDENTITY = ("uuid", "pci_bus_id", "index", "name")
@@ -280,7 +279,8 @@ class _Clock:
                     ts[i] = got[0]
                     if got[1] is not None:
                         later[i] = got[1]
-        bad |= ~np.isnan(ts) & ((ts < EARLIEST_WALL) | (ts > min(self.latest, LATEST_WALL - 1.0)))
+        low, high = importer.time_bounds(self.latest)
+        bad |= ~np.isnan(ts) & ((ts < low) | (ts > high))
         return ts, later, bad
 
 

@@ -453,14 +453,20 @@ def _timestamp(text: str, bound: _Bound, tz: datetime.tzinfo | None) -> tuple[fl
     return early, (late if late > early else None)
 
 
+def time_bounds(latest: float) -> tuple[float, float]:
+    """The Unix times a row may hold: from 2000 (earlier: a clock reset before NTP, 1970) to ``latest`` (the importing
+    machine's clock plus FUTURE_SLACK_SECONDS), within the ledger validator's [2000, 2100). A row outside is refused,
+    never stored: one would set the whole import aside. The columnar reader applies the same bounds."""
+    return EARLIEST_WALL, min(latest, LATEST_WALL - 1.0)
+
+
 def impossible_time(timestamp: float, latest: float) -> bool:
-    """Whether a row's Unix time cannot be a reading's: before 2000 (a clock reset before NTP, 1970) or after
-    ``latest`` (the importing machine's clock plus FUTURE_SLACK_SECONDS). Such a row is refused, never stored:
-    the ledger's validator refuses times outside [2000, 2100), and one would set the whole import aside."""
-    return not EARLIEST_WALL <= timestamp <= min(latest, LATEST_WALL - 1.0)
+    """Whether a row's Unix time is outside :func:`time_bounds`."""
+    low, high = time_bounds(latest)
+    return not low <= timestamp <= high
 
 
-def impossible_message(timestamp: float, latest: float) -> str:
+def impossible_message(timestamp: float) -> str:
     when = "before 2000" if timestamp < EARLIEST_WALL else "over a day ahead of this machine's clock"
     return f"a time {when}, which no reading can have (the logging box's clock was not set)"
 
@@ -507,7 +513,7 @@ def _row(cells: list[str], line: int, layout: _Layout, tz: datetime.tzinfo | Non
         times[raw] = when
     timestamp, later = when
     if impossible_time(timestamp, latest):
-        return RowProblem(line, f"column {layout.time.header!r}: {impossible_message(timestamp, latest)}: "
+        return RowProblem(line, f"column {layout.time.header!r}: {impossible_message(timestamp)}: "
                                 f"{_clip(raw.strip())}")
     values: dict[str, Any] = {}
     identity: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import aging_bands, fatigue_bands
+from gpuwear.wear.models import BANDS, aging_bands, fatigue_bands
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -30,8 +30,7 @@ def parse_duration(text: str) -> float:
 
 def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, Any]:
     w = GpuWear.from_json(g["wear"], 0.0)
-    # the two bands a slice shows, as models.estimates computes them (the rest of estimates is not shown here)
-    aging, fatigue = aging_bands(w.temperature_seconds.get("gpu", {}), p, w), fatigue_bands(w, "gpu", p)
+    observed, energy, aging, fatigue = _counted(w, p, BANDS)
     hist = w.temperature_seconds.get("gpu", {})
     total = sum(hist.values())
     mean = {sensor: round(sum(int(t) * s for t, s in h.items()) / sum(h.values()), 2)
@@ -40,9 +39,9 @@ def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, A
     return {
         "uuid": g["uuid"], "gpu_name": gpu.name if gpu else w.name,
         "start": g["start"], "end": g["end"],
-        "observed_seconds": round(w.observed_seconds, 3),
+        "observed_seconds": observed,
         "busy_seconds": round(w.busy_seconds(p.busy_utilization_ratio), 3),
-        "energy_joules": round(w.energy_joules, 3),
+        "energy_joules": energy,
         "max_celsius": g["max_celsius"], "mean_celsius": mean,
         "time_above_slowdown_seconds": round(w.seconds_at_or_above("gpu", slowdown), 3)
         if slowdown is not None and total else None,
@@ -57,11 +56,17 @@ def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, A
 def _light(g: dict[str, Any], p: WearConfig) -> dict[str, Any]:
     """What a job's GPU adds to the listing's totals and shares, as :func:`_slice` computes it, for a line that is
     not shown (its other figures are not computed)."""
-    w = GpuWear.from_json(g["wear"], 0.0)
-    return {"uuid": g["uuid"], "observed_seconds": round(w.observed_seconds, 3),
-            "energy_joules": round(w.energy_joules, 3), "max_celsius": g["max_celsius"],
-            "thermal_aging_equivalent_hours": aging_bands(w.temperature_seconds.get("gpu", {}), p, w, ("central",)),
-            "cycle_fatigue_equivalent_cycles": fatigue_bands(w, "gpu", p, ("central",))}
+    observed, energy, aging, fatigue = _counted(GpuWear.from_json(g["wear"], 0.0), p, ("central",))
+    return {"uuid": g["uuid"], "observed_seconds": observed, "energy_joules": energy, "max_celsius": g["max_celsius"],
+            "thermal_aging_equivalent_hours": aging, "cycle_fatigue_equivalent_cycles": fatigue}
+
+
+def _counted(w: GpuWear, p: WearConfig, bands: tuple[str, ...],
+             ) -> tuple[float, float, dict[str, float], dict[str, float]]:
+    """What a line adds to the listing's totals: observed seconds, joules, and the aging and fatigue bands (as
+    models.estimates computes them; the rest of estimates is not shown in a listing)."""
+    return (round(w.observed_seconds, 3), round(w.energy_joules, 3),
+            aging_bands(w.temperature_seconds.get("gpu", {}), p, w, bands), fatigue_bands(w, "gpu", p, bands))
 
 
 def line_name(job: dict[str, Any]) -> str:
@@ -93,6 +98,7 @@ def document(records: Iterable[dict[str, Any]], gpus: dict[str, GpuWear], p: Wea
                "name": rec["name"], "start": rec["start"], "end": rec["end"], "running": rec["end"] is None,
                "duration_seconds": round(end - rec["start"], 3), "gpus": slices}
         label = "idle" if job["kind"] == "idle" else "imported" if job["kind"] == "imported" else _label(job)
+        name = line_name(job)
         for s in slices:
             t = totals.setdefault(s["uuid"], {"observed_seconds": 0.0, "energy_joules": 0.0,
                                               "thermal_aging_equivalent_hours": 0.0,
@@ -104,7 +110,7 @@ def document(records: Iterable[dict[str, Any]], gpus: dict[str, GpuWear], p: Wea
             t["cycle_fatigue_equivalent_cycles"] += s["cycle_fatigue_equivalent_cycles"]["central"]
             by_line[label] = by_line.get(label, 0.0) + aging
             names = by_name.setdefault(s["uuid"], {})
-            names[line_name(job)] = names.get(line_name(job), 0.0) + aging
+            names[name] = names.get(name, 0.0) + aging
             peak = s["max_celsius"].get("gpu")
             if job["kind"] != "idle" and peak and (hottest is None or peak > hottest[0]):
                 hottest = (peak, {"record": job["record"], "uuid": s["uuid"], "max_celsius": peak}, _label(job))

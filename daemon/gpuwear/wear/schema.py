@@ -224,7 +224,7 @@ def check_wear(doc: Any, where: str = "", schema: int = 1) -> Any:
     return doc
 
 
-def check_import(uuid: Any, first: Any, last: Any, rows: Any, wear: Any) -> None:
+def check_import(uuid: Any, first: Any, last: Any, rows: Any, wear: Any, schema: int = 1) -> None:
     """Validate one stored import (a log's history of one GPU): its GPU, span, row count and accumulators."""
     text(uuid, "uuid", limit=128)
     start = wall(first, "first", optional=False)
@@ -232,7 +232,7 @@ def check_import(uuid: Any, first: Any, last: Any, rows: Any, wear: Any) -> None
     if start is not None and end is not None and start > end:
         raise SchemaError("first", "after last")
     integer(rows, "rows")
-    check_wear(wear, "wear")
+    check_wear(wear, "wear", schema)
 
 
 def check_event(doc: Any, where: str) -> Any:
