@@ -1,16 +1,33 @@
 #!/usr/bin/env bash
-# Runs the whole test suite on a fresh Debian machine: lint (ruff), types (mypy) and pytest,
-# including the end-to-end tests against a real Prometheus server and the page in a real browser
-# (Debian's prometheus, chromium and chromium-driver packages, installed here when missing).
-# Arguments go to pytest, e.g. ./test.sh -x -m 'not e2e'
-set -euo pipefail
+# The tests, in an environment of their own (.venv-test; the README's daemon runs from .venv, which this never
+# touches, so both can run at once from one checkout).
+#
+#   ./test.sh --quick     between commits: ruff, mypy and the tests not marked slow (no daemon, browser,
+#                         Prometheus or systemd; property tests with a tenth of their examples), in parallel
+#   ./test.sh             before you stop (and CI): ruff, mypy, every test, then the NVML, columnar and kubelet
+#                         tests again on the oldest versions pyproject accepts
+#
+# Other arguments go to pytest (e.g. ./test.sh --quick -k ledger, ./test.sh -x tests/test_web.py). Every stage
+# runs whatever the one before did; a table at the end gives each stage's result and time, and the exit status is
+# non-zero when any stage failed. The whole suite drives Debian's prometheus, chromium and chromium-driver,
+# installed here when missing. GPUWEAR_TEST_WORKERS sets pytest's parallel workers (default: one per core).
+set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
+
+quick=0
+args=()
+for arg in "$@"; do
+    if [ "$arg" = "--quick" ]; then quick=1; else args+=("$arg"); fi
+done
+workers=${GPUWEAR_TEST_WORKERS:-auto}
 
 # Debian packages the tests drive: Prometheus and promtool (e2e, rules), Chromium and ChromeDriver (the page)
 missing=()
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
-command -v chromium >/dev/null || missing+=(chromium)
-command -v chromedriver >/dev/null || missing+=(chromium-driver)
+if [ $quick -eq 0 ]; then
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v chromedriver >/dev/null || missing+=(chromium-driver)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     install=(apt-get install -y --no-install-recommends "${missing[@]}")
     if [ "$(id -u)" -eq 0 ]; then
@@ -23,23 +40,68 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
     echo "test.sh: installing Debian's packages ${missing[*]}" >&2
     "${as_root[@]}" apt-get update -q
-    "${as_root[@]}" "${install[@]}"
+    "${as_root[@]}" "${install[@]}" || exit 1
 fi
 
-[ -d .venv ] || python3 -m venv .venv
-.venv/bin/pip install -q -e '.[test]'
-.venv/bin/ruff check daemon tests
-.venv/bin/mypy
-.venv/bin/pytest "$@"
+# An environment is installed again only when pyproject.toml (what it holds) changed since it was.
+installed() {  # VENV STAMP-TEXT: whether VENV holds what STAMP-TEXT describes
+    [ -x "$1/bin/python" ] && [ -f "$1/.gpuwear-installed" ] && [ "$(cat "$1/.gpuwear-installed")" = "$2" ]
+}
+install_env() {  # VENV STAMP-TEXT PIP-ARGS...
+    local venv=$1 stamp=$2
+    shift 2
+    installed "$venv" "$stamp" && return 0
+    rm -f "$venv/.gpuwear-installed"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || return 1
+    "$venv/bin/pip" install -q "$@" && echo "$stamp" >"$venv/.gpuwear-installed"
+}
 
-# The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range), the
-# columnar import's on the oldest numpy and pyarrow, and the kubelet client's on the oldest grpcio.
+names=() results=() times=()
+stage() {  # NAME COMMAND...: runs it, keeps its result and time
+    local name=$1 start status
+    shift
+    echo "test.sh: == $name ==" >&2
+    start=$(date +%s)
+    "$@"
+    status=$?
+    names+=("$name") results+=("$([ $status -eq 0 ] && echo passed || echo "FAILED ($status)")")
+    times+=("$(($(date +%s) - start))")
+    return 0
+}
+
 floor() { sed -n "s/.*\"$1>=\\([0-9.]*\\)\".*/\\1/p" pyproject.toml | head -n 1; }
-nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow) grpcio=$(floor grpcio)
-[ -d .venv-floor ] || python3 -m venv .venv-floor
-.venv-floor/bin/pip install -q -e . "nvidia-ml-py==$nvml" "numpy==$numpy.*" "pyarrow==$pyarrow.*" \
-    "grpcio==$grpcio" "grpcio-tools==$grpcio" pytest hypothesis
-echo "test.sh: the NVML tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow $pyarrow," \
-    "the kubelet client's on grpcio $grpcio" >&2
-.venv-floor/bin/pytest -q -p no:cacheprovider tests/test_drivers.py tests/test_nvml_backend.py tests/test_fakenvml.py \
-    tests/test_columnar.py tests/test_kubelet.py
+project=$(sha256sum pyproject.toml | cut -c1-16)
+
+stage "install .venv-test" install_env .venv-test "$project" -e '.[test]'
+if installed .venv-test "$project"; then
+    stage "ruff" .venv-test/bin/ruff check daemon tests bench
+    stage "mypy" .venv-test/bin/mypy
+    if [ $quick -eq 1 ]; then
+        stage "pytest --quick" env GPUWEAR_QUICK=1 .venv-test/bin/pytest -q -n "$workers" -m "not slow and not gpu" "${args[@]}"
+    else
+        stage "pytest" .venv-test/bin/pytest -n "$workers" "${args[@]}"
+    fi
+fi
+
+if [ $quick -eq 0 ]; then
+    # The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range), the
+    # columnar import's on the oldest numpy and pyarrow, and the kubelet client's on the oldest grpcio.
+    nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow) grpcio=$(floor grpcio)
+    stage "install .venv-floor" install_env .venv-floor "$project" -e . "nvidia-ml-py==$nvml" "numpy==$numpy.*" \
+        "pyarrow==$pyarrow.*" "grpcio==$grpcio" "grpcio-tools==$grpcio" pytest pytest-xdist hypothesis
+    if installed .venv-floor "$project"; then
+        echo "test.sh: the NVML tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow" \
+            "$pyarrow, the kubelet client's on grpcio $grpcio" >&2
+        stage "pytest (oldest versions)" .venv-floor/bin/pytest -q -p no:cacheprovider -n "$workers" \
+            tests/test_drivers.py tests/test_nvml_backend.py tests/test_fakenvml.py tests/test_columnar.py \
+            tests/test_kubelet.py
+    fi
+fi
+
+failed=0
+echo >&2
+for i in "${!names[@]}"; do
+    printf 'test.sh: %-26s %-12s %5d s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}" >&2
+    [ "${results[$i]}" = passed ] || failed=1
+done
+exit $failed

@@ -15,7 +15,9 @@ KIND:
   resets     --rate connections a second, closed at once with a reset
 
 Runs until SIGTERM/SIGINT or --seconds, then prints one JSON line: connections opened, closed by
-the server, requests answered by status.
+the server, requests answered by status. With --progress S, the same line every S seconds before it
+(with "held": connections now open), so that a caller waits for the attack to build up rather than
+for a time.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Attack:
         self.context = context
         self.stop = threading.Event()
         self.counts: Counter[str] = Counter()
+        self.held = 0
 
     def connect(self) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", self.port), timeout=5, source_address=(self.source, 0))
@@ -85,6 +88,7 @@ class Attack:
                     self.counts["connect_failed"] += 1
                     self.stop.wait(0.05)
                     break
+            self.held = len(held)
             for key, _ in selector.select(timeout=0.1):  # readable: the server answered or closed
                 s = key.fileobj  # type: ignore[assignment]
                 try:
@@ -158,6 +162,7 @@ def main() -> None:
     parser.add_argument("--cafile")
     parser.add_argument("--seconds", type=float, default=3600.0)
     parser.add_argument("--source", default="127.0.0.2", help="the address to connect from (another host)")
+    parser.add_argument("--progress", type=float, metavar="S", help="print the counts every S seconds too")
     args = parser.parse_args()
     context = ssl.create_default_context(cafile=args.cafile) if args.cafile else None
     attack = Attack(args.port, context, args.source)
@@ -174,7 +179,12 @@ def main() -> None:
     }[args.kind]
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
-    attack.stop.wait(args.seconds)
+    end = time.monotonic() + args.seconds
+    while not attack.stop.wait(min(args.progress or args.seconds, max(0.0, end - time.monotonic()))):
+        if time.monotonic() >= end:
+            break
+        counts = dict.copy(attack.counts)  # one C call: the worker thread may add a key meanwhile
+        print(json.dumps({"kind": args.kind, "held": attack.held, **counts}), flush=True)
     attack.stop.set()
     worker.join(timeout=5)
     print(json.dumps({"kind": args.kind, **attack.counts}), flush=True)

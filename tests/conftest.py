@@ -33,6 +33,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a fixture put under helpers.slow_fixture (directly or through another fixture) is ``slow``,
+    and so are the e2e tests."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = [] if info is None else [d for defs in info.name2fixturedefs.values() for d in defs]
+        if item.get_closest_marker("e2e") or any(getattr(d.func, "gpuwear_slow", False) for d in fixtures):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite tests/golden/*.prom from the current output instead of comparing")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,14 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
+QUICK = os.environ.get("GPUWEAR_QUICK") == "1"  # set by ./test.sh --quick
+
+
+def examples(full: int) -> int:
+    """How many examples a property test draws: ``full`` in the whole suite, a tenth (at least 10) in the quick
+    check, which runs the same properties between commits and leaves the long search to the whole suite."""
+    return max(10, full // 10) if QUICK else full
 
 
 def free_ports(count: int) -> list[int]:
@@ -56,11 +65,12 @@ def fetch(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def wait_for(url: str, needle: str, seconds: float = 20.0) -> str:
-    """Poll ``url`` until its body contains ``needle``; returns the body."""
-    deadline = time.monotonic() + seconds
+def wait_for(url: str, needle: str, seconds: float = 60.0) -> str:
+    """Poll ``url`` until its body contains ``needle``; returns the body. ``seconds`` is a deadline far above the
+    normal time (a daemon on a loaded machine starts slowly), and a failure says how long it waited."""
+    began = time.monotonic()
     last = ""
-    while time.monotonic() < deadline:
+    while time.monotonic() - began < seconds:
         try:
             _, last = fetch(url)
             if needle in last:
@@ -68,7 +78,8 @@ def wait_for(url: str, needle: str, seconds: float = 20.0) -> str:
         except OSError:
             pass
         time.sleep(0.05)
-    raise AssertionError(f"{url} did not show {needle!r} within {seconds}s; last body: {last[:500]!r}")
+    raise AssertionError(f"{url} did not show {needle!r} in {time.monotonic() - began:.1f} s of waiting; "
+                         f"last body: {last[:500]!r}")
 
 
 def real_nvml_present() -> bool:
@@ -118,6 +129,15 @@ def started(args: list[str], log: Path, cwd: Path, *, stdout_to_log: bool = True
 
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def slow_fixture(fixture: F) -> F:
+    """Put under ``@pytest.fixture`` of a fixture that starts a daemon, a browser, Prometheus, an install or a
+    simulation of hours: every test that uses it (directly or through another fixture) is marked ``slow``
+    (conftest.py), and ``./test.sh --quick`` leaves it out."""
+    fixture.gpuwear_slow = True  # type: ignore[attr-defined]
+    return fixture
 
 
 def poll_until(what: str, seconds: float, procs: Mapping[str, subprocess.Popen[bytes]],
@@ -131,7 +151,7 @@ def poll_until(what: str, seconds: float, procs: Mapping[str, subprocess.Popen[b
         result = attempt()
         if result is not None:
             return result
-        assert time.monotonic() < deadline, f"timed out after {seconds:g}s waiting for {what}"
+        assert time.monotonic() < deadline, f"gave up after {seconds:g} s of waiting for {what}"
         time.sleep(interval)
 
 

@@ -462,6 +462,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["demo", "training"])
 def test_nvitop_exporter_command_serves_metrics(scenario: str) -> None:
     pytest.importorskip("nvitop_exporter")

@@ -28,7 +28,7 @@ from gpuwear.imports.backfill import FileResult, import_file, import_rows
 from gpuwear.ledger import Ledger
 from gpuwear.wear.batch import turning_points
 from gpuwear.wear.rainflow import RainflowCounter
-from helpers import free_port, started, wait_for
+from helpers import examples, free_port, started, wait_for
 from logs import random_llm_log, random_log
 
 PARAMS = Config().wear
@@ -68,6 +68,7 @@ def same(path: Path, tmp: Path, block_bytes: int | None = None, ledger_from: Pat
     return a, ra
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)
 @pytest.mark.parametrize("block_bytes", [None, 4096])
 def test_real_traces(trace: Path, block_bytes: int | None, tmp_path: Path) -> None:
@@ -75,6 +76,7 @@ def test_real_traces(trace: Path, block_bytes: int | None, tmp_path: Path) -> No
     assert docs["GPU-trace"][0]["observed_seconds"] > 0 and sum(result.imported.values()) > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "cadence", "rows"), [(1, 1.0, 20000), (2, 60.0, 8000), (3, 1.0, 30000),
                                                         (5, 0.5, 20000)])
 def test_generated_logs(seed: int, cadence: float, rows: int, tmp_path: Path) -> None:
@@ -89,6 +91,7 @@ def test_generated_logs(seed: int, cadence: float, rows: int, tmp_path: Path) ->
         assert excluded["spike"] > 0 and excluded["memory_spike"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_bytes", [1024, 4096, 65536])
 def test_blocks_carry_every_state(block_bytes: int, tmp_path: Path) -> None:
     """A log read in small blocks: the cadence, spike, interval, energy-counter, cooling and rainflow states
@@ -162,6 +165,7 @@ def test_problem_rows(tmp_path: Path) -> None:
         assert result.problems >= 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("zone", "day"), [("Europe/Berlin", datetime.datetime(2026, 10, 25)),
                                            ("Europe/Berlin", datetime.datetime(2026, 3, 29)),
                                            ("America/New_York", datetime.datetime(2026, 11, 1))])
@@ -275,7 +279,7 @@ def test_rows_of_another_width_are_said_wherever_they_are(rows: list[str], block
     assert result.problems == sum(len(row.split(",")) != 3 for row in rows)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(logs())
 def test_random_logs(tmp_path: Path, log: tuple[str, int]) -> None:
     text, block_bytes = log
@@ -285,6 +289,7 @@ def test_random_logs(tmp_path: Path, log: tuple[str, int]) -> None:
     same(path, folder, block_bytes)
 
 
+@pytest.mark.slow
 def test_turning_points_from_any_state() -> None:
     """Feeding only the turning points of each piece of a series leaves a rainflow counter, whatever state it
     started from, with the same cycles and state as feeding every point (the reduction wear/batch.py uses)."""
@@ -306,6 +311,7 @@ def test_turning_points_from_any_state() -> None:
         assert c1 == c2 and full.to_json() == reduced.to_json()
 
 
+@pytest.mark.slow
 def test_the_daemon_never_loads_numpy_or_pyarrow(tmp_path: Path) -> None:
     """The columnar reader is the import command's: a running daemon (sampling, saving, serving a scrape) has
     neither numpy nor pyarrow mapped in its memory."""

@@ -270,6 +270,7 @@ def test_provisioning_files() -> None:
 # families exported in whole or in part only with metrics.detail
 PART_DETAIL = {m.name for m in (*GPU_METRICS, *WEAR_METRICS) if m.detail or m.basic is not None}
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_every_panel_query_returns_data_from_the_demo(tmp_path: Path) -> None:
     """Every query has data from the daemon's default metrics, but those of panels that say they need

@@ -32,6 +32,7 @@ import yaml
 
 from gpuwear import __version__
 from gpuwear.config import load_config
+from helpers import slow_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -160,6 +161,7 @@ def _script(script: Path, destdir: Path, *args: str, check: bool = True,
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def staged(tmp_path_factory: pytest.TempPathFactory) -> Staged:
     """One install.sh run into a DESTDIR, shared by the tests below: they do not change it."""
     root = tmp_path_factory.mktemp("destdir")
@@ -188,6 +190,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
     return out
 
 
+@pytest.mark.slow
 def test_install_stages_venv_unit_and_config(staged: Staged) -> None:
     assert (staged.venv / "bin" / "gpuwear").is_file()
     assert staged.config.read_bytes() == (REPO / "config.yaml").read_bytes()
@@ -233,6 +236,7 @@ def test_security_exposure_of_the_installed_unit_is_at_most_2(staged: Staged) ->
     assert _exposure(staged.unit) <= MAX_EXPOSURE
 
 
+@pytest.mark.slow
 def test_install_twice_changes_nothing_and_keeps_an_edited_config(copy_of_staged: Staged) -> None:
     staged = copy_of_staged
     edited = staged.config.read_text().replace('listen: "127.0.0.1:9941"', 'listen: "127.0.0.1:9942"')
@@ -273,6 +277,7 @@ def _ledger(root: Path) -> Path:
     return private / "ledger.sqlite"
 
 
+@pytest.mark.slow
 def test_uninstall_removes_program_and_unedited_config_keeps_ledger(copy_of_staged: Staged) -> None:
     staged = copy_of_staged
     ledger = _ledger(staged.root)
@@ -286,6 +291,7 @@ def test_uninstall_removes_program_and_unedited_config_keeps_ledger(copy_of_stag
     assert "kept the wear ledger" in result.stdout
 
 
+@pytest.mark.slow
 def test_uninstall_keeps_an_edited_config_and_the_ledger_until_purge(copy_of_staged: Staged) -> None:
     staged = copy_of_staged
     staged.config.write_text(staged.config.read_text() + "\n# edited by the admin\n")
@@ -716,6 +722,7 @@ def _find_process(ancestor: int, name: str) -> Any:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _boot_test_wanted(), reason="boots systemd in its own namespaces: needs root, and runs by "
                     "default only where PID 1 is not systemd; GPUWEAR_TEST_SYSTEMD_BOOT=1 forces it")
 def test_unit_runs_under_a_real_systemd(tmp_path: Path) -> None:
@@ -799,6 +806,7 @@ def test_dockerfile_builds_the_image_the_manifests_run() -> None:
         assert (REPO / copied).exists(), copied
 
 
+@pytest.mark.slow
 def test_the_runbook_url_is_set_at_install(copy_of_staged: Staged) -> None:
     """RUNBOOK_URL points every alert's runbook_url where a team reads docs/alerts.md (before: relative
     `docs/alerts.md#...` links that opened nowhere); a relative one is refused before anything is installed."""

@@ -384,6 +384,7 @@ def test_a_driver_upgrade_stops_the_sampler_with_the_reason() -> None:
         rig.backend.close()
 
 
+@pytest.mark.slow
 def test_a_driver_upgrade_makes_the_daemon_exit_non_zero_after_saving(tmp_path: Path) -> None:
     doc = scenario_doc(NEWEST, "datacenter", faults=[{"at": 20.0, "kind": "driver_upgrade"}])
     scenario = tmp_path / "upgrade.yaml"
@@ -404,6 +405,7 @@ def test_a_driver_upgrade_makes_the_daemon_exit_non_zero_after_saving(tmp_path: 
     assert len(saved) == 2 and all(w.observed_seconds >= 15 for w in saved.values())  # the final save ran
 
 
+@pytest.mark.slow
 def test_a_daemon_started_into_an_unfinished_upgrade_waits_serving_instead_of_restarting(tmp_path: Path) -> None:
     from helpers import fetch, wait_for
 
@@ -428,6 +430,7 @@ def test_a_daemon_started_into_an_unfinished_upgrade_waits_serving_instead_of_re
     assert proc.returncode == 0 and "serves without GPUs and opens NVML again" in log
 
 
+@pytest.mark.slow
 def test_a_stalled_read_that_ends_by_raising_is_raised_not_stalled_for_good() -> None:
     rig = make_rig(scenario_doc(NEWEST, "datacenter"))
     rig.sampler.deadline = 0.2

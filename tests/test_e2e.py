@@ -84,6 +84,7 @@ def _labels(series: Series, label: str) -> set[str]:
     return {s["metric"][label] for s in series}
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_prometheus_scrapes_simulated_daemon(tmp_path: Path) -> None:
     prometheus_bin = require("prometheus")

@@ -18,6 +18,7 @@ from conftest import make_rig
 from gpuwear.config import ConfigError, WearConfig, load_config
 from gpuwear.jobs.resolve import JobWatcher, SimulatedJobs, job_from_cgroup
 from gpuwear.wear.tracker import WearTracker
+from helpers import examples
 
 PRODUCTS = ("rtx4090", "h100-sxm", "v100")
 
@@ -54,6 +55,7 @@ def test_clock_jumps_keep_integration_and_timestamps_ordered() -> None:
     assert [e.wall for e in events] == sorted(e.wall for e in events)
 
 
+@pytest.mark.slow
 def test_soak_a_simulated_week_on_eight_gpus_stays_flat() -> None:
     """Memory, threads and file descriptors stay flat over a simulated week (15-min ticks)."""
     rig = make_rig(eight_gpus(), slow_interval=900)
@@ -114,7 +116,7 @@ def test_a_huge_config_file_is_refused(tmp_path: Path) -> None:
         load_config(huge)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=2000))
 def test_cgroup_parser_never_fails_on_hostile_text(text: str) -> None:
     job = job_from_cgroup(text)

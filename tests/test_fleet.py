@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import require
+from helpers import require, slow_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -23,6 +23,7 @@ NODES, GPUS = 5, 2  # kinds in turn: idle, training, stress, mixed, idle (two id
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def results(tmp_path_factory: pytest.TempPathFactory) -> fleet.Results:
     require("prometheus")
     opts = fleet.Options(nodes=NODES, gpus=GPUS, duration=6.0, speed=10.0, scrape_interval=1.0, warmup_scrapes=3,
@@ -30,6 +31,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> fleet.Results:
     return fleet.run(opts)
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_every_node_is_up_and_exposes_a_bounded_number_of_series(results: fleet.Results) -> None:
     addresses = {n.address for n in results.nodes}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_simulated
+from helpers import run_simulated, slow_fixture
 
 TRACE = Path(__file__).parent / "fixtures" / "traces" / "rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv"
 RTX, H100 = "GPU-00000001-5111-4a7e-9c3d-000000000000", "GPU-00000001-5111-4a7e-9c3d-000000000001"
@@ -21,6 +21,7 @@ def gpuwear(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two simulated GPUs (index 0 and 1) running short jobs for about six simulated hours, and one imported
     trace."""
@@ -36,6 +37,7 @@ def _report(state: Path, gpu: str) -> subprocess.CompletedProcess[str]:
     return gpuwear("report", "--state-dir", str(state), "--simulated", "short-jobs", "--json", "--gpu", gpu)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("spec", "uuid"), [("0", RTX), ("1", H100), (H100, H100), (H100.lower(), H100),
                                            ("GPU-trace", "GPU-trace-0001"), ("trace", "GPU-trace-0001")])
 def test_gpu_by_index_uuid_or_its_start(state: Path, spec: str, uuid: str) -> None:
@@ -63,6 +65,7 @@ def test_jobs_and_export_take_the_same_gpu(state: Path) -> None:
     assert exported.returncode == 0 and json.loads(exported.stdout)["uuid"] == RTX
 
 
+@pytest.mark.slow
 def test_jobs_lists_the_newest_and_says_how_many_more(state: Path) -> None:
     """Before: 119 lines for 20 simulated hours, with no limit."""
     full = json.loads(gpuwear("jobs", "--state-dir", str(state), "--simulated", "short-jobs", "--json").stdout)

@@ -234,6 +234,7 @@ def test_a_high_reading_that_lasts_is_still_a_spike_only_when_alone(tmp_path: Pa
     assert result.excluded["GPU-abc"] == {"spike": 1}
 
 
+@pytest.mark.slow
 def test_jobs_and_report_reconcile_after_an_import(tmp_path: Path) -> None:
     """Before: `gpuwear jobs` said "No job or idle period recorded" while `report` showed hours for the GPU."""
     import json
@@ -256,6 +257,7 @@ def test_jobs_and_report_reconcile_after_an_import(tmp_path: Path) -> None:
     assert "(imported: smi.csv)" in text and "100 %" in text
 
 
+@pytest.mark.slow
 def test_the_report_says_what_the_log_held(tmp_path: Path) -> None:
     """Before: "Clocks held down: never" for a log without throttle columns, "this card reports neither ECC
     counters nor memory temperature" about a log that lacked the columns, and "never; the card slows itself
@@ -317,6 +319,7 @@ def test_progress_on_a_terminal(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "200 row(s) imported" in proc.stdout
 
 
+@pytest.mark.slow
 def test_per_day_comparisons_need_six_hours(tmp_path: Path) -> None:
     """A one-hour burst is not extrapolated to a day of wear against the everyday profiles."""
     import json

@@ -20,6 +20,7 @@ from conftest import REPO
 from gpuwear.imports import parse as importer
 from gpuwear.imports.parse import ImportedRow, ImportFormatError, RowProblem, read_telemetry_csv, supported_columns
 from gpuwear.sample import GpuIdentity, GpuSample
+from helpers import examples
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
 A100 = TRACES / "a100_load-pulses_12ms_gpu-power-benchmark.csv"
@@ -81,6 +82,7 @@ def traces() -> dict[Path, list[ImportedRow | RowProblem]]:
     return {path: parse(path) for path, *_ in TRACE_FACTS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("path", "count", "gpu", "name", "temperatures", "energy"), TRACE_FACTS,
                          ids=["a100", "rtx4060laptop", "rtx6000ada"])
 def test_real_trace_parses_cleanly(traces: dict[Path, list[ImportedRow | RowProblem]], path: Path, count: int,
@@ -512,7 +514,7 @@ LINES = st.lists(st.one_of(st.text(max_size=80), st.binary(max_size=80),
                                     max_size=10).map(", ".join)), max_size=20)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=LINES, ending=st.sampled_from([b"\n", b"\r\n"]))
 def test_arbitrary_lines_after_a_valid_header_never_raise(tmp_path: Path, lines: list[str | bytes],
                                                           ending: bytes) -> None:
@@ -528,7 +530,7 @@ def test_arbitrary_lines_after_a_valid_header_never_raise(tmp_path: Path, lines:
             assert result.message and "\n" not in result.message
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(content=st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
                          st.lists(st.sampled_from(["timestamp", "temperature.gpu", "power.draw [W]", "[W]", "x",
                                                    '"', "\r", "\n", ", ", "2023/07/30 17:28:02", "-1"]),
@@ -560,7 +562,7 @@ GPU_ROWS = st.lists(st.fixed_dictionaries({
 }), min_size=1, max_size=8)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=GPU_ROWS, units=st.booleans(), header=st.booleans(), na=st.sampled_from(["[N/A]", "[Not Supported]"]))
 def test_round_trip_of_generated_nvidia_smi_rows(tmp_path: Path, rows: list[dict[str, Any]], units: bool,
                                                  header: bool, na: str) -> None:
@@ -639,7 +641,7 @@ _CELLS = st.one_of(
 )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(cells=st.lists(_CELLS, min_size=1, max_size=8))
 def test_the_fast_cell_path_agrees_with_the_strict_parser(cells: list[str]) -> None:
     """Wherever the regex-free converter of a column answers, it answers what the strict converter answers; and

@@ -18,6 +18,7 @@ from gpuwear.config import WearConfig
 from gpuwear.jobs.resolve import Job, JobWatcher, ProcessResolver, SimulatedJobs, job_from_cgroup
 from gpuwear.wear.models import thermal_aging_hours
 from gpuwear.wear.tracker import WearTracker
+from helpers import slow_fixture
 
 SHORT_JOBS = str(Path(__file__).parent / "scenarios" / "short-jobs.yaml")  # many jobs in little time
 
@@ -77,6 +78,7 @@ time.sleep(120)
 
 
 @pytest.fixture
+@slow_fixture
 def ddp() -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
     """A launcher (like torchrun) in a session of its own with two rank processes."""
     launcher = spawn(LAUNCHER)
@@ -161,6 +163,7 @@ def test_real_ddp_job_across_two_gpus_through_fake_nvml(ddp: tuple[subprocess.Po
     assert sum(r["gpus"][0]["wear"]["observed_seconds"] for r in idle) == pytest.approx(1199 - 900, abs=2)
 
 
+@pytest.mark.slow
 def test_jobs_and_idle_add_up_to_the_gpu_totals() -> None:
     """A simulated multi-hour schedule: every GPU's job and idle lines reconcile with its totals."""
     rig, tracker = run_with_jobs(SHORT_JOBS, 4500)  # type: ignore[arg-type]  # the schedule's loop and a bit
@@ -192,6 +195,7 @@ def test_jobs_and_idle_add_up_to_the_gpu_totals() -> None:
                 assert r["id"] in shown[g["uuid"]], (r["id"], shown)
 
 
+@pytest.mark.slow
 def test_gpuwear_jobs_command(tmp_path: Path) -> None:
     """A simulated day: which job ran the card hottest, shares, and totals that match the report."""
     from gpuwear.config import Config

@@ -41,6 +41,7 @@ from gpuwear.jobs.kubelet import (
 from gpuwear.jobs.resolve import Allocation, Job, JobWatcher, ProcessResolver
 from gpuwear.metrics import DaemonInfo, Published
 from gpuwear.wear.tracker import WearTracker
+from helpers import examples
 
 PROTO = Path(__file__).parent / "fixtures" / "podresources" / "api.proto"
 LOGGER = "gpuwear.jobs.kubelet"
@@ -222,6 +223,7 @@ def test_a_gpu_shared_by_pods_or_used_by_two_pods_names_none() -> None:
     assert with_pod_names([slurm, pod], [Allocation("a", "one", "c")])[0] == slurm
 
 
+@pytest.mark.slow
 def test_kubelet_down_removed_broken_or_slow_falls_back_and_logs_once_then_recovers(
         kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture) -> None:
     kubelet.pods = [("ml", "train-0", [("trainer", [("nvidia.com/gpu", [GPU_A])])])]
@@ -363,7 +365,7 @@ def test_decoder_refuses_broken_answers(data: bytes) -> None:
         decode_list(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=512))
 def test_decoder_never_raises_anything_but_a_proto_error(data: bytes) -> None:
     try:

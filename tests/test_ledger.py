@@ -74,6 +74,7 @@ def test_restart_continues_the_history(tmp_path: Path) -> None:
         assert w.first_seen == old["first_seen"] and w.last_seen is not None and w.last_seen > old["last_seen"]
 
 
+@pytest.mark.slow
 def test_an_unreadable_file_is_kept_beside_a_new_ledger_never_replaced(tmp_path: Path,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "ledger.sqlite"
@@ -88,6 +89,7 @@ def test_an_unreadable_file_is_kept_beside_a_new_ledger_never_replaced(tmp_path:
         Ledger.open_read_only(ledger.recovered)
 
 
+@pytest.mark.slow
 def test_a_truncated_ledger_is_recovered_as_far_as_it_reads(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     ledger = Ledger.open(path)
@@ -128,6 +130,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_kill_9_during_writes_never_corrupts(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     script = WRITER.format(daemon=str(Path(__file__).parent.parent / "daemon"), path=str(path))
@@ -161,6 +164,7 @@ def report_json(state: Path) -> dict[str, object]:
     return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_daemon_killed_at_random_instants_loses_at_most_one_persist_interval(tmp_path: Path) -> None:
     state = tmp_path / "state"
     speed = 600
@@ -203,6 +207,7 @@ def demo_daemon(state_dir: Path) -> Iterator[Daemon]:
         daemon.stop()
 
 
+@pytest.mark.slow
 def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_path: Path) -> None:
     blocker = tmp_path / "state"
     blocker.write_text("a file where the state directory should be")  # mkdir fails, even for root
@@ -222,6 +227,7 @@ def test_an_unwritable_state_directory_keeps_sampling_and_saves_when_it_can(tmp_
     assert doc["gpus"][0]["observed_seconds"] >= observed - 0.001  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_old_state_and_saves_again_later(tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     with demo_daemon(tmp_path) as daemon:

@@ -26,7 +26,7 @@ from gpuwear.config import Config, WearConfig
 from gpuwear.ledger import SCHEMA_VERSION, Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.schema import SchemaError, check_export, check_job, check_wear
-from helpers import fetch, free_port, wait_for
+from helpers import fetch, free_port, slow_fixture, wait_for
 
 UUID = "GPU-0000aaaa-1111-2222-3333-444455556666"
 T0 = 1_750_000_000.0
@@ -209,6 +209,7 @@ BAD_RECORDS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_RECORDS))
 def test_a_bad_record_costs_only_itself_and_the_daemon_serves(case: str, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,6 +301,7 @@ def test_user_names_are_not_recorded_unless_asked() -> None:
 # -- one writer -------------------------------------------------------------------------------------------------
 
 @pytest.fixture
+@slow_fixture
 def running_daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, int]]:
     state = tmp_path / "state"
     port = free_port()
@@ -314,6 +316,7 @@ def running_daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path
             proc.communicate(timeout=20)
 
 
+@pytest.mark.slow
 def test_a_second_daemon_on_one_state_directory_refuses_at_once(
         running_daemon: tuple[subprocess.Popen[str], Path, int]) -> None:
     proc, state, _ = running_daemon
@@ -325,6 +328,7 @@ def test_a_second_daemon_on_one_state_directory_refuses_at_once(
     assert f"locked by another gpuwear (PID {proc.pid})" in second.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_an_import_while_the_daemon_runs_is_refused_and_lost_never(
         running_daemon: tuple[subprocess.Popen[str], Path, int], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -366,6 +370,7 @@ def test_the_lock_names_its_holder_and_goes_with_it(tmp_path: Path) -> None:
 
 # -- recovery that recovers ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root to run the daemon as another user (permissions do not bind root)")
 def test_a_read_only_state_directory_at_start_is_written_once_it_allows(tmp_path: Path) -> None:
@@ -497,6 +502,7 @@ def test_an_unset_clock_holds_accounting_until_it_is_set(tmp_path: Path) -> None
 
 # -- retention --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_old_job_records_are_forgotten_and_lifetime_figures_stay_whole(tmp_path: Path) -> None:
     from gpuwear.config import JobsConfig
     from gpuwear.service import Daemon, open_source
@@ -527,6 +533,7 @@ def test_old_job_records_are_forgotten_and_lifetime_figures_stay_whole(tmp_path:
 
 # -- lean writes -------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_saves_write_what_changed_and_read_back_exactly(tmp_path: Path) -> None:
     """Each save appends each GPU's changes to the wear log; every COMPACT_AFTER saves the records are rewritten
     whole and the log emptied. What a reader reads back is, at every save, exactly what the daemon holds."""
@@ -691,6 +698,7 @@ def test_a_record_that_would_not_read_back_is_never_written(tmp_path: Path) -> N
     again.close()
 
 
+@pytest.mark.slow
 def test_a_clock_ahead_at_start_forgets_no_job_record(tmp_path: Path) -> None:
     from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend

@@ -21,6 +21,7 @@ from gpuwear.collector import GpuwearCollector
 from gpuwear.config import WearConfig
 from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, WEAR_METRICS, DaemonInfo, LedgerStatus, Published
 from gpuwear.wear.tracker import WearTracker
+from helpers import examples
 
 GOLDEN = REPO / "tests" / "golden"
 SCENARIOS = [*builtin_scenarios(), str(REPO / "tests" / "scenarios" / "faults.yaml")]
@@ -195,7 +196,7 @@ def test_encode_writes_what_prometheus_client_writes_for_a_long_life(detail: boo
             b"gpuwear_lifetime_attributed_seconds_total", b"gpuwear_thermal_aging_equivalent_seconds"} <= big
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.floats() | st.integers(-2**60, 2**60).map(float) | st.sampled_from(
     [0.0, -0.0, 1e6, -1e6, 999999.9999999999, 1e16, 1.5e16, 123456789012345.6, 2e9, 1e22, 5e-324]))
 def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> None:
@@ -208,7 +209,7 @@ def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> N
     assert _number(value) == floatToGoString(value)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 1e6, math.nan, math.inf, 2.5]) | st.floats(), max_size=12))
 def test_a_series_line_follows_its_value(values: list[float]) -> None:
     """A family writes a series' line again from its last one only when the value is the same, alike (0.0 and -0.0
@@ -290,7 +291,7 @@ def test_families_that_did_not_change_give_the_same_bytes(demo: Rig) -> None:
         assert sum(after[k] is before[k] for k in before) > len(before) / 2
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 5), st.binary(max_size=3000)), max_size=12), min_size=1,
                 max_size=6), st.sampled_from([1, 100, 16384, 1 << 30]))
 def test_gzip_of_parts_is_gzip_of_their_body(renders: list[list[tuple[int, bytes]]], run_bytes: int) -> None:

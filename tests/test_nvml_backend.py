@@ -211,6 +211,7 @@ def test_all_fields_are_sample_fields() -> None:
     assert names - set(ALL_FIELDS) == {"timestamp", "monotonic"}
 
 
+@pytest.mark.slow
 def test_a_hung_gpu_is_stalled_past_the_deadline_and_the_others_keep_reporting(
         caplog: pytest.LogCaptureFixture) -> None:
     rig = make_rig(scenario({"at": 2.5, "gpu": 0, "kind": "hang", "seconds": 1.5}))
@@ -233,6 +234,7 @@ def test_a_hung_gpu_is_stalled_past_the_deadline_and_the_others_keep_reporting(
     rig.sampler.close()
 
 
+@pytest.mark.slow
 def test_a_hung_gpu_between_others_costs_one_reader_thread_until_its_call_returns() -> None:
     """The GPUs are read one after the other on one reader thread: a hang in the middle hands the GPUs after it
     to a new reader (on time), and the stuck thread leaves once its call returns."""
@@ -344,6 +346,7 @@ def test_nvml_absent_at_start_and_indices_reshuffled_between_restarts() -> None:
     assert swapped.sampler.snapshot.gpus[0].identity.name == "NVIDIA H100 80GB HBM3"
 
 
+@pytest.mark.slow
 def test_start_waits_for_the_driver_when_configured(caplog: pytest.LogCaptureFixture) -> None:
     from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.simulated import parse_scenario

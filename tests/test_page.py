@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from selenium import webdriver
 
-from helpers import fetch, free_port, require, run_simulated, started, wait_for
+from helpers import fetch, free_port, require, run_simulated, slow_fixture, started, wait_for
 
 OUT = Path(__file__).parent / "out" / "page"
 WIDTHS = {"desktop": (1280, 900), "phone": (390, 844)}
@@ -24,6 +24,7 @@ def gpuwear(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About six simulated hours of the demo (a GeForce and an H100), saved."""
     folder = tmp_path_factory.mktemp("state")
@@ -32,6 +33,7 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def browser() -> Iterator[Any]:
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -89,6 +91,7 @@ def _same_figures(figures: dict[str, dict[str, str]], doc: dict[str, Any]) -> No
         assert float(f["cycle_fatigue_central"]) == g["cycle_fatigue_equivalent_cycles"]["central"]
 
 
+@pytest.mark.slow
 def test_the_report_page_in_a_browser(state: Path, browser: Any) -> None:
     page = state / "report.html"
     r = gpuwear("report", "--simulated", "--state-dir", str(state), "--html", str(page))
@@ -106,6 +109,7 @@ def test_the_report_page_in_a_browser(state: Path, browser: Any) -> None:
     assert text.count("Not known:") == 1
 
 
+@pytest.mark.slow
 def test_the_daemon_serves_it_at_the_root(state: Path, browser: Any, tmp_path: Path) -> None:
     """`/` on a running daemon (x1: no save for a minute, so the page and `report --json` read the same ledger),
     behind the same door as /metrics."""

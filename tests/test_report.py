@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import REPO
 from gpuwear.config import Config, MetricsConfig
 from gpuwear.service import Daemon, open_source
-from helpers import free_port
+from helpers import free_port, slow_fixture
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
 RTX4060 = TRACES / "rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv"
@@ -35,6 +35,7 @@ def report(state: Path, *extra: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def simulated_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[tuple[str, ...], float]]]:
     """The daemon on the demo scenario at --speed 600 for 15 s of wall time (2.5 simulated
     hours), stopped; returns the state folder and the last /metrics it served (with metrics.detail: every band)."""
@@ -58,6 +59,7 @@ def metric(metrics: dict[str, dict[tuple[str, ...], float]], name: str, **labels
     raise AssertionError(f"{name}{labels} not exported")
 
 
+@pytest.mark.slow
 def test_report_json_contract_and_the_same_numbers_as_metrics(
         simulated_day: tuple[Path, dict[str, dict[tuple[str, ...], float]]]) -> None:
     state, metrics = simulated_day
@@ -137,6 +139,7 @@ def test_report_errors(tmp_path: Path,
     assert unknown.returncode == 2 and "no such GPU" in unknown.stderr
 
 
+@pytest.mark.slow
 def test_import_real_traces_once(tmp_path: Path) -> None:
     files = sorted(TRACES.glob("*.csv"))
 

@@ -235,6 +235,7 @@ def test_promtool_check_rules_passes_without_warnings() -> None:
     assert "warn" not in output.lower(), output
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     assert RULE_TESTS, "no promtool rule tests in deploy/prometheus/tests/"
     run = subprocess.run([require("promtool"), "test", "rules", *map(str, RULE_TESTS)], capture_output=True,
@@ -370,6 +371,7 @@ def _assert_rules_healthy(rig: Stack) -> None:
     assert not broken, f"rules failing to evaluate: {broken}"
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_overheat_scenario_fires_the_expected_alerts(tmp_path: Path) -> None:
     rules = rules_without_holds(tmp_path / "rules.yml")
@@ -401,6 +403,7 @@ def test_overheat_scenario_fires_the_expected_alerts(tmp_path: Path) -> None:
         assert seen[("GpuwearHealthAct", "1")]["annotations"]["description"].count("row_remap_failure") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_cool_scenario_stays_silent(tmp_path: Path) -> None:
     rules = rules_without_holds(tmp_path / "rules.yml")

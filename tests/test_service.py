@@ -15,10 +15,11 @@ import pytest
 
 from gpuwear.config import Config
 from gpuwear.service import Daemon, open_source
-from helpers import fetch, free_port, poll_until, real_nvml_present, wait_for
+from helpers import fetch, free_port, poll_until, real_nvml_present, slow_fixture, wait_for
 
 
 @pytest.fixture
+@slow_fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
     d = Daemon(config, open_source(config, "demo", 1.0, False))
@@ -36,6 +37,7 @@ def test_endpoints(daemon: Daemon) -> None:
     assert fetch(base + "/nope")[0] == 404
 
 
+@pytest.mark.slow
 def test_scrape_is_served_from_the_snapshot_while_nvml_hangs(daemon: Daemon) -> None:
     assert daemon.source.simulation is not None
     daemon.source.simulation.gpus[0].state.hang_seconds = 1.5
@@ -50,6 +52,7 @@ def test_scrape_is_served_from_the_snapshot_while_nvml_hangs(daemon: Daemon) -> 
     assert elapsed < 0.5, f"scrape waited {elapsed:.2f}s on a hung NVML call"
 
 
+@pytest.mark.slow
 def test_an_idle_http_server_does_not_wake_up(daemon: Daemon) -> None:
     """The listener blocks until a connection (or stop) arrives: no periodic poll costing CPU."""
     http = next(t for t in threading.enumerate() if t.name == "http")
@@ -69,6 +72,7 @@ def run_daemon(*args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.DEVNULL, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_the_daemon_within_two_seconds(sig: signal.Signals) -> None:
     port = free_port()
@@ -86,6 +90,7 @@ def test_signal_stops_the_daemon_within_two_seconds(sig: signal.Signals) -> None
     assert "SIMULATED GPUs" in log and "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_speed_runs_simulated_time_faster() -> None:
     port = free_port()
     proc = run_daemon("--simulate", "--speed", "100", "--listen", f"127.0.0.1:{port}")
@@ -125,6 +130,7 @@ def test_without_a_driver_run_fails_with_one_clear_line() -> None:
     assert "install the NVIDIA driver" in lines[0] and "--simulate" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(real_nvml_present(), reason="this machine has an NVIDIA driver; the fallback is not used")
 def test_without_a_driver_the_fallback_simulates_and_says_so() -> None:
     port = free_port()
@@ -140,6 +146,7 @@ def test_without_a_driver_the_fallback_simulates_and_says_so() -> None:
     assert "no usable NVIDIA driver here" in log and "SIMULATED GPUs" in log
 
 
+@pytest.mark.slow
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     port = free_port()
     first = run_daemon("--simulate", "--listen", f"127.0.0.1:{port}")
@@ -156,6 +163,7 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         first.wait(timeout=5)
 
 
+@pytest.mark.slow
 def test_systemd_notify_readiness_watchdog_reload_and_stop(tmp_path: Path) -> None:
     """A real datagram socket stands in for systemd's NOTIFY_SOCKET."""
     import os
@@ -216,6 +224,7 @@ def test_healthz_reports_a_stuck_sampling_loop(daemon: Daemon) -> None:
     assert status == 503 and body.startswith("no sampling tick finished for")
 
 
+@pytest.mark.slow
 def test_sampling_loop_ticks_at_the_configured_rate_and_follows_a_reload(tmp_path: Path) -> None:
     """The sampling thread ticks every interval (not faster, no burst after a slow tick) and picks up a reloaded
     interval at the next tick."""
@@ -245,6 +254,7 @@ def test_sampling_loop_ticks_at_the_configured_rate_and_follows_a_reload(tmp_pat
         d.stop()
 
 
+@pytest.mark.slow
 def test_a_reloaded_persist_interval_applies_at_once(tmp_path: Path) -> None:
     """A save every hour, reloaded to every second: the next save comes within seconds, not after the hour."""
     file = tmp_path / "config.yaml"
@@ -302,6 +312,7 @@ def test_malloc_arenas_are_capped() -> None:
     assert heaps("default") > 2  # the check can tell: without the cap the same threads get arenas of their own
 
 
+@pytest.mark.slow
 def test_start_settles_the_cyclic_collector() -> None:
     """Daemon.start freezes what start-up made out of the collector's view and collects the youngest generation
     every 10,000 net allocations instead of 700 (bench/README.md: 1.5 collections inside each 64-GPU scrape, none

@@ -156,6 +156,7 @@ def test_values_of_the_wrong_type_are_scenario_errors(doc: dict[Any, Any], probl
         parse_scenario(doc, "t", 0)
 
 
+@pytest.mark.slow
 def test_the_demo_wears_like_the_training_profile_per_day() -> None:
     """A simulated day of the demo lands within the "24/7 datacenter training" profile's assumptions
     (docs/wear-model.md §7: 0-6 job boundaries of 35 -> 75 °C and 0-48 checkpoint dips of 55 -> 75 °C a day), and

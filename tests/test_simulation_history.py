@@ -10,6 +10,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from gpuwear.ledger import Ledger
 from helpers import run_simulated
 
@@ -23,6 +25,7 @@ def last_seen(path: Path) -> dict[str, tuple[float, float]]:
         return {u: (w.first_seen or 0.0, w.last_seen or 0.0) for u, w in ledger.load(2.0).items()}
 
 
+@pytest.mark.slow
 def test_each_scenario_keeps_its_own_history_and_its_time_goes_on(tmp_path: Path) -> None:
     """Before: every scenario and speed shared one ledger; after a run at x3600, simulated time was hours ahead
     and the next run went back into it."""
@@ -41,6 +44,7 @@ def test_each_scenario_keeps_its_own_history_and_its_time_goes_on(tmp_path: Path
     assert report["simulated"] and all(g["busy_seconds"] == 0 for g in report["gpus"])
 
 
+@pytest.mark.slow
 def test_a_stopped_simulation_leaves_no_job_running(tmp_path: Path) -> None:
     """Before: `jobs` listed the job of a stopped simulated run as "(running)"."""
     run_simulated(tmp_path, "demo", 600.0, 3.0)  # 30 simulated minutes: resnet50-ddp runs when it stops
@@ -50,6 +54,7 @@ def test_a_stopped_simulation_leaves_no_job_running(tmp_path: Path) -> None:
     assert "(running)" not in gpuwear("jobs", "--state-dir", str(tmp_path), "--simulated").stdout
 
 
+@pytest.mark.slow
 def test_a_simulated_card_never_passes_for_a_real_one(tmp_path: Path) -> None:
     """Before: `export --simulated` then `import ledger` put a simulated card into the real ledger, unmarked."""
     run_simulated(tmp_path, "demo", 600.0, 2.0)
@@ -72,6 +77,7 @@ def test_a_simulated_card_never_passes_for_a_real_one(tmp_path: Path) -> None:
     assert "simulated" not in real_export  # (a real ledger's exports carry no mark)
 
 
+@pytest.mark.slow
 def test_forget_removes_one_gpu_and_nothing_else(tmp_path: Path) -> None:
     """`gpuwear forget GPU`: its record, imports, events and job shares go; the other GPU's figures stay exactly;
     without a terminal it needs --yes. Before: no way to forget a GPU."""

@@ -23,6 +23,7 @@ from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, resistance_trend, thermal_aging_hours, verdict
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
 from gpuwear.wear.tracker import WearTracker, WearView
+from helpers import examples
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
 RTX4060 = TRACES / "rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv"
@@ -58,13 +59,13 @@ series_strategy = st.lists(st.one_of(st.integers(20, 100).map(float), st.floats(
                            min_size=3, max_size=300)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(series_strategy)
 def test_rainflow_equals_the_rainflow_package(series: list[float]) -> None:
     assert streamed(series) == oracle(series)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(series_strategy, st.data())
 def test_a_cycle_spanning_a_restart_is_counted_once(series: list[float], data: st.DataObject) -> None:
     split = data.draw(st.integers(0, len(series) - 1))
@@ -347,6 +348,7 @@ def test_a_real_jump_is_held_one_tick_then_believed() -> None:
     assert jumped.observed_seconds == clean.observed_seconds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("detail", [True, False], ids=["detail", "default"])
 def test_views_from_kept_sums_equal_views_computed_afresh(detail: bool) -> None:
     """The views a scrape reads keep each histogram's weighted sums from view to view, taking what the bins gained;

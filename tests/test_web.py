@@ -25,7 +25,7 @@ from gpuwear.config import Config
 from gpuwear.service import Daemon, open_source
 from gpuwear.web import Limits, TokenBucket
 from gpuwear.webconfig import WebConfigError, load_web_config
-from helpers import free_port
+from helpers import free_port, slow_fixture
 
 PASSWORD = "s3cret"
 
@@ -76,6 +76,7 @@ def _daemon(tmp_path: Path, web: str | None, limits: Limits | None = None) -> Da
 
 
 @pytest.fixture
+@slow_fixture
 def plain(tmp_path: Path) -> Iterator[Daemon]:
     d = _daemon(tmp_path, None, Limits(request_seconds=1.5, idle_seconds=1.0, max_connections=16))
     yield d
@@ -158,6 +159,7 @@ def test_gzip_when_asked_and_only_then(plain: Daemon) -> None:
     assert "content-encoding" not in headers
 
 
+@pytest.mark.slow
 def test_keep_alive_serves_several_requests_on_one_connection(plain: Daemon) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", plain.port, timeout=5)
     try:
@@ -188,6 +190,7 @@ def test_requests_that_break_the_limits_get_a_status_then_a_close(plain: Daemon,
     assert request(plain.port)[0] == 200  # and the daemon goes on
 
 
+@pytest.mark.slow
 def test_a_trickling_request_is_cut_at_its_deadline(plain: Daemon) -> None:
     """A client sending a header line every 0.4 s never finishes; the whole request has 1.5 s here (10 s by
     default), not 1.5 s per read."""
@@ -234,6 +237,7 @@ def test_silent_clients_are_evicted_for_a_real_one(plain: Daemon) -> None:
             s.close()
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_early_is_one_debug_line(plain: Daemon, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="gpuwear.web")
     for _ in range(5):
@@ -246,6 +250,7 @@ def test_a_client_that_leaves_early_is_one_debug_line(plain: Daemon, caplog: pyt
     assert not noisy, [r.getMessage() for r in noisy]
 
 
+@pytest.mark.slow
 def test_listen_on_every_interface(tmp_path: Path) -> None:
     port = free_port()
     config = Config(listen=f":{port}", state_dir=str(tmp_path))
@@ -261,6 +266,7 @@ def test_listen_on_every_interface(tmp_path: Path) -> None:
 
 
 @pytest.fixture
+@slow_fixture
 def authed(tmp_path: Path, pki: Pki) -> Iterator[Daemon]:
     d = _daemon(tmp_path, f"basic_auth_users:\n  prometheus: '{pki.hashed}'\n  other: '{pki.hashed}'\n",
                 Limits(bcrypt_per_second=50, bcrypt_burst=50))
@@ -268,6 +274,7 @@ def authed(tmp_path: Path, pki: Pki) -> Iterator[Daemon]:
     d.stop()
 
 
+@pytest.mark.slow
 def test_basic_auth_answers(authed: Daemon) -> None:
     port = authed.port
     assert request(port)[0] == 401
@@ -296,6 +303,7 @@ def test_passwords_over_72_bytes_are_refused_not_truncated(tmp_path: Path) -> No
         d.stop()
 
 
+@pytest.mark.slow
 def test_unknown_users_take_as_long_as_wrong_passwords(authed: Daemon) -> None:
     """Before: an unknown user was answered in ~8 ms, a wrong password in ~190 ms."""
 
@@ -314,6 +322,7 @@ def test_unknown_users_take_as_long_as_wrong_passwords(authed: Daemon) -> None:
         f"unknown {unknown * 1e3:.1f} ms, wrong {wrong * 1e3:.1f} ms"
 
 
+@pytest.mark.slow
 def test_brute_force_is_bounded_and_cannot_starve_scrapes(tmp_path: Path, pki: Pki) -> None:
     d = _daemon(tmp_path, f"basic_auth_users:\n  prometheus: '{pki.hashed}'\n")  # default limits: 5 checks/s
     try:
@@ -361,6 +370,7 @@ def test_token_bucket() -> None:
 
 
 @pytest.fixture
+@slow_fixture
 def tls_daemon(tmp_path: Path, pki: Pki, request: pytest.FixtureRequest) -> Iterator[Daemon]:
     shutil.copy(pki["ca.crt"], tmp_path / "ca.crt")  # for client_ca_file, relative to the web config file
     d = _daemon(tmp_path, tls_web(pki, getattr(request, "param", "")), Limits(request_seconds=2.0))
@@ -368,6 +378,7 @@ def tls_daemon(tmp_path: Path, pki: Pki, request: pytest.FixtureRequest) -> Iter
     d.stop()
 
 
+@pytest.mark.slow
 def test_tls_basic_auth_and_curl(tls_daemon: Daemon, pki: Pki) -> None:
     context = client_context(pki)
     assert request(tls_daemon.port, context=context)[0] == 401
@@ -381,6 +392,7 @@ def test_tls_basic_auth_and_curl(tls_daemon: Daemon, pki: Pki) -> None:
     assert out.returncode == 0 and "gpuwear_power_watts" in out.stdout
 
 
+@pytest.mark.slow
 def test_silent_tls_clients_do_not_block_the_listener(tls_daemon: Daemon, pki: Pki) -> None:
     """Before: a few dozen connections that sent nothing stopped HTTPS for everyone, /healthz included."""
     silent = [socket.create_connection(("127.0.0.1", tls_daemon.port)) for _ in range(80)]
@@ -436,6 +448,7 @@ def test_mutual_tls(tls_daemon: Daemon, pki: Pki) -> None:
 
 
 @pytest.fixture
+@slow_fixture
 def sans_daemon(tmp_path: Path, pki: Pki) -> Iterator[Daemon]:
     d = _daemon(tmp_path, tls_web(pki, f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: "
                                        f"{pki['ca.crt']}\n  client_allowed_sans: [prometheus.example]\n"))
@@ -481,6 +494,7 @@ def test_inline_certificate_and_key(tmp_path: Path, pki: Pki) -> None:
         d.stop()
 
 
+@pytest.mark.slow
 def test_rotated_certificates_are_picked_up(tmp_path: Path, pki: Pki) -> None:
     shutil.copy(pki["server.crt"], tmp_path / "tls.crt")
     shutil.copy(pki["server.key"], tmp_path / "tls.key")
