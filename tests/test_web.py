@@ -21,6 +21,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from conftest import Rig
 from gpuwear.config import Config
 from gpuwear.service import Daemon, open_source
 from gpuwear.web import Limits, TokenBucket
@@ -631,3 +632,51 @@ def test_answers_are_not_held_back_by_nagle(tls_daemon: Daemon, pki: Pki) -> Non
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         conn.close()
+
+
+# --- the page beside /metrics ---------------------------------------------------------------------------------
+
+def test_a_scrape_never_waits_for_the_page(demo: Rig) -> None:
+    """The page at / reads the ledger (9-13 s on a 3-year ledger) and shared /metrics' one render thread: a scrape
+    issued while the page rendered waited for it (11.1 s, past Prometheus' 10 s scrape timeout). Here the page is
+    held rendering until the scrape has answered."""
+    from gpuwear.collector import Exposition
+    from gpuwear.config import WearConfig
+    from gpuwear.metrics import DaemonInfo, Published
+    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.web import FrontDoor
+    from gpuwear.webconfig import WebConfig
+
+    tracker = WearTracker({}, WearConfig())
+    demo.run(2)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    published = Published(demo.sampler.snapshot, tracker.views, None,
+                          DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo"))
+    rendering, released = threading.Event(), threading.Event()
+
+    def page() -> bytes:
+        rendering.set()
+        released.wait(120)
+        return b"<!doctype html><title>gpuwear</title>the page"
+
+    door = FrontDoor(("127.0.0.1", 0), Exposition(lambda: published, process=False), WebConfig(),
+                     lambda: None, lambda: None, page=page)
+    door.start()
+    pages: list[tuple[int, bytes]] = []
+
+    def read_page() -> None:
+        status, _, body = request(door.port, "/", timeout=150)
+        pages.append((status, body))
+
+    reader = threading.Thread(target=read_page)
+    try:
+        reader.start()
+        assert rendering.wait(60), "the page was never asked for"
+        status, _, body = request(door.port, "/metrics", timeout=30)
+        assert status == 200 and b"gpuwear_gpu_up" in body
+        assert not released.is_set() and reader.is_alive()  # answered while the page was still rendering
+    finally:
+        released.set()
+        reader.join(timeout=150)
+        door.close()
+    assert pages and pages[0][0] == 200 and pages[0][1].endswith(b"the page")

@@ -368,7 +368,7 @@ class FrontDoor:
                  health: Callable[[], str | None], alive: Callable[[], str | None],
                  limits: Limits | None = None, page: Callable[[], bytes] | None = None) -> None:
         self.exposition = exposition
-        self.page = page  # the HTML of / (rendered on the render thread), else a link to /metrics
+        self.page = page  # the HTML of / (rendered on a thread of its own), else a link to /metrics
         self.limits = limits = limits or Limits()
         self.health = health  # None when healthy, else what is wrong
         self.alive = alive  # the same for the sampling loop alone (a restart can cure it)
@@ -385,6 +385,8 @@ class FrontDoor:
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(self._loop_exception)
         self._render = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-render")
+        # the page reads the ledger (seconds on a ledger years old): never on the thread /metrics waits for
+        self._page = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-page")
         self._bcrypt = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-bcrypt")
         self._bcrypt_bucket = TokenBucket(limits.bcrypt_per_second, limits.bcrypt_burst)
         self._bcrypt_waiting = 0
@@ -422,6 +424,7 @@ class FrontDoor:
         else:  # never started: the loop did not take the socket
             self._socket.close()
         self._render.shutdown(wait=False, cancel_futures=True)
+        self._page.shutdown(wait=False, cancel_futures=True)
         self._bcrypt.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
@@ -616,7 +619,7 @@ class FrontDoor:
         if request.path == "/":
             page = _LANDING
             if self.page is not None:
-                page = await asyncio.get_running_loop().run_in_executor(self._render, self.page)
+                page = await asyncio.get_running_loop().run_in_executor(self._page, self.page)
             return 200, [("Content-Type", "text/html; charset=utf-8")], page
         _, content_type = choose_encoder(request.headers.get("accept", ""))
         gzipped = _accepts_gzip(request.headers.get("accept-encoding", ""))
