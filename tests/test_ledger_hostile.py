@@ -179,8 +179,9 @@ def _corrupt(path: Path, sql: str, *args: Any) -> None:
 
 
 # what each damage costs: "value" (one value of the GPU's record, its other figures kept), "record" (that record
-# alone: a GPU's whole record only where it cannot be read as one), "file" (SQLite cannot read the file as a ledger:
-# recovered into a new one, the damaged file kept beside it)
+# alone: a GPU's whole record only where it cannot be read as one), "table" (a table gone: made again, empty, the
+# rest kept), "refused" (not damage SQLite reports, such as a schema version that is not one: the daemon refuses to
+# start in one line and the file is kept byte for byte; recovering it rewrote the user's file)
 BAD_RECORDS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
     "NaN in a counter": ("value", "UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "energy_joules": math.nan}),)),
     "a string for seconds": ("value", "UPDATE gpus SET wear = ?", (json.dumps({**wear_doc(), "gap_seconds": "x"}),)),
@@ -191,7 +192,7 @@ BAD_RECORDS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
     "a flipped byte": ("record", "UPDATE gpus SET wear = replace(wear, '\"observed_seconds\":3600', "
                                  "'\"observed_seconds\":3\x600')", ()),
     "a number where text was": ("record", "UPDATE gpus SET wear = 12", ()),
-    "a dropped table": ("file", "DROP TABLE jobs", ()),
+    "a dropped table": ("table", "DROP TABLE jobs", ()),
     "a bad job record": ("record", "INSERT INTO jobs (record, kind, start, end, data) VALUES ('x@1', 'slurm', 1, NULL, "
                                    "'{\"record\": 5}')", ()),
     "a bad event": ("record", "INSERT INTO events (uuid, wall, kind, detail) VALUES ('u', 1e300, 'gap', '{}')", ()),
@@ -202,8 +203,9 @@ BAD_RECORDS: dict[str, tuple[str, str, tuple[Any, ...]]] = {
                                           (zlib.compress(b"{" + b" " * (17 << 20) + b"}", 9),)),
     "a logged change of no GPU": ("record", "INSERT INTO wear_log (deltas) VALUES (?)",
                                   (zlib.compress(json.dumps({"GPU-x": {"gaps": 1}}).encode()),)),
-    "a schema version that is not one": ("file", "UPDATE meta SET value = 'abc' WHERE key = 'schema_version'", ()),
-    "schema version 0": ("file", "UPDATE meta SET value = '0' WHERE key = 'schema_version'", ()),
+    "a schema version that is not one": ("refused", "UPDATE meta SET value = 'abc' WHERE key = 'schema_version'",
+                                         ()),
+    "schema version 0": ("refused", "UPDATE meta SET value = '0' WHERE key = 'schema_version'", ()),
     "NaN through the log": ("value", "INSERT INTO wear_log (deltas) VALUES (?)",
                             (zlib.compress(json.dumps({UUID: {"energy_joules": math.nan}}).encode()),)),
 }
@@ -223,12 +225,20 @@ def test_a_bad_record_costs_only_itself_and_the_daemon_serves(case: str, tmp_pat
     assert code in (0, 1) and "Traceback" not in err
     assert code == 0 or (err.startswith("gpuwear: ") and len(err.strip().splitlines()) == 1), err
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--speed", "60", "--listen",
-                             f"127.0.0.1:{port}", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True)
+    run = [sys.executable, "-m", "gpuwear", "run", "--simulate", "--speed", "60", "--listen", f"127.0.0.1:{port}",
+           "--state-dir", str(state)]
+    if cost == "refused":
+        before = path.read_bytes()
+        refused = subprocess.run(run, capture_output=True, text=True, timeout=120, check=False)
+        assert refused.returncode == 1 and "not a schema version" in refused.stderr.splitlines()[-1], refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert path.read_bytes() == before and not list(path.parent.glob("ledger.sqlite.*"))
+        return
+    proc = subprocess.Popen(run, stderr=subprocess.PIPE, text=True)
     try:
-        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 1.0", 30)
-        assert f"gpuwear_ledger_moved_aside {1.0 if cost == 'file' else 0.0}" in body
-        assert ("gpuwear_ledger_set_aside_records 0.0" in body) == (cost == "file")
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_ledger_persist_success 1.0", 120)
+        assert "gpuwear_ledger_moved_aside 0.0" in body
+        assert ("gpuwear_ledger_set_aside_records 0.0" in body) == (cost == "table")
         assert "NaN" not in body and "+Inf" not in body.replace('le="+Inf"', "")
         status, _ = fetch(f"http://127.0.0.1:{port}/healthz")
         assert status == 200
@@ -236,9 +246,10 @@ def test_a_bad_record_costs_only_itself_and_the_daemon_serves(case: str, tmp_pat
         proc.send_signal(signal.SIGTERM)
         _, log = proc.communicate(timeout=20)
     assert proc.returncode == 0, log[-2000:]
-    assert ("recovered what SQLite could still read" in log) == (cost == "file"), log[-2000:]
-    assert ("set aside" in log) == (cost != "file"), log[-2000:]
-    assert bool(list(path.parent.glob("ledger.sqlite.damaged-*"))) == (cost == "file")
+    assert "recovered what SQLite could still read" not in log, log[-2000:]
+    assert ("set aside" in log) == (cost != "table"), log[-2000:]
+    assert ("had no jobs table: created empty" in log) == (cost == "table"), log[-2000:]
+    assert not list(path.parent.glob("ledger.sqlite.damaged-*"))
     assert main(["report", "--simulated", "--state-dir", str(state)]) == 0
     ledger = Ledger.open_read_only(path)
     try:
@@ -250,7 +261,7 @@ def test_a_bad_record_costs_only_itself_and_the_daemon_serves(case: str, tmp_pat
     assert (old is None) == whole_gpu  # the GPU's history is kept unless its record cannot be read at all
     if old is not None and case != "a string for seconds":
         assert old.observed_seconds == 3600 and old.temperature_seconds["gpu"]["60"] == 1800
-    assert kept == (0 if cost == "file" else 1)  # what was taken out is kept, not lost
+    assert kept == (0 if cost == "table" else 1)  # what was taken out is kept, not lost
 
 
 def test_a_ledger_of_a_newer_gpuwear_is_refused_and_kept(tmp_path: Path) -> None:
@@ -649,7 +660,13 @@ def test_doctor_points_at_a_recovered_ledger_and_records_set_aside(tmp_path: Pat
 
     path = ledger_with_history(tmp_path / "state")
     _corrupt(path, "UPDATE gpus SET wear = 12")
-    _corrupt(path, "DROP TABLE events")
+    _corrupt(path, "PRAGMA wal_checkpoint(TRUNCATE)")
+    with sqlite3.connect(path) as db:
+        (root,) = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'events'").fetchone()
+        (size,) = db.execute("PRAGMA page_size").fetchone()
+    with path.open("r+b") as file:  # the events table's page overwritten: damage SQLite reports
+        file.seek((root - 1) * size)
+        file.write(b"\xa5" * size)
     Ledger.open(path).close()  # what the daemon does at its start
     doctor = Doctor(Config(state_dir=str(tmp_path / "state")),
                     NvmlBackend(FakeNvmlLibrary(load_scenario("demo"), ManualClock())), path, dev=tmp_path)

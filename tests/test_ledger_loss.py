@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import zlib
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -115,11 +116,11 @@ def _busy_ledger(folder: Path) -> Path:
     return path
 
 
-def _flip(path: Path, seed: int, count: int) -> None:
+def _flip(path: Path, seed: int, count: int, start: int = 1024) -> None:
     data = bytearray(path.read_bytes())
     rnd = random.Random(seed)
     for _ in range(count):
-        i = rnd.randrange(1024, len(data))  # past the first page: SQLite's header and the schema
+        i = rnd.randrange(start, len(data))  # past the first page (SQLite's header and the schema) by default
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
 
@@ -161,6 +162,89 @@ def test_flipped_bytes_are_recovered_and_every_command_answers_in_one_line(
         ledger.close()
     for table in ("gpus", "events"):  # every row SQLite can still read is there, or set aside for failing its check
         assert rows[table] + aside.get(table, 0) >= _readable(kept[0], table), table
+
+
+# -- what is recovered, and what is refused and kept as it is ----------------------------------------------------
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != "gpuwear.pid"}
+
+
+def test_a_ledger_of_the_first_schema_5_is_brought_up_to_date_not_recovered(tmp_path: Path) -> None:
+    """d941c07 wrote schema 5 without the crc columns that e121de2 added under the same number: its ledgers failed
+    "no such column: crc" at open and were recovered, the original renamed."""
+    path = _busy_ledger(tmp_path)
+    ledger = Ledger.open(path)
+    ledger.save([], [], jobs=[_job(time.time() - 600)])
+    ledger.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:  # the tables as d941c07 made them
+        db.executescript("""
+            BEGIN;
+            CREATE TABLE events5 (id INTEGER PRIMARY KEY, uuid TEXT NOT NULL, wall REAL NOT NULL, kind TEXT NOT NULL,
+                                  detail TEXT NOT NULL);
+            INSERT INTO events5 SELECT id, uuid, wall, kind, detail FROM events;
+            CREATE TABLE jobs5 (record TEXT PRIMARY KEY, kind TEXT NOT NULL, start REAL NOT NULL, end REAL,
+                                data TEXT NOT NULL);
+            INSERT INTO jobs5 SELECT record, kind, start, end, data FROM jobs;
+            DROP TABLE events; DROP TABLE jobs;
+            ALTER TABLE events5 RENAME TO events; ALTER TABLE jobs5 RENAME TO jobs;
+            CREATE INDEX events_by_gpu ON events (uuid, wall); CREATE INDEX jobs_by_start ON jobs (start);
+            UPDATE meta SET value = '5' WHERE key = 'schema_version';
+            COMMIT;""")
+    opened = Ledger.open(path)
+    try:
+        assert opened.recovered is None and opened.set_aside == 0
+        assert opened.rows()["events"] == 8 * 200 and opened.rows()["jobs"] == 1 and len(opened.load(2.0)) == 8
+        assert opened.meta("schema_version") == "6"
+    finally:
+        opened.close()
+    assert not list(tmp_path.glob("*.damaged-*"))
+    with sqlite3.connect(path) as db:  # validated once, then stamped
+        assert db.execute("SELECT count(*) FROM events WHERE crc IS NULL").fetchone()[0] == 0
+    Ledger.open(path).close()  # and the migration's second run changes nothing
+
+
+@pytest.mark.parametrize("version", ["five", "0", "5x", "-1", "\x1b[2J"])
+def test_an_unreadable_schema_version_is_refused_and_the_file_never_touched(
+        version: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuwear.ledger import LedgerRefusedError
+
+    path = ledger_with_history(tmp_path / "state")
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = _files(path.parent)
+    with pytest.raises(LedgerRefusedError, match="not a schema version"):
+        Ledger.open(path)
+    assert main(["report", "--state-dir", str(tmp_path / "state")]) == 1
+    err = _one_line(capsys)
+    assert "not a schema version" in err and "\x1b" not in err
+    after = _files(path.parent)
+    assert after.get("ledger.sqlite") == before["ledger.sqlite"]
+    assert not [name for name in after if "damaged" in name or "recover" in name]
+
+
+def test_a_damaged_ledger_of_a_newer_gpuwear_is_refused_never_rewritten(tmp_path: Path) -> None:
+    from gpuwear.ledger import LedgerTooNewError
+
+    path = _busy_ledger(tmp_path)
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    _flip(path, 5, 30, path.stat().st_size // 4)  # the rows, past the meta table
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:  # damaged indeed
+        db.text_factory = bytes
+        try:
+            whole = db.execute("PRAGMA quick_check").fetchone()[0] == b"ok"
+        except (sqlite3.DatabaseError, UnicodeDecodeError):  # SQLite's message can hold the page's bytes
+            whole = False
+        assert not whole
+    before = _files(path.parent)
+    with pytest.raises(LedgerTooNewError, match="upgrade gpuwear"):
+        Ledger.open(path)
+    after = _files(path.parent)
+    assert after.get("ledger.sqlite") == before["ledger.sqlite"]
+    assert not [name for name in after if "damaged" in name or "recover" in name]
 
 
 def _readable(path: Path, table: str) -> int:

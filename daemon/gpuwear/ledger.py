@@ -24,7 +24,7 @@ import sqlite3
 import stat
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 # 2: the wear log (saves write what changed); 3: records may hold "seen" (which kinds of reading a history held),
 # which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead;
-# 5: the set_aside table
-SCHEMA_VERSION = 5
+# 5: the set_aside table, checksums (crc) on events and jobs; 6: the checksums in every ledger called 5 (the first
+# schema 5 had none: a number names one schema, so the files called 5 are brought to 6 by what they hold)
+SCHEMA_VERSION = 6
 EXPORT_VERSION = 1  # the `gpuwear export` document
 PAGE_SIZE = 1024
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
@@ -113,12 +114,27 @@ CREATE TABLE IF NOT EXISTS set_aside ( -- records (or values of a GPU's record) 
 """
 _SET_ASIDE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS set_aside"):]
 
-# Schema migrations: from version N to N + 1.
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: ("CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL);",),
-    2: ("SELECT 1",),  # nothing to change: records without "seen" are read as before
-    3: ("SELECT 1",),  # nothing to change: records without "index" are read as before
-    4: ("ALTER TABLE events ADD COLUMN crc INTEGER", "ALTER TABLE jobs ADD COLUMN crc INTEGER", _SET_ASIDE),
+
+
+def _add_column(db: sqlite3.Connection, table: str, column: str, declared: str) -> None:
+    """ALTER TABLE ... ADD COLUMN unless the file's table has it already (a migration runs safely twice)."""
+    if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declared}")
+
+
+def _checksums_and_set_aside(db: sqlite3.Connection) -> None:
+    _add_column(db, "events", "crc", "INTEGER")
+    _add_column(db, "jobs", "crc", "INTEGER")
+    db.execute(_SET_ASIDE)
+
+
+# Schema migrations, from version N to N + 1: each driven by what the file holds, safe to run again.
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
+    1: lambda db: db.execute("CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL)"),
+    2: lambda db: None,  # nothing to change: records without "seen" are read as before
+    3: lambda db: None,  # nothing to change: records without "index" are read as before
+    4: _checksums_and_set_aside,
+    5: _checksums_and_set_aside,  # a schema 5 written before the checksums (d941c07) has none
 }
 
 
@@ -126,8 +142,17 @@ class LedgerError(RuntimeError):
     """The ledger cannot be used; the message names the file and the reason."""
 
 
-class LedgerTooNewError(LedgerError):
+class LedgerRefusedError(LedgerError):
+    """The file cannot be used as this gpuwear's ledger for a reason that is not damage (a newer schema, a schema
+    version that is not one, an error of ours): refused, kept byte for byte, never recovered nor moved aside."""
+
+
+class LedgerTooNewError(LedgerRefusedError):
     """The ledger was written by a newer gpuwear: refused, never moved aside (a downgrade must not discard it)."""
+
+
+class LedgerDamagedError(LedgerError):
+    """SQLite's integrity check found damage in the file: what can be read is recovered (:func:`recover`)."""
 
 
 class StateLockedError(LedgerError):
@@ -269,12 +294,15 @@ class Ledger:
                     db.close()
                     raise
                 break
-            except LedgerTooNewError:
+            except LedgerRefusedError:
                 raise
             except (sqlite3.DatabaseError, LedgerError, UnicodeDecodeError) as exc:  # SQLite's message on a damaged
                 # page can hold the page's own bytes, which are not UTF-8
-                if (isinstance(exc, sqlite3.Error) and environment_error(exc)) or attempt:
+                if isinstance(exc, sqlite3.Error) and environment_error(exc):
                     raise  # the disk or the directory, not the file: kept as it is, retried by the caller
+                if not damaged(exc) or attempt:  # an error of ours, or a file recovery did not mend: never rewritten
+                    raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: not recovered (it is not "
+                                             "damage SQLite reports); the file is kept as it is") from exc
                 recovered = recover(path, exc)
         if legacy:  # rows from before checksums, validated once: stamped, so that later opens only check them
             with _transaction(db):
@@ -295,9 +323,13 @@ class Ledger:
         db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         db.text_factory = _text
         try:
+            version = _schema_version(db)  # first: a newer ledger is never written, damaged or not
+            if version is not None and version > SCHEMA_VERSION:
+                raise LedgerTooNewError(_too_new(path, db, version))
             ok = db.execute("PRAGMA quick_check").fetchone()
             if not ok or ok[0] != "ok":
-                raise LedgerError(f"integrity check failed: {printable(str(ok[0]))[:200] if ok else 'no answer'}")
+                raise LedgerDamagedError(f"integrity check failed: "
+                                         f"{printable(str(ok[0]))[:200] if ok else 'no answer'}")
             if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
                 # 1 KiB pages for a new ledger: a save appends a few KiB to the wear log, and every page it
                 # touches is written whole (twice: the WAL, then the checkpoint); pages freed by retention can be
@@ -309,21 +341,22 @@ class Ledger:
             # a 256 KiB page cache, not the default 2 MiB: the ledger is written once a minute and read at start,
             # and the default cache grew the daemon's RSS by 2 MiB over its first week as the file grew
             db.execute("PRAGMA cache_size=-256")
-            version = _schema_version(db)
             if version is None:
                 db.executescript(_SCHEMA)
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif version > SCHEMA_VERSION:
-                raise LedgerTooNewError(_too_new(path, db, version))
             while version is not None and version < SCHEMA_VERSION:
                 if version not in _MIGRATIONS:
-                    raise LedgerError(f"no migration from ledger schema {version}")
+                    raise LedgerRefusedError(f"{path}: no migration from ledger schema {version}")
                 db.execute("BEGIN IMMEDIATE")
-                for statement in _MIGRATIONS[version]:
-                    db.execute(statement)
+                _MIGRATIONS[version](db)
                 version += 1
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
                 db.execute("COMMIT")
+            present = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if missing := sorted(set(_tables()) - present):  # dropped: nothing of them is left to lose
+                db.executescript(_SCHEMA)
+                log.error("ledger %s had no %s table: created empty, the rest of the history kept", path,
+                          ", ".join(missing))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', ?)", (__version__,))
             if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # a ledger from before: once, rewritten whole
                 db.execute("PRAGMA auto_vacuum=INCREMENTAL")
@@ -960,6 +993,10 @@ def recover(path: Path, exc: BaseException) -> Path:
         leftover.unlink(missing_ok=True)
     try:
         _schema_repaired_copy(path, scratch)
+        if (version := _readable_version(scratch)) is not None and version > SCHEMA_VERSION:
+            raise LedgerTooNewError(f"{path}: damaged, and written by a newer gpuwear (ledger schema {version}); "
+                                    f"this gpuwear {__version__} reads schema {SCHEMA_VERSION} and older: upgrade "
+                                    "gpuwear (the ledger is kept as it is, never replaced)")
         best: dict[str, int] | None = None
         for lenient in (False, True):  # the reading that keeps more rows
             trial = path.with_name(f"{path.name}{RECOVERING}-{int(lenient)}")
@@ -985,6 +1022,23 @@ def recover(path: Path, exc: BaseException) -> Path:
               if any(counts.values()) else "nothing readable",
               kept)
     return kept
+
+
+def _readable_version(path: Path) -> int | None:
+    """The schema version a damaged ledger still says, read with its schema strict and lenient; None if neither
+    reads it."""
+    for lenient in (False, True):
+        try:
+            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                db.text_factory = _text
+                if lenient:
+                    db.execute("PRAGMA writable_schema=ON")
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
+            continue
+        if row is not None and isinstance(row[0], str) and row[0].isdigit():
+            return int(row[0])
+    return None
 
 
 def _schema_repaired_copy(src: Path, dst: Path) -> None:
@@ -1158,6 +1212,20 @@ def _insert(out: sqlite3.Connection, insert: str, row: Any) -> int:
 _ENVIRONMENT_CODES = frozenset({3, 5, 6, 7, 8, 10, 13, 14, 15})
 
 
+# SQLite result codes that say the file itself is damaged: CORRUPT, NOTADB.
+_DAMAGE_CODES = frozenset({11, 26})
+
+
+def damaged(exc: BaseException) -> bool:
+    """Whether an error at open says the file is damaged (recovered then): SQLite's corruption answers, a failed
+    integrity check, or bytes that do not decode as text. Anything else (an error of ours, a failed migration, an
+    unreadable schema version) leaves the file as it is."""
+    if isinstance(exc, (LedgerDamagedError, UnicodeDecodeError)):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.DatabaseError) and code is not None and code & 0xFF in _DAMAGE_CODES
+
+
 def environment_error(exc: sqlite3.Error) -> bool:
     """Whether an SQLite error is the environment's (a full disk, a read-only directory, a lock), after which the
     file must be kept as it is, rather than the file's own (corrupt, not a database, tables missing)."""
@@ -1170,12 +1238,12 @@ def _schema_version(db: sqlite3.Connection) -> int | None:
         if cur.fetchone() is None:
             tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             if tables:
-                raise LedgerError("the file holds an SQLite database that is not a gpuwear ledger")
+                raise LedgerRefusedError("the file holds an SQLite database that is not a gpuwear ledger")
             return None
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         return None
     text = row[0]
     if not isinstance(text, str) or not text.isdigit() or int(text) < 1:
-        raise LedgerError(f"meta.schema_version is {text!r}, not a schema version")
+        raise LedgerRefusedError(f"meta.schema_version is {printable(repr(text))[:40]}, not a schema version")
     return int(text)

@@ -36,7 +36,7 @@ from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs
-from gpuwear.ledger import Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError, ledger_path
+from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
 from gpuwear.wear.tracker import WearTracker
@@ -228,7 +228,7 @@ class Daemon:
                 source.clock.resume(_lead(self.ledger.meta(SIMULATION_LEAD)),
                                     max((w.last_seen or 0.0 for w in wears.values()), default=0.0),
                                     2 * LEAD_SAVE_STEP_SECONDS)
-        except (StateLockedError, LedgerTooNewError):  # another daemon, or a newer gpuwear's ledger: refuse to run
+        except (StateLockedError, LedgerRefusedError):  # another daemon, or a ledger not to be written: refuse to run
             if self.ledger is not None:
                 self.ledger.close()
             if self._lock is not None:
