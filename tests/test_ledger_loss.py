@@ -3,6 +3,7 @@ SQLite file, absurd spans, and `export --output` aimed at what it must not repla
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import random
@@ -292,6 +293,42 @@ ledger.Ledger.open(Path({path!r})).close()
 """
 
 
+RECOVERY_ON_A_FULL_DISK = """
+import resource, signal, sqlite3, sys
+from pathlib import Path
+sys.path.insert(0, {daemon!r})
+import gpuwear.ledger as ledger
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+copy = ledger._schema_repaired_copy
+def copy_then_fill_the_disk(src, dst):  # the damaged file copied, then no file may grow past 8 KiB
+    copy(src, dst)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.RLIM_INFINITY))
+ledger._schema_repaired_copy = copy_then_fill_the_disk
+try:
+    ledger.Ledger.open(Path({path!r})).close()
+except (sqlite3.Error, OSError) as exc:
+    print("refused:", ledger.environment_error(exc) if isinstance(exc, sqlite3.Error) else "os", exc)
+"""
+
+
+def test_a_disk_that_fills_up_during_recovery_leaves_the_damaged_ledger_as_it_was(tmp_path: Path) -> None:
+    """Recovery's inserts swallowed every error, a full disk's included: rows it could read but not write were
+    dropped from the recovered ledger as if unreadable."""
+    path = _busy_ledger(tmp_path)
+    _flip(path, 0, 30)
+    damaged = path.read_bytes()
+    script = RECOVERY_ON_A_FULL_DISK.format(daemon=str(Path(__file__).parent.parent / "daemon"), path=str(path))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0 and result.stdout.startswith("refused: True"), (result.stdout, result.stderr[-2000:])
+    assert path.read_bytes() == damaged  # kept as it was: recovered at a start with room
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "ledger.sqlite") in ([], ["ledger.sqlite-shm"])
+    reopened = Ledger.open(path)
+    try:
+        assert reopened.recovered is not None and len(reopened.load(2.0)) >= 5
+    finally:
+        reopened.close()
+
+
 @pytest.mark.slow
 def test_kill_9_at_any_step_of_a_recovery_leaves_the_damaged_ledger_or_the_recovered_one(tmp_path: Path) -> None:
     daemon = str(Path(__file__).parent.parent / "daemon")
@@ -567,3 +604,39 @@ def test_rows_written_before_checksums_are_validated_once_then_stamped(tmp_path:
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT count(*) FROM jobs WHERE crc IS NULL").fetchone()[0] == 0
         assert db.execute("SELECT count(*) FROM events WHERE crc IS NULL").fetchone()[0] == 0
+
+
+# -- every save exactly once -------------------------------------------------------------------------------------
+
+class _FullAtVacuum(Ledger):
+    """A ledger whose disk fills up just after a save committed, as the incremental vacuum that follows runs."""
+
+    def _give_back_pages(self) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+
+def test_a_vacuum_failing_after_the_commit_never_writes_an_event_twice(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """save() vacuumed after its commit, and a full disk there made it raise: the daemon gave the events back and
+    its next save inserted them again (events have no natural key)."""
+    path = tmp_path / "ledger.sqlite"
+    ledger = _FullAtVacuum.open(path)
+    events = [Event(UUID, time.time() - 60 + k, "xid", {"code": 79}) for k in range(5)]
+    try:
+        for _ in range(3):
+            try:
+                ledger.save([wear_doc()], events)
+                break
+            except sqlite3.Error:  # what the daemon does: the events given back, saved again with the next save
+                continue
+        for k in range(2):  # later saves, the disk still full
+            with contextlib.suppress(sqlite3.Error):
+                ledger.save([wear_doc()], [Event(UUID, time.time() + k, "gap", {"seconds": 1.0})])
+    finally:
+        ledger.close()
+    reader = Ledger.open_read_only(path)
+    try:
+        assert [e.detail for e in reader.events()].count({"code": 79}) == 5
+    finally:
+        reader.close()
+    assert sum("could not be given back" in r.getMessage() for r in caplog.records) == 1  # said once

@@ -270,6 +270,7 @@ class Ledger:
         self.set_aside = set_aside  # records (or values of records) set aside at open
         self._saved: dict[str, dict[str, Any]] | None = None  # each GPU's record as committed (base + log)
         self._log_rows = 0
+        self._vacuum_failed = False  # said once in the log, not at every save
 
     # -- opening ------------------------------------------------------------------------
 
@@ -552,7 +553,8 @@ class Ledger:
         first, last, rows, wear) and job records in one transaction, removing the job records that ended before
         ``forget_jobs_before`` and the events before ``forget_events_before`` (retention: each GPU's own record keeps
         its lifetime figures; the pages they held are given back to the file system once enough are free). Raises
-        ``sqlite3.Error`` (disk full, read-only directory) with nothing written."""
+        ``sqlite3.Error`` (disk full, read-only directory) with nothing written; once it has committed it raises
+        nothing, so a caller that saves again what failed never writes an event twice."""
         now = time.time()
         if self._saved is None:  # what is committed, to write only what changed
             self._saved = _read_docs(self._db)
@@ -609,9 +611,15 @@ class Ledger:
             if forget_events_before is not None:
                 db.execute("DELETE FROM events WHERE wall < ?", (forget_events_before,))
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list((meta or {}).items()))
-        saved.update(docs)  # committed
+        saved.update(docs)  # committed: from here on nothing may fail the save (the caller would save it again)
         self._log_rows = 0 if compact else self._log_rows + bool(deltas)
-        self._give_back_pages()
+        try:
+            self._give_back_pages()
+            self._vacuum_failed = False
+        except sqlite3.Error as exc:  # a full disk, most likely: the pages stay free, given back at a later save
+            if not self._vacuum_failed:
+                log.warning("ledger %s: saved, but its free pages could not be given back yet (%s)", self.path, exc)
+            self._vacuum_failed = True
 
     def _give_back_pages(self) -> None:
         """Give the pages retention freed back to the file system (incremental vacuum, a transaction of its own) once
@@ -1009,6 +1017,11 @@ def recover(path: Path, exc: BaseException) -> Path:
                 trial.unlink()
         assert best is not None
         counts = best
+    except BaseException:  # a full disk, say: the damaged ledger stays as it was, recovered at a later start
+        for leftover in (work, *(path.with_name(f"{path.name}{RECOVERING}-{n}") for n in (0, 1))):
+            for suffix in ("", "-journal"):
+                Path(f"{leftover}{suffix}").unlink(missing_ok=True)
+        raise
     finally:
         for leftover in (Path(f"{scratch}{x}") for x in ("", "-wal", "-shm")):
             leftover.unlink(missing_ok=True)
@@ -1200,10 +1213,12 @@ POINT_LOOKUPS = 2048  # rowids looked up one by one past damage before reading i
 
 
 def _insert(out: sqlite3.Connection, insert: str, row: Any) -> int:
+    """1 if the row was written; 0 if the new ledger refuses it (a damaged value breaking a constraint). Any other
+    error (a full disk) ends the recovery: a row it could read is never dropped as if it could not."""
     try:
         out.execute(insert, row)
         return 1
-    except sqlite3.Error:
+    except sqlite3.IntegrityError:
         return 0
 
 
