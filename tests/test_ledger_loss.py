@@ -640,3 +640,26 @@ def test_a_vacuum_failing_after_the_commit_never_writes_an_event_twice(tmp_path:
     finally:
         reader.close()
     assert sum("could not be given back" in r.getMessage() for r in caplog.records) == 1  # said once
+
+
+def test_a_ledger_export_ending_in_2099_is_refused_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`import ledger` took a part ending in 2099 (its bound was 2100; the CSV import refuses rows over a day ahead):
+    the GPU showed last_seen 2099 and a coverage of 0."""
+    from test_ledger_hostile import export_doc
+
+    state = tmp_path / "state"
+    y2099 = datetime.datetime(2099, 1, 1, tzinfo=datetime.timezone.utc).timestamp()
+    ahead = tmp_path / "ahead.json"
+    ahead.write_text(json.dumps(export_doc(wear_doc(first=T0, seconds=600), wear_doc(first=y2099 - 600, seconds=600))))
+    assert main(["import", "ledger", str(ahead), "--state-dir", str(state)]) == 1
+    err = _one_line(capsys)
+    assert "part 2 ends at 2099-01-01 00:00 UTC, over a day ahead of this machine's clock" in err, err
+    fine = tmp_path / "fine.json"
+    fine.write_text(json.dumps(export_doc(wear_doc(first=T0, seconds=600))))
+    assert main(["import", "ledger", str(fine), "--state-dir", str(state)]) == 0
+    assert "1 part(s) imported" in capsys.readouterr().out
+    ledger = Ledger.open_read_only(state / "ledger.sqlite")
+    try:
+        assert ledger.imported_spans(UUID) == [(T0, T0 + 600)]
+    finally:
+        ledger.close()

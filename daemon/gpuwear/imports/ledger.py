@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
-from gpuwear.imports.parse import ImportFormatError
+from gpuwear.imports.parse import ImportFormatError, latest_time
 from gpuwear.ledger import EXPORT_VERSION, Ledger
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.schema import SchemaError, check_export
 
 
 def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated: bool = False,
-                         ) -> dict[str, int]:
+                         latest: float | None = None) -> dict[str, int]:
     """Import a `gpuwear export` document, validated whole first (:func:`check_export`: one bad value refuses the
-    file, nothing is written). Each part of the card's history becomes an import unless its time span overlaps
-    history this ledger already holds for the card (its live span, earlier imports, or an earlier part of this
-    file): accumulators cannot be split in time, so an overlapping part is skipped whole and never counted twice.
-    Returns parts imported and skipped."""
+    file, nothing is written; so does a part ending after ``latest``, by default a day after this machine's clock,
+    as the CSV import refuses such rows: the exporting box's clock was wrong). Each part of the card's history
+    becomes an import unless its time span overlaps history this ledger already holds for the card (its live span,
+    earlier imports, or an earlier part of this file): accumulators cannot be split in time, so an overlapping part
+    is skipped whole and never counted twice. Returns parts imported and skipped."""
     try:
         check_export(doc, EXPORT_VERSION, WEAR_SCHEMA)
     except SchemaError as exc:
@@ -25,6 +27,11 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated:
         raise ImportFormatError("the history of a simulated GPU (exported with --simulated): import it into a "
                                 "simulation's ledger (--simulated SCENARIO), or pass --allow-simulated")
     uuid = str(doc["uuid"])
+    for n, part in enumerate(doc["parts"], 1):
+        if (part.get("last_seen") or 0.0) > latest_time(latest):
+            when = datetime.datetime.fromtimestamp(part["last_seen"], datetime.timezone.utc)
+            raise ImportFormatError(f"part {n} ends at {when:%Y-%m-%d %H:%M} UTC, over a day ahead of this machine's "
+                                    "clock (the exporting box's clock was wrong): nothing imported")
     covered = ledger.covered(uuid)
     imports = []
     skipped = 0
