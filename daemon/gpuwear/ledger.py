@@ -302,8 +302,9 @@ class Ledger:
                 if isinstance(exc, sqlite3.Error) and environment_error(exc):
                     raise  # the disk or the directory, not the file: kept as it is, retried by the caller
                 if not damaged(exc) or attempt:  # an error of ours, or a file recovery did not mend: never rewritten
-                    raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: not recovered (it is not "
-                                             "damage SQLite reports); the file is kept as it is") from exc
+                    why = "still damaged once recovered" if attempt else "not recovered (not damage SQLite reports)"
+                    raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: {why}; the file is kept as it "
+                                             "is") from exc
                 recovered = recover(path, exc)
         if legacy:  # rows from before checksums, validated once: stamped, so that later opens only check them
             with _transaction(db):
@@ -321,16 +322,12 @@ class Ledger:
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
+        if path.exists() and path.stat().st_size:
+            _examine(path)
         db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         db.text_factory = _text
         try:
-            version = _schema_version(db)  # first: a newer ledger is never written, damaged or not
-            if version is not None and version > SCHEMA_VERSION:
-                raise LedgerTooNewError(_too_new(path, db, version))
-            ok = db.execute("PRAGMA quick_check").fetchone()
-            if not ok or ok[0] != "ok":
-                raise LedgerDamagedError(f"integrity check failed: "
-                                         f"{printable(str(ok[0]))[:200] if ok else 'no answer'}")
+            version = _schema_version(db)
             if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
                 # 1 KiB pages for a new ledger: a save appends a few KiB to the wear log, and every page it
                 # touches is written whole (twice: the WAL, then the checkpoint); pages freed by retention can be
@@ -1010,7 +1007,7 @@ def recover(path: Path, exc: BaseException) -> Path:
             trial = path.with_name(f"{path.name}{RECOVERING}-{int(lenient)}")
             trial.unlink(missing_ok=True)
             counts = _copy_readable(scratch, trial, kept.name, lenient)
-            if best is None or sum(counts.values()) > sum(best.values()):
+            if best is None or _kept_more(counts, best):
                 best = counts
                 os.replace(trial, work)
             else:
@@ -1035,6 +1032,29 @@ def recover(path: Path, exc: BaseException) -> Path:
               if any(counts.values()) else "nothing readable",
               kept)
     return kept
+
+
+def _examine(path: Path) -> None:
+    """Check an existing ledger through a read-only connection before anything may write it: its schema version
+    first (a newer ledger is never written, damaged or not), then SQLite's quick_check. Read-only, because the last
+    connection to close a WAL database checkpoints it: a read-write one would write the WAL's frames into a damaged
+    file, which recovery keeps byte for byte."""
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)) as db:
+        db.text_factory = _text
+        version = _schema_version(db)
+        if version is not None and version > SCHEMA_VERSION:
+            raise LedgerTooNewError(_too_new(path, db, version))
+        ok = db.execute("PRAGMA quick_check").fetchone()
+        if not ok or ok[0] != "ok":
+            raise LedgerDamagedError(f"integrity check failed: {printable(str(ok[0]))[:200] if ok else 'no answer'}")
+
+
+def _kept_more(counts: dict[str, int], than: dict[str, int]) -> bool:
+    """Whether a recovery pass's rows (per table) keep more than another's: first the GPUs' lifetime records, which
+    nothing else holds, then the imports, then every row; the first pass wins a tie."""
+    def weight(c: dict[str, int]) -> tuple[int, int, int]:
+        return c.get("gpus", 0), c.get("imports", 0), sum(c.values())
+    return weight(counts) > weight(than)
 
 
 def _readable_version(path: Path) -> int | None:
