@@ -1185,11 +1185,8 @@ def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, 
     (a point lookup reaches a row whose neighbours' pages are damaged), then by growing steps where nothing reads."""
     try:
         source.execute(f"SELECT rowid FROM {table} LIMIT 0").fetchall()
-    except sqlite3.OperationalError as exc:
-        if "no such" in str(exc):  # a table (or column) the file does not have
-            return 0
-    except (sqlite3.DatabaseError, UnicodeDecodeError):
-        pass
+    except (sqlite3.DatabaseError, UnicodeDecodeError):  # no such table, a schema SQLite cannot parse, a root page
+        return 0  # it cannot read: no query of this table can succeed on this connection (the other pass may read it)
     names = ", ".join(columns)
     batch = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT 256"
     point = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid = ?"
