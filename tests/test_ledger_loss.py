@@ -605,6 +605,16 @@ def test_rows_written_before_checksums_are_validated_once_then_stamped(tmp_path:
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT count(*) FROM jobs WHERE crc IS NULL").fetchone()[0] == 0
         assert db.execute("SELECT count(*) FROM events WHERE crc IS NULL").fetchone()[0] == 0
+    again = Ledger.open(path)  # stamped with the checksums of what they hold: the next open proves them whole
+    try:
+        assert again.set_aside == 0 and again.rows()["jobs"] == 1 and again.rows()["events"] == 1
+    finally:
+        again.close()
+    reader = Ledger.open_read_only(path)
+    try:
+        assert len(reader.jobs()) == 1 and len(reader.events()) == 1
+    finally:
+        reader.close()
 
 
 # -- every save exactly once -------------------------------------------------------------------------------------
