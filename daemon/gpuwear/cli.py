@@ -254,10 +254,13 @@ def _report(args: argparse.Namespace) -> int:
                     return _fail(f"{exc} in {path}", EXIT_USAGE)
             doc, jobs = documents(ledger, config.wear, str(path), args.simulated is not None, wanted,
                                   with_jobs=args.html is not None)
+            left_out = ledger.left_out_note()
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    if left_out:
+        print(f"gpuwear: {left_out}", file=sys.stderr)
     if args.html is not None:
         try:
             Path(args.html).write_text(page.render(doc, jobs), encoding="utf-8")
@@ -306,10 +309,13 @@ def _jobs(args: argparse.Namespace) -> int:
                 records = [first]
             # the lines shown are made whole; the others count in the totals and shares only
             doc = jobreport.document(records, gpus, config.wear, since, wanted, shown=limit)
+            left_out = ledger.left_out_note()
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    if left_out:
+        print(f"gpuwear: {left_out}", file=sys.stderr)
     if args.json:
         print(json.dumps(jobreport.limited(doc, limit), indent=2))
     else:

@@ -271,6 +271,7 @@ class Ledger:
         self._saved: dict[str, dict[str, Any]] | None = None  # each GPU's record as committed (base + log)
         self._log_rows = 0
         self._vacuum_failed = False  # said once in the log, not at every save
+        self.left_out: list[str] = []  # the rows a read left out (why, one each), for the reader to say
 
     # -- opening ------------------------------------------------------------------------
 
@@ -407,7 +408,8 @@ class Ledger:
 
     def events(self, uuid: str | None = None, since: float | None = None, last: int | None = None) -> list[Event]:
         """A GPU's events (all GPUs': None) from ``since`` on, oldest first: the newest ``last`` of them where given.
-        Each is proved whole by its checksum (validated where it has none); LedgerError for one that is not."""
+        Each is proved whole by its checksum (validated where it has none); one that is not is left out and said in
+        :attr:`left_out`."""
         query = ("SELECT uuid, wall, kind, detail, crc FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? "
                  "ORDER BY id DESC LIMIT ?")
         rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf"),
@@ -416,8 +418,8 @@ class Ledger:
         for u, w, k, d, crc in reversed(rows):
             problem = _event_problem(u, w, k, d, crc)
             if problem:
-                raise LedgerError(f"{self.path}: an event of GPU {printable(str(u))[:80]!r}: {problem} (the daemon "
-                                  "sets it aside at its next start)")
+                self.left_out.append(f"an event of GPU {printable(str(u))[:80]!r}: {problem}")
+                continue
             out.append(Event(u, w, k, json.loads(d)))
         return out
 
@@ -527,16 +529,25 @@ class Ledger:
 
     def iter_jobs(self, since: float | None = None, running_only: bool = False) -> Iterator[dict[str, Any]]:
         """:meth:`jobs` one record at a time (a listing of a busy box's months holds one in memory, not all), each
-        proved whole by its checksum (validated where it has none); LedgerError for one that is not."""
+        proved whole by its checksum (validated where it has none); one that is not is left out and said in
+        :attr:`left_out`."""
         rows = self._db.execute(
             "SELECT record, data, crc FROM jobs WHERE (end IS NULL OR end >= ?) AND (? = 0 OR end IS NULL) "
             "ORDER BY start DESC", (since if since is not None else float("-inf"), int(running_only)))
         for record, data, crc in rows:
             problem = _job_problem(data, crc)
             if problem:
-                raise LedgerError(f"{self.path}: job {printable(str(record))[:80]!r}: {problem} (the daemon sets it "
-                                  "aside at its next start)")
+                self.left_out.append(f"job {printable(str(record))[:80]!r}: {problem}")
+                continue
             yield json.loads(_job_text(data, f"job {record!r}"))
+
+    def left_out_note(self) -> str | None:
+        """What the reads so far left out, in one line for the person reading (None: nothing)."""
+        if not self.left_out:
+            return None
+        more = f" and {len(self.left_out) - 1} more" if len(self.left_out) > 1 else ""
+        return (f"{self.path}: {len(self.left_out)} record(s) left out of what is shown ({self.left_out[0]}{more}); "
+                "the daemon sets them aside at its next start")
 
     def periods(self, since: float | None = None) -> Iterator[dict[str, Any]]:
         """Job records and import periods (:meth:`import_periods`) together, newest first, one at a time."""

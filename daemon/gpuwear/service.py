@@ -380,12 +380,15 @@ class Daemon:
             try:
                 doc, jobs = documents(ledger, self.config.wear, str(self.ledger_file),
                                       self.source.simulation is not None)
+                left_out = ledger.left_out_note()
             finally:
                 ledger.close()
         except (LedgerError, sqlite3.Error, OSError) as exc:  # not saved yet, or unreadable: say so, cache nothing
             doc = {"ledger": str(self.ledger_file), "simulated": self.source.simulation is not None, "gpus": []}
             return page.render(doc, note=f"the ledger cannot be read yet ({exc})").encode()
         note = "as of the last save" + (f", {time.strftime('%H:%M:%S', time.localtime(saved))}" if saved else "")
+        if left_out:
+            note += f"; {left_out}"
         body = page.render(doc, jobs, note=note).encode()
         self._page = (saved, body)
         return body
