@@ -7,6 +7,7 @@ import math
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,53 @@ def test_exposition_is_rendered_once_per_published_state(demo: Rig) -> None:
     assert b"gpuwear_lifetime_observed_seconds_total" in second
     assert exposition.render(True).endswith(b"# EOF\n") and exposition.renders == 3
     assert exposition.render(False) == second and exposition.render(True) and exposition.renders == 3  # both kept
+
+
+def test_a_scrape_never_serves_the_body_of_an_earlier_state(demo: Rig) -> None:
+    """Hundreds of ticks, each published as new objects made where the last ones lay once freed (as CPython's
+    allocator does now and then after a tick: issue 27 saw 13 stale scrapes of 4,000 on the demo rig): every scrape's
+    body is that of the state it was asked for. The cache holds what it is keyed on, so the objects of the body it
+    keeps are never freed, and no new state can take their place."""
+    from gpuwear.collector import Exposition
+    from gpuwear.sampler import Snapshot
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
+    tracker = WearTracker({}, WearConfig())
+    demo.run(1)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    snapshot, views = demo.sampler.snapshot, dict(tracker.views)
+
+    def made_at(address: int, make: Callable[[], object]) -> object:
+        """A new object at ``address`` if the allocator hands it out within 200 tries, else the last one made."""
+        tries = [make()]
+        while id(tries[-1]) != address and len(tries) < 200:
+            tries.append(make())
+        return tries[-1]
+
+    holder = [Published(Snapshot(snapshot.gpus, snapshot.system, 0), views, None, info)]
+    exposition = Exposition(lambda: holder[0], process=False)
+    stale, reused = [], 0
+    for tick in range(1, 401):
+        for gzipped in (False, True):
+            body = exposition.render(False, gzipped)
+            if f"gpuwear_sampler_ticks_total {tick - 1}.0\n".encode() not in (gzip.decompress(body) if gzipped
+                                                                                else body):
+                stale.append((tick - 1, gzipped))
+        addresses = id(holder[0].snapshot), id(holder[0].wear)
+        del holder[0]  # the last state freed before the next is made, as the sampler and tracker do
+        state = made_at(addresses[0], lambda tick=tick: Snapshot(snapshot.gpus, snapshot.system, tick))
+        wear = made_at(addresses[1], lambda: dict(views))
+        reused += (id(state), id(wear)) == addresses
+        holder.append(Published(state, wear, None, info))  # type: ignore[arg-type]
+        del state, wear
+    assert not stale, f"{len(stale)} stale bodies of 800 ({reused} states at the last one's addresses): {stale[:3]}"
+    # and with the real sampler and tracker: a scrape every 3 ticks
+    exposition = Exposition(lambda: Published(demo.sampler.snapshot, tracker.views, None, info), process=False)
+    for _ in range(200):
+        demo.run(3)
+        tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+        ticks = demo.sampler.snapshot.ticks
+        assert f"gpuwear_sampler_ticks_total {ticks}.0\n".encode() in exposition.render(False), ticks
 
 
 @pytest.mark.parametrize("detail", [False, True], ids=["default", "detail"])

@@ -371,6 +371,12 @@ class ProcessMetrics:
         return "".join(out).encode()
 
 
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """Two render keys name the same state: the same snapshot and wear objects (identity: an equal-looking copy is
+    another state), an equal ledger status and detail setting."""
+    return a[0] is b[0] and a[1] is b[1] and a[2:] == b[2:]
+
+
 class Exposition:
     """Renders /metrics, once per published state, format and encoding: scrapes between two ticks
     (several Prometheus servers, retries, a dashboard) get the same bytes without re-rendering.
@@ -392,13 +398,15 @@ class Exposition:
     def render(self, openmetrics: bool, gzipped: bool = False) -> bytes:
         """The body for one format (OpenMetrics or Prometheus text), gzip-compressed if asked."""
         pub = self._published()
-        key = (id(pub.snapshot), id(pub.wear), pub.ledger, self.detail)
+        # the state itself, not its id(): the cache holds what it is keyed on, so a freed state's address can never
+        # be handed to a new state that would then be served the old body
+        key = (pub.snapshot, pub.wear, pub.ledger, self.detail)
         with self._lock:
             return self._render(pub, key, openmetrics, gzipped)
 
     def _render(self, pub: Published, key: tuple[object, ...], openmetrics: bool, gzipped: bool) -> bytes:
         cached = self._cache.get((openmetrics, gzipped))
-        if cached is not None and cached[0] == key:
+        if cached is not None and _same(cached[0], key):
             return cached[1]
         if gzipped:
             self._render(pub, key, openmetrics, False)
