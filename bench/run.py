@@ -996,7 +996,7 @@ def details(s: dict[str, Any], windows: dict[tuple[str, int], Window], week: dic
             for label, needle in (("read + convert cells (columnar._blocks)", "_blocks (gpuwear/columnar.py)"),
                                   ("order, ranges, readings (columnar._readings)", "_readings (gpuwear/columnar.py)"),
                                   ("wear (batch.integrate)", "integrate (gpuwear/wear/batch.py)"),
-                                  ("Ledger.save", "Ledger.save (gpuwear/ledger.py)"),
+                                  ("Ledger.save", "Ledger.save (gpuwear/ledger/store.py)"),
                                   ("module imports (start-up)", "_find_and_load (<frozen importlib._bootstrap>)")):
                 share = next((v for k, v in p.top(p.inclusive, 10_000) if k.endswith(needle)), 0.0)
                 split.append(f"{label} {share * 100:.0f} %")

@@ -552,7 +552,8 @@ def test_saves_write_what_changed_and_read_back_exactly(tmp_path: Path) -> None:
     from gpuwear.backends.nvml import NvmlBackend
     from gpuwear.backends.simulated import load_scenario
     from gpuwear.clock import ManualClock
-    from gpuwear.ledger import COMPACT_AFTER, _compact
+    from gpuwear.ledger import COMPACT_AFTER
+    from gpuwear.ledger.records import _compact
     from gpuwear.metrics import DaemonInfo
     from gpuwear.service import Daemon, Source, _sampler
 

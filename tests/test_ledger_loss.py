@@ -299,12 +299,13 @@ import resource, signal, sqlite3, sys
 from pathlib import Path
 sys.path.insert(0, {daemon!r})
 import gpuwear.ledger as ledger
+import gpuwear.ledger.recovery as recovery
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-copy = ledger._schema_repaired_copy
+copy = recovery._schema_repaired_copy
 def copy_then_fill_the_disk(src, dst):  # the damaged file copied, then no file may grow past 8 KiB
     copy(src, dst)
     resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.RLIM_INFINITY))
-ledger._schema_repaired_copy = copy_then_fill_the_disk
+recovery._schema_repaired_copy = copy_then_fill_the_disk
 try:
     ledger.Ledger.open(Path({path!r})).close()
 except (sqlite3.Error, OSError) as exc:
@@ -683,7 +684,7 @@ def test_a_ledger_export_ending_in_2099_is_refused_whole(tmp_path: Path, capsys:
 def test_recovery_keeps_the_pass_that_kept_every_gpu_then_the_most_rows() -> None:
     """Recovery reads a damaged file twice (its schema strict, then lenient) and keeps one pass: weighing events and
     GPU records alike, a pass that lost a card's lifetime record could win on its events."""
-    from gpuwear.ledger import _kept_more
+    from gpuwear.ledger.recovery import _kept_more
 
     every_gpu = {"gpus": 8, "events": 100, "jobs": 3, "imports": 1}
     lost_one = {"gpus": 7, "events": 1600, "jobs": 40, "imports": 1}

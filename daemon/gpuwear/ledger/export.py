@@ -1,0 +1,32 @@
+"""One GPU's history as a document another box's ledger imports (``gpuwear export``, ``gpuwear import ledger``):
+the ledger follows the card. The document holds the card's live record, its imports and its events as stored, and
+says whether the card was simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gpuwear.ledger.errors import LedgerError
+from gpuwear.ledger.records import Event, _read_docs
+
+EXPORT_VERSION = 1  # the `gpuwear export` document
+FORMAT = "gpuwear-ledger-export"
+
+
+def document(db: sqlite3.Connection, path: Path, uuid: str, events: Iterable[Event],
+             simulated: bool = False) -> dict[str, Any]:
+    """The export of GPU ``uuid`` of the ledger at ``path`` (read through ``db``), with ``events`` (its events, read
+    and proved whole by the caller); LedgerError when the ledger holds nothing of it."""
+    live = _read_docs(db).get(uuid)
+    imports = [json.loads(w) for (w,) in db.execute("SELECT wear FROM imports WHERE uuid = ?", (uuid,))]
+    if live is None and not imports:
+        raise LedgerError(f"{path}: no GPU {uuid}")
+    parts = ([live] if live else []) + imports
+    doc = {"format": FORMAT, "version": EXPORT_VERSION, "uuid": uuid, "parts": parts,
+           "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail} for e in events]}
+    return {**doc, "simulated": True} if simulated else doc

@@ -1,0 +1,163 @@
+"""The ledger's SQLite schema and where its file lives. One schema number names one schema (:data:`SCHEMA_VERSION`);
+migrations from N to N + 1 are functions driven by what the file holds, each safe to run again; a transaction is
+committed whole or rolled back (:func:`_transaction`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+from gpuwear import __version__
+from gpuwear.config import Config
+from gpuwear.ledger.errors import LedgerRefusedError, printable
+
+# 2: the wear log (saves write what changed); 3: records may hold "seen" (which kinds of reading a history held),
+# which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead;
+# 5: the set_aside table, checksums (crc) on events and jobs; 6: the checksums in every ledger called 5 (the first
+# schema 5 had none: a number names one schema, so the files called 5 are brought to 6 by what they hold)
+SCHEMA_VERSION = 6
+PAGE_SIZE = 1024
+FILENAME = "ledger.sqlite"
+
+
+def ledger_path(config: Config, simulated: str | None) -> Path:
+    """The ledger file of the real GPUs, or of a simulation scenario (its name: a built-in one, or a scenario file's
+    name without .yaml): each scenario keeps its own history apart, and a real ledger never holds simulated GPUs."""
+    folder = config.resolved_state_dir()
+    if simulated is None:
+        return folder / FILENAME
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in simulated).lstrip(".")
+    return folder / "simulated" / (name or "_") / FILENAME
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gpus (
+    uuid TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    serial TEXT,
+    first_seen REAL,
+    last_seen REAL,
+    saved REAL NOT NULL,
+    wear TEXT NOT NULL                 -- GpuWear.to_json()
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL,
+    wall REAL NOT NULL,                -- Unix seconds
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL,              -- JSON
+    crc INTEGER                        -- _event_crc, written with the row (NULL: a row from before schema 5)
+);
+CREATE INDEX IF NOT EXISTS events_by_gpu ON events (uuid, wall);
+CREATE TABLE IF NOT EXISTS imports (  -- history backfilled from logs, kept apart from the live one
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL,
+    source TEXT NOT NULL,
+    first REAL NOT NULL,               -- the time span imported, Unix seconds
+    last REAL NOT NULL,
+    rows INTEGER NOT NULL,
+    imported REAL NOT NULL,
+    wear TEXT NOT NULL                 -- GpuWear.to_json() of the imported rows alone
+);
+CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one GPU
+    record TEXT PRIMARY KEY,           -- job key @ start
+    kind TEXT NOT NULL,
+    start REAL NOT NULL,
+    end REAL,                          -- NULL while running
+    data TEXT NOT NULL,                -- JobRecord.to_json(): zlib of the JSON (a BLOB), or the JSON (before schema 5)
+    crc INTEGER                        -- crc32 of data, written with it (NULL: a row from before schema 5)
+);
+CREATE INDEX IF NOT EXISTS jobs_by_start ON jobs (start);
+CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' records, applied in id order
+    id INTEGER PRIMARY KEY,
+    deltas BLOB NOT NULL               -- zlib of JSON {uuid: changed keys (nested maps by key; null: removed)}
+);
+CREATE TABLE IF NOT EXISTS set_aside ( -- records (or values of a GPU's record) that failed validation at an open
+    id INTEGER PRIMARY KEY,
+    wall REAL NOT NULL,                -- when they were set aside, Unix seconds
+    source TEXT NOT NULL,              -- the table they came from
+    what TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    data TEXT NOT NULL                 -- JSON: the row's values, or the value removed from a GPU's record
+);
+"""
+
+
+_SET_ASIDE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS set_aside"):]
+
+
+def _add_column(db: sqlite3.Connection, table: str, column: str, declared: str) -> None:
+    """ALTER TABLE ... ADD COLUMN unless the file's table has it already (a migration runs safely twice)."""
+    if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declared}")
+
+
+def _checksums_and_set_aside(db: sqlite3.Connection) -> None:
+    _add_column(db, "events", "crc", "INTEGER")
+    _add_column(db, "jobs", "crc", "INTEGER")
+    db.execute(_SET_ASIDE)
+
+
+# Schema migrations, from version N to N + 1: each driven by what the file holds, safe to run again.
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
+    1: lambda db: db.execute("CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL)"),
+    2: lambda db: None,  # nothing to change: records without "seen" are read as before
+    3: lambda db: None,  # nothing to change: records without "index" are read as before
+    4: _checksums_and_set_aside,
+    5: _checksums_and_set_aside,  # a schema 5 written before the checksums (d941c07) has none
+}
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on ``db``: committed at the end of the block, rolled back if it raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _too_new(path: Path, db: sqlite3.Connection, version: int) -> str:
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchone()
+    except sqlite3.Error:
+        row = None
+    by = f"gpuwear {row[0]}" if row else "a newer gpuwear"
+    return (f"{path} was written by {by} (ledger schema {version}); this gpuwear {__version__} reads schema "
+            f"{SCHEMA_VERSION} and older: upgrade gpuwear (the ledger is kept as it is, never replaced)")
+
+
+@functools.cache
+def _tables() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """This gpuwear's tables: each one's CREATE statement as sqlite_master holds it, and its columns but an
+    ``INTEGER PRIMARY KEY`` (the rowid, which recovery copies as such)."""
+    with closing(sqlite3.connect(":memory:")) as db:
+        db.executescript(_SCHEMA)
+        return {name: (sql, tuple(c[1] for c in db.execute(f"PRAGMA table_info({name})")
+                                  if not (c[5] and c[2].upper() == "INTEGER")))
+                for name, sql in db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()}
+
+
+def _schema_version(db: sqlite3.Connection) -> int | None:
+    with closing(db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'meta'")) as cur:
+        if cur.fetchone() is None:
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables:
+                raise LedgerRefusedError("the file holds an SQLite database that is not a gpuwear ledger")
+            return None
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        return None
+    text = row[0]
+    if not isinstance(text, str) or not text.isdigit() or int(text) < 1:
+        raise LedgerRefusedError(f"meta.schema_version is {printable(repr(text))[:40]}, not a schema version")
+    return int(text)

@@ -1,0 +1,426 @@
+"""The ledger (:class:`Ledger`): opening (the daemon's, read-write, after the file is examined and migrated, and
+readers', read-only while the daemon writes), reading what is shown, and saving. Every save is one transaction (WAL
+journal, ``synchronous=FULL``): a crash at any instant leaves the previous save or the new one; nothing after the
+commit fails a save, so a save made again never writes an event twice. A read leaves out a row that fails its
+check and says so (:attr:`Ledger.left_out`), never failing the command or the page.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import sqlite3
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from gpuwear import __version__
+from gpuwear.ledger import export, retention
+from gpuwear.ledger.errors import LedgerError, LedgerRefusedError, LedgerTooNewError, _text, printable
+from gpuwear.ledger.integrity import _audit, _set_aside
+from gpuwear.ledger.lock import _private_file, private_folder
+from gpuwear.ledger.records import (
+    Event,
+    _checked,
+    _compact,
+    _diff,
+    _dump,
+    _event_crc,
+    _event_problem,
+    _job_blob,
+    _job_problem,
+    _job_text,
+    _json_object,
+    _read_docs,
+    _wear,
+)
+from gpuwear.ledger.recovery import _examine, damaged, environment_error, finish_recovery, recover
+from gpuwear.ledger.schema import (
+    _MIGRATIONS,
+    _SCHEMA,
+    PAGE_SIZE,
+    SCHEMA_VERSION,
+    _schema_version,
+    _tables,
+    _too_new,
+    _transaction,
+)
+from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
+from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.schema import SchemaError, check_event, check_import, check_job, check_wear
+
+log = logging.getLogger(__name__)
+
+
+COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
+
+
+class Ledger:
+    """One ledger file. Use :meth:`open` (daemon, read-write) or :meth:`open_read_only`."""
+
+    def __init__(self, path: Path, connection: sqlite3.Connection, recovered: Path | None = None,
+                 set_aside: int = 0) -> None:
+        self.path = path
+        self._db = connection
+        self.recovered = recovered  # where the damaged file was kept when it was recovered at open
+        self.set_aside = set_aside  # records (or values of records) set aside at open
+        self._saved: dict[str, dict[str, Any]] | None = None  # each GPU's record as committed (base + log)
+        self._log_rows = 0
+        self._vacuum_failed = False  # said once in the log, not at every save
+        self.left_out: list[str] = []  # the rows a read left out (why, one each), for the reader to say
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path) -> Ledger:
+        """Open or create the ledger, every record validated. A record (or a value of a GPU's record) that fails
+        validation is set aside (the ``set_aside`` table) and the rest kept; a file SQLite cannot read whole is
+        recovered (:func:`recover`: what can still be read, in a new ledger; the damaged file kept beside it).
+        Raises :class:`LedgerTooNewError` for a ledger of a newer gpuwear, LedgerError for a symbolic link,
+        OSError / sqlite3.Error when the directory cannot be written."""
+        private_folder(path.parent)
+        finish_recovery(path)  # one a kill interrupted
+        _private_file(path)
+        recovered: Path | None = None
+        for attempt in range(2):
+            legacy: list[tuple[str, int, int]] = []
+            try:
+                db = cls._connect(path)
+                try:
+                    docs, bad = _audit(db, legacy)
+                except BaseException:
+                    db.close()
+                    raise
+                break
+            except LedgerRefusedError:
+                raise
+            except (sqlite3.DatabaseError, LedgerError, UnicodeDecodeError) as exc:  # SQLite's message on a damaged
+                # page can hold the page's own bytes, which are not UTF-8
+                if isinstance(exc, sqlite3.Error) and environment_error(exc):
+                    raise  # the disk or the directory, not the file: kept as it is, retried by the caller
+                if not damaged(exc) or attempt:  # an error of ours, or a file recovery did not mend: never rewritten
+                    why = "still damaged once recovered" if attempt else "not recovered (not damage SQLite reports)"
+                    raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: {why}; the file is kept as it "
+                                             "is") from exc
+                recovered = recover(path, exc)
+        if legacy:  # rows from before checksums, validated once: stamped, so that later opens only check them
+            with _transaction(db):
+                for table in ("events", "jobs"):
+                    db.executemany(f"UPDATE {table} SET crc = ? WHERE rowid = ?",
+                                   [(crc, rowid) for t, rowid, crc in legacy if t == table])
+        if bad:
+            _set_aside(db, docs, bad)
+            what, why = bad[0].what, bad[0].reason
+            first = printable(why if why.startswith(what) else f"{what}: {why}")[:300]
+            log.error("ledger %s: set aside %d record(s) that fail validation, the rest of the history kept (%s%s); "
+                      "they are kept in its set_aside table", path, len(bad), first,
+                      f"; and {len(bad) - 1} more" if len(bad) > 1 else "")
+        return cls(path, db, recovered, len(bad))
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        if path.exists() and path.stat().st_size:
+            _examine(path)
+        db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        db.text_factory = _text
+        try:
+            version = _schema_version(db)
+            if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+                # 1 KiB pages for a new ledger: a save appends a few KiB to the wear log, and every page it
+                # touches is written whole (twice: the WAL, then the checkpoint); pages freed by retention can be
+                # given back (incremental vacuum, which must be chosen before the first table)
+                db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            # a 256 KiB page cache, not the default 2 MiB: the ledger is written once a minute and read at start,
+            # and the default cache grew the daemon's RSS by 2 MiB over its first week as the file grew
+            db.execute("PRAGMA cache_size=-256")
+            if version is None:
+                db.executescript(_SCHEMA)
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            while version is not None and version < SCHEMA_VERSION:
+                if version not in _MIGRATIONS:
+                    raise LedgerRefusedError(f"{path}: no migration from ledger schema {version}")
+                db.execute("BEGIN IMMEDIATE")
+                _MIGRATIONS[version](db)
+                version += 1
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+                db.execute("COMMIT")
+            present = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if missing := sorted(set(_tables()) - present):  # dropped: nothing of them is left to lose
+                db.executescript(_SCHEMA)
+                log.error("ledger %s had no %s table: created empty, the rest of the history kept", path,
+                          ", ".join(missing))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', ?)", (__version__,))
+            if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # a ledger from before: once, rewritten whole
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                db.execute("VACUUM")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    @classmethod
+    def open_read_only(cls, path: Path) -> Ledger:
+        """Open an existing ledger for reading (while the daemon may be writing it)."""
+        if not path.exists():
+            raise LedgerError(f"no ledger at {path}: has the daemon run with this state directory?")
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)
+            db.text_factory = _text
+            db.execute("PRAGMA cache_size=-256")  # as the daemon's own: the page at / reads through one of these
+            version = _schema_version(db)
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            raise LedgerError(f"{path}: not a readable gpuwear ledger ({exc})") from None
+        if version is None or version > SCHEMA_VERSION:
+            message = (_too_new(path, db, version) if version is not None else
+                       f"{path}: not a gpuwear ledger this version can read (no schema version)")
+            db.close()
+            raise LedgerTooNewError(message) if version is not None else LedgerError(message)
+        # no pass over the whole history: each read proves what it reads (checksums, validation)
+        return cls(path, db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- reading ------------------------------------------------------------------------
+
+    def load(self, gate_celsius: float) -> dict[str, GpuWear]:
+        """Every GPU's accumulators, by UUID."""
+        return {uuid: GpuWear.from_json(_checked(doc, f"{self.path}: GPU {uuid}"), gate_celsius)
+                for uuid, doc in sorted(_read_docs(self._db).items())}
+
+    def meta(self, key: str) -> str | None:
+        """A value of the meta table (``save(meta=...)`` writes them), None where absent."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row and isinstance(row[0], str) else None
+
+    def rows(self) -> dict[str, int]:
+        """Rows per table: what the file's size is made of (``gpuwear doctor``)."""
+        present = {name for (name,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return {table: self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("gpus", "wear_log", "jobs", "events", "imports", "set_aside") if table in present}
+
+    def events(self, uuid: str | None = None, since: float | None = None, last: int | None = None) -> list[Event]:
+        """A GPU's events (all GPUs': None) from ``since`` on, oldest first: the newest ``last`` of them where given.
+        Each is proved whole by its checksum (validated where it has none); one that is not is left out and said in
+        :attr:`left_out`."""
+        query = ("SELECT uuid, wall, kind, detail, crc FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? "
+                 "ORDER BY id DESC LIMIT ?")
+        rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf"),
+                                        -1 if last is None else last)).fetchall()
+        out = []
+        for u, w, k, d, crc in reversed(rows):
+            problem = _event_problem(u, w, k, d, crc)
+            if problem:
+                self.left_out.append(f"an event of GPU {printable(str(u))[:80]!r}: {problem}")
+                continue
+            out.append(Event(u, w, k, json.loads(d)))
+        return out
+
+    def covered(self, uuid: str) -> list[tuple[float, float]]:
+        """The wall-clock intervals this ledger's history of a GPU observed, live and imported, sorted: what an
+        import must not count again. A record from before intervals were kept counts as its whole span."""
+        out: list[tuple[float, float]] = []
+        live = _read_docs(self._db).get(uuid)
+        if live and live.get("covered"):
+            out += [(float(a), float(b)) for a, b in live["covered"].items()]
+        elif live and live.get("first_seen") is not None and live.get("last_seen") is not None:
+            out.append((float(live["first_seen"]), float(live["last_seen"])))
+        # an import covers the intervals it integrated: its whole span only where it holds observed time but no
+        # intervals (a ledger export's part from before intervals were kept), never for rows that observed nothing
+        # (two rows years apart, from a clock that was off, would otherwise cover every later log of the card)
+        for first, last, text in self._db.execute("SELECT first, last, wear FROM imports WHERE uuid = ?", (uuid,)):
+            doc = _json_object(text, f"import of GPU {uuid!r}")
+            if doc.get("covered"):
+                out += [(float(a), float(b)) for a, b in doc["covered"].items()]
+            elif doc.get("observed_seconds"):
+                out.append((float(first), float(last)))
+        return sorted(out)
+
+    def imported_spans(self, uuid: str) -> list[tuple[float, float]]:
+        """Time spans already imported for a GPU."""
+        return list(self._db.execute("SELECT first, last FROM imports WHERE uuid = ? ORDER BY first", (uuid,)))
+
+    def load_imported(self, gate_celsius: float) -> dict[str, GpuWear]:
+        """The history imported from logs, all imports of a GPU merged, by UUID."""
+        out: dict[str, GpuWear] = {}
+        for uuid, text in self._db.execute("SELECT uuid, wear FROM imports ORDER BY first"):
+            w = GpuWear.from_json(_wear(text, f"{self.path}: import of GPU {uuid}"), gate_celsius)
+            out[uuid] = out[uuid].merged(w) if uuid in out else GpuWear(uuid, gate_celsius=gate_celsius).merged(w)
+        return out
+
+    def export(self, uuid: str, simulated: bool = False) -> dict[str, Any]:
+        """One GPU's history as a document another box's ledger can import (:func:`gpuwear.ledger.export.document`);
+        LedgerError when the ledger holds nothing of it."""
+        return export.document(self._db, self.path, uuid, self.events(uuid), simulated)
+
+    def forget(self, uuid: str) -> dict[str, int]:
+        """Remove every record of one GPU in one transaction: its live record, its imports, its events and its share of
+        each job (a job left with no GPU goes). The wear log is folded into the records first: its rows name GPUs.
+        Returns what was removed, by kind; LedgerError when the ledger holds nothing of that GPU."""
+        docs = _read_docs(self._db)
+        imports = self._db.execute("SELECT count(*) FROM imports WHERE uuid = ?", (uuid,)).fetchone()[0]
+        if uuid not in docs and not imports:
+            raise LedgerError(f"{self.path}: no GPU {uuid}")
+        removed = {"records": int(uuid in docs), "imports": imports, "events": 0, "jobs": 0}
+        with self._transaction() as db:
+            for u, d in docs.items():
+                if u != uuid:
+                    db.execute("UPDATE gpus SET wear = ? WHERE uuid = ?", (json.dumps(d, separators=(",", ":")), u))
+            db.execute("DELETE FROM wear_log")
+            db.execute("DELETE FROM gpus WHERE uuid = ?", (uuid,))
+            db.execute("DELETE FROM imports WHERE uuid = ?", (uuid,))
+            removed["events"] = db.execute("DELETE FROM events WHERE uuid = ?", (uuid,)).rowcount
+            for record, data in db.execute("SELECT record, data FROM jobs").fetchall():
+                job = _json_object(_job_text(data, f"job {record!r}"), f"job {record!r}")
+                gpus = [g for g in job.get("gpus", []) if g.get("uuid") != uuid]
+                if len(gpus) == len(job.get("gpus", [])):
+                    continue
+                removed["jobs"] += 1
+                if gpus:
+                    blob = _job_blob(json.dumps({**job, "gpus": gpus}, separators=(",", ":")))
+                    db.execute("UPDATE jobs SET data = ?, crc = ? WHERE record = ?", (blob, zlib.crc32(blob), record))
+                else:
+                    db.execute("DELETE FROM jobs WHERE record = ?", (record,))
+        self._saved = None  # what is committed changed under the save cache
+        return removed
+
+    def load_all(self, gate_celsius: float) -> dict[str, GpuWear]:
+        """Live and imported history merged, by UUID (what a report shows)."""
+        live = self.load(gate_celsius)
+        for uuid, imported in self.load_imported(gate_celsius).items():
+            live[uuid] = live[uuid].merged(imported) if uuid in live else imported
+        return live
+
+    # -- writing ------------------------------------------------------------------------
+
+    def import_periods(self, since: float | None = None) -> list[dict[str, Any]]:
+        """Each import that reaches past ``since`` as a period shaped like a job record (kind "imported", id the
+        source file), so that `gpuwear jobs` lists imported history beside the jobs and idle lines."""
+        out = []
+        rows = self._db.execute("SELECT rowid AS row_id, uuid, source, first, last, wear FROM imports WHERE last >= ? "
+                                "ORDER BY first DESC", (since if since is not None else float("-inf"),))
+        for rowid, uuid, source, first, last, text in rows:
+            wear = _wear(text, f"{self.path}: import of GPU {uuid}")
+            hottest = {sensor: max(int(t) for t in hist) for sensor, hist in wear.get("temperature_seconds", {}).items()
+                       if hist}
+            out.append({"record": f"import-{rowid}", "kind": "imported", "id": Path(source).name, "user": None,
+                        "name": source, "start": first, "end": last, "last_seen": last,
+                        "gpus": [{"uuid": uuid, "start": first, "end": last, "max_celsius": hottest, "events": {},
+                                  "wear": wear}]})
+        return out
+
+    def jobs(self, since: float | None = None, running_only: bool = False) -> list[dict[str, Any]]:
+        """Job records (``JobRecord.to_json()``) that ended after ``since`` or still run, newest first."""
+        return list(self.iter_jobs(since, running_only))
+
+    def iter_jobs(self, since: float | None = None, running_only: bool = False) -> Iterator[dict[str, Any]]:
+        """:meth:`jobs` one record at a time (a listing of a busy box's months holds one in memory, not all), each
+        proved whole by its checksum (validated where it has none); one that is not is left out and said in
+        :attr:`left_out`."""
+        rows = self._db.execute(
+            "SELECT record, data, crc FROM jobs WHERE (end IS NULL OR end >= ?) AND (? = 0 OR end IS NULL) "
+            "ORDER BY start DESC", (since if since is not None else float("-inf"), int(running_only)))
+        for record, data, crc in rows:
+            problem = _job_problem(data, crc)
+            if problem:
+                self.left_out.append(f"job {printable(str(record))[:80]!r}: {problem}")
+                continue
+            yield json.loads(_job_text(data, f"job {record!r}"))
+
+    def left_out_note(self) -> str | None:
+        """What the reads so far left out, in one line for the person reading (None: nothing)."""
+        if not self.left_out:
+            return None
+        more = f" and {len(self.left_out) - 1} more" if len(self.left_out) > 1 else ""
+        return (f"{self.path}: {len(self.left_out)} record(s) left out of what is shown ({self.left_out[0]}{more}); "
+                "the daemon sets them aside at its next start")
+
+    def periods(self, since: float | None = None) -> Iterator[dict[str, Any]]:
+        """Job records and import periods (:meth:`import_periods`) together, newest first, one at a time."""
+        return heapq.merge(self.iter_jobs(since), self.import_periods(since), key=lambda r: -r["start"])
+
+    def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
+             imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = (),
+             jobs: Iterable[dict[str, Any]] = (), forget_jobs_before: float | None = None,
+             meta: dict[str, str] | None = None, forget_events_before: float | None = None) -> None:
+        """Write accumulators (``GpuWear.to_json()`` dicts), events, imports (uuid, source,
+        first, last, rows, wear) and job records in one transaction, removing the job records that ended before
+        ``forget_jobs_before`` and the events before ``forget_events_before`` (retention: each GPU's own record keeps
+        its lifetime figures; the pages they held are given back to the file system once enough are free). Raises
+        ``sqlite3.Error`` (disk full, read-only directory) with nothing written; once it has committed it raises
+        nothing, so a caller that saves again what failed never writes an event twice."""
+        now = time.time()
+        if self._saved is None:  # what is committed, to write only what changed
+            self._saved = _read_docs(self._db)
+            self._log_rows = self._db.execute("SELECT count(*) FROM wear_log").fetchone()[0]
+        saved = self._saved
+        # a copy as JSON reads it back: to_json() hands out the live accumulators' own maps, which go on changing
+        docs = {w["uuid"]: json.loads(json.dumps(_compact(w), separators=(",", ":"))) for w in wears}
+        jobs, events, imports = list(jobs), list(events), list(imports)
+        try:  # never write what the next open would refuse (and set aside)
+            for uuid, doc in docs.items():
+                check_wear(doc, f"GPU {uuid}", WEAR_SCHEMA)
+            for job in jobs:
+                check_job(job, f"job {job.get('record')!r}")
+            for event in events:
+                check_event({"wall": event.wall, "kind": event.kind, "detail": event.detail}, f"event of {event.uuid}")
+            for uuid, _, first, last, rows, wear in imports:
+                check_import(uuid, first, last, rows, json.loads(_dump(wear)), WEAR_SCHEMA)
+        except SchemaError as exc:
+            raise LedgerError(f"refusing to save a record that would not read back: {exc}") from None
+        compact = self._log_rows >= COMPACT_AFTER
+        whole = [d for u, d in docs.items() if compact or u not in saved]
+        changed = {u: _diff(saved[u], d) for u, d in docs.items() if not compact and u in saved}
+        deltas = {u: d for u, d in changed.items() if d}
+        if compact:
+            whole += [d for u, d in saved.items() if u not in docs]
+        with self._transaction() as db:
+            for d in whole:
+                db.execute("INSERT INTO gpus (uuid, name, serial, first_seen, last_seen, saved, wear) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET name = excluded.name, "
+                           "serial = excluded.serial, first_seen = excluded.first_seen, "
+                           "last_seen = excluded.last_seen, saved = excluded.saved, wear = excluded.wear",
+                           (d["uuid"], d.get("name", ""), d.get("serial"), d.get("first_seen"), d.get("last_seen"),
+                            now, json.dumps(d, separators=(",", ":"))))
+            if compact:
+                db.execute("DELETE FROM wear_log")
+            if deltas:  # one row a save: its GPUs' changes compressed together (their keys repeat)
+                db.execute("INSERT INTO wear_log (deltas) VALUES (?)",
+                           (zlib.compress(json.dumps(deltas, separators=(",", ":")).encode(), 6),))
+            fields = [(e.uuid, float(e.wall), e.kind, json.dumps(e.detail)) for e in events]
+            db.executemany("INSERT INTO events (uuid, wall, kind, detail, crc) VALUES (?, ?, ?, ?, ?)",
+                           [(*f, _event_crc(*f)) for f in fields])
+            db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           [(u, src, a, b, n, now, _dump(w)) for u, src, a, b, n, w in imports])
+            blobs = [(j, _job_blob(json.dumps({**j, "gpus": [{**g, "wear": _compact(g["wear"])} for g in j["gpus"]]},
+                                              separators=(",", ":")))) for j in jobs]
+            db.executemany("INSERT INTO jobs (record, kind, start, end, data, crc) VALUES (?, ?, ?, ?, ?, ?) "
+                           "ON CONFLICT (record) DO UPDATE SET end = excluded.end, data = excluded.data, "
+                           "crc = excluded.crc",
+                           [(j["record"], j["kind"], j["start"], j["end"], blob, zlib.crc32(blob))
+                            for j, blob in blobs])
+            retention.prune(db, forget_jobs_before, forget_events_before)
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list((meta or {}).items()))
+        saved.update(docs)  # committed: from here on nothing may fail the save (the caller would save it again)
+        self._log_rows = 0 if compact else self._log_rows + bool(deltas)
+        try:
+            self._give_back_pages()
+            self._vacuum_failed = False
+        except sqlite3.Error as exc:  # a full disk, most likely: the pages stay free, given back at a later save
+            if not self._vacuum_failed:
+                log.warning("ledger %s: saved, but its free pages could not be given back yet (%s)", self.path, exc)
+            self._vacuum_failed = True
+
+    def _give_back_pages(self) -> None:
+        retention.give_back_pages(self._db)
+
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return _transaction(self._db)
