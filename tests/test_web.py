@@ -306,14 +306,16 @@ def test_passwords_over_72_bytes_are_refused_not_truncated(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_unknown_users_take_as_long_as_wrong_passwords(authed: Daemon) -> None:
-    """Before: an unknown user was answered in ~8 ms, a wrong password in ~190 ms."""
+    """Before: an unknown user was answered in ~8 ms, a wrong password in ~190 ms. The work is the process's CPU
+    time (the daemon runs in this process): wall time also counted the waits for a core, and under load an unknown
+    user's median came out 119 ms against a wrong password's 80."""
 
     def median(user: str) -> float:
         times = []
         for i in range(7):
-            start = time.perf_counter()
+            start = time.process_time()
             assert request(authed.port, user=user, password=f"wrong{i}")[0] == 401
-            times.append(time.perf_counter() - start)
+            times.append(time.process_time() - start)
         return statistics.median(times)
 
     median("prometheus")  # warm up
