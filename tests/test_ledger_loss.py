@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuwear.cli import main
-from gpuwear.ledger import Event, Ledger
+from gpuwear.ledger import SCHEMA_VERSION, Event, Ledger
 from helpers import free_port, wait_for
 from test_ledger_hostile import T0, UUID, ledger_with_history, observed, wear_doc
 
@@ -197,7 +197,7 @@ def test_a_ledger_of_the_first_schema_5_is_brought_up_to_date_not_recovered(tmp_
     try:
         assert opened.recovered is None and opened.set_aside == 0
         assert opened.rows()["events"] == 8 * 200 and opened.rows()["jobs"] == 1 and len(opened.load(2.0)) == 8
-        assert opened.meta("schema_version") == "6"
+        assert opened.meta("schema_version") == str(SCHEMA_VERSION)
     finally:
         opened.close()
     assert not list(tmp_path.glob("*.damaged-*"))
@@ -507,7 +507,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {daemon!r})
 sys.path.insert(0, {tests!r})
-from gpuwear.ledger import Event, Ledger
+from gpuwear.ledger import SCHEMA_VERSION, Event, Ledger
 from test_ledger_hostile import T0, UUID, wear_doc
 ledger = Ledger.open(Path({path!r}))
 held = ledger.load(2.0).get(UUID)
@@ -754,3 +754,62 @@ def test_a_row_changed_under_a_running_daemon_costs_the_page_that_row_only(tmp_p
         daemon.stop()
     assert "cannot be read" not in page and gpu in page
     assert "1 record(s) left out of what is shown" in page and "its bytes changed since it was written" in page
+
+
+# -- checksums where history lives forever: the GPUs' records, the wear log, the imports ----------------------------
+
+def test_a_gpu_record_or_import_changed_on_disk_is_caught_and_costs_no_lifetime(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checksums guarded events and jobs only, which age out anyway: a byte changed in a card's lifetime record or
+    in an import that still read as valid JSON was taken as the card's history."""
+    state = tmp_path / "state"
+    path = ledger_with_history(state)
+    other = "GPU-99999999-1111-2222-3333-444455556666"
+    ledger = Ledger.open(path)
+    ledger.save([], [], imports=[(other, "log.csv", T0, T0 + 600, 600, wear_doc(first=T0, seconds=600, uuid=other))])
+    ledger.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:  # valid JSON, plausible figures: only a checksum
+        db.execute("UPDATE gpus SET wear = replace(wear, '\"observed_seconds\":3600', '\"observed_seconds\":3609')")
+        db.execute("UPDATE imports SET wear = replace(wear, '\"observed_seconds\":600', '\"observed_seconds\":900')")
+        assert db.total_changes == 2
+    assert main(["report", "--json", "--state-dir", str(state)]) == 0  # a reader: left out, said, never failing
+    out, err = capsys.readouterr()
+    assert json.loads(out)["gpus"] == [] and len(err.strip().splitlines()) == 1
+    assert "2 record(s) left out of what is shown" in err and "its bytes changed since it was written" in err, err
+    opened = Ledger.open(path)  # the daemon's open: the card's record validated value by value and kept, its bytes
+    try:                        # kept aside; the import (one log's history) set aside whole
+        assert opened.set_aside == 2 and opened.load(2.0)[UUID].observed_seconds == 3609
+        assert opened.load_imported(2.0) == {} and opened.rows()["set_aside"] == 2
+        (kept,) = opened._db.execute("SELECT data FROM set_aside WHERE source = 'gpus'").fetchone()
+        assert '\\"observed_seconds\\":3609' in kept  # the bytes as they were found
+    finally:
+        opened.close()
+    again = Ledger.open(path)  # written again with their checksums: nothing more to set aside
+    try:
+        assert again.set_aside == 0 and again.left_out == []
+    finally:
+        again.close()
+    assert main(["report", "--json", "--state-dir", str(state)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_records_from_before_schema_7_are_stamped_once_and_read_back_whole(tmp_path: Path) -> None:
+    path = ledger_with_history(tmp_path)
+    ledger = Ledger.open(path)
+    ledger.save([wear_doc(seconds=4000.0)], [],
+                imports=[(UUID, "log.csv", T0 - 7200, T0 - 3600, 3600, wear_doc(first=T0 - 7200, seconds=3600))])
+    ledger.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        assert db.execute("SELECT count(*) FROM wear_log").fetchone()[0] == 1
+        for table in ("gpus", "wear_log", "imports"):
+            db.execute(f"UPDATE {table} SET crc = NULL")
+    Ledger.open(path).close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        for table in ("gpus", "wear_log", "imports"):
+            assert db.execute(f"SELECT count(*) FROM {table} WHERE crc IS NULL").fetchone()[0] == 0, table
+    again = Ledger.open(path)
+    try:
+        assert again.set_aside == 0 and again.load(2.0)[UUID].observed_seconds == 4000
+        assert again.load_imported(2.0)[UUID].observed_seconds == 3600 and again.left_out == []
+    finally:
+        again.close()

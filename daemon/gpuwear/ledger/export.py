@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwear.ledger.errors import LedgerError
-from gpuwear.ledger.records import Event, _read_docs
+from gpuwear.ledger.records import CHANGED, Event, _crc_of, _read_docs, changed
 
 EXPORT_VERSION = 1  # the `gpuwear export` document
 FORMAT = "gpuwear-ledger-export"
@@ -23,7 +23,12 @@ def document(db: sqlite3.Connection, path: Path, uuid: str, events: Iterable[Eve
     """The export of GPU ``uuid`` of the ledger at ``path`` (read through ``db``), with ``events`` (its events, read
     and proved whole by the caller); LedgerError when the ledger holds nothing of it."""
     live = _read_docs(db).get(uuid)
-    imports = [json.loads(w) for (w,) in db.execute("SELECT wear FROM imports WHERE uuid = ?", (uuid,))]
+    imports = []
+    for text, crc in db.execute(f"SELECT wear, {_crc_of(db, 'imports')} FROM imports WHERE uuid = ?", (uuid,)):
+        if changed(text, crc):  # exported, it would pass for the card's history on another box
+            raise LedgerError(f"{path}: an import of GPU {uuid}: {CHANGED} (the daemon sets it aside at its next "
+                              "start)")
+        imports.append(json.loads(text))
     if live is None and not imports:
         raise LedgerError(f"{path}: no GPU {uuid}")
     parts = ([live] if live else []) + imports

@@ -13,14 +13,17 @@ from typing import Any
 from gpuwear.ledger.errors import LedgerError
 from gpuwear.ledger.records import (
     _ABSENT,
+    CHANGED,
     BadRecord,
     _checked,
+    _crc_of,
     _event_crc,
     _event_problem,
     _job_problem,
     _json_object,
     _read_docs_tolerant,
     _stored_crc,
+    changed,
 )
 from gpuwear.ledger.schema import _transaction
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
@@ -89,9 +92,11 @@ def _audit(db: sqlite3.Connection, legacy: list[tuple[str, int, int]] | None = N
         except LedgerError as exc:
             bad.append(BadRecord("gpus", rowid, f"GPU {uuid!r}", str(exc)))
             del docs[uuid]
-    for rowid, uuid, first, last, count, text in db.execute("SELECT rowid AS row_id, uuid, first, last, rows, wear "
-                                                            "FROM imports"):
+    for rowid, uuid, first, last, count, text, crc in db.execute(
+            f"SELECT rowid AS row_id, uuid, first, last, rows, wear, {_crc_of(db, 'imports')} FROM imports"):
         try:
+            if changed(text, crc):
+                raise LedgerError(f"import of GPU {uuid!r}: {CHANGED}")
             check_import(uuid, first, last, count, _json_object(text, f"import of GPU {uuid!r}"), WEAR_SCHEMA)
         except (SchemaError, LedgerError) as exc:
             bad.append(BadRecord("imports", rowid, f"import of GPU {uuid!r}", str(exc)))
@@ -128,5 +133,6 @@ def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: lis
                        (time.time(), b.table, b.what[:300], b.reason[:1000], data))
         if any(b.table in ("gpus", "wear_log") for b in bad):
             for uuid, doc in docs.items():
-                db.execute("UPDATE gpus SET wear = ? WHERE uuid = ?", (json.dumps(doc, separators=(",", ":")), uuid))
+                text = json.dumps(doc, separators=(",", ":"))
+                db.execute("UPDATE gpus SET wear = ?, crc = ? WHERE uuid = ?", (text, _stored_crc(text), uuid))
             db.execute("DELETE FROM wear_log")

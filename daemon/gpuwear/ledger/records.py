@@ -74,45 +74,57 @@ def _apply(doc: dict[str, Any], delta: dict[str, Any]) -> None:
 
 def _read_docs(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
     """Each GPU's record: its row with the wear log applied, both read in one snapshot (a reader beside the daemon
-    never sees a base from before a compaction with the log from after it). LedgerError for text that is not a
-    JSON object."""
-    if db.in_transaction:
-        return _read_docs_now(db)
-    db.execute("BEGIN")
-    try:
-        return _read_docs_now(db)
-    finally:
-        db.execute("COMMIT")
-
-
-def _read_docs_now(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
-    docs, bad, _ = _read_docs_tolerant(db)
+    never sees a base from before a compaction with the log from after it). LedgerError for a row that fails its
+    checksum or is not a JSON object."""
+    docs, bad = _read_docs_leaving_out(db)
     if bad:
         raise LedgerError(bad[0].reason)
     return docs
+
+
+def _read_docs_leaving_out(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadRecord]]:
+    """:func:`_read_docs`, the GPU rows and log rows that cannot be read or fail their checksums left out and
+    returned beside."""
+    if db.in_transaction:
+        docs, bad, rows = _read_docs_tolerant(db)
+    else:
+        db.execute("BEGIN")
+        try:
+            docs, bad, rows = _read_docs_tolerant(db)
+        finally:
+            db.execute("COMMIT")
+    left_out = {b.rowid for b in bad if b.table == "gpus"}
+    return {uuid: doc for uuid, doc in docs.items() if rows[uuid][0] not in left_out}, bad
 
 
 def _read_docs_tolerant(db: sqlite3.Connection,
                         ) -> tuple[dict[str, dict[str, Any]], list[BadRecord], dict[str, tuple[int, Any]]]:
     """Each GPU's record with the wear log applied, the GPU rows and log rows that could not be read (a log row
     that cannot be applied is left out whole: the records stay as the rows before it left them), and each GPU
-    row's rowid and name (read with it: an index may hold other bytes than a damaged row)."""
+    row's rowid and name (read with it: an index may hold other bytes than a damaged row). A GPU row that reads but
+    fails its checksum is in both: its record, and a bad record holding its bytes as they are (the daemon's open
+    keeps them aside and validates the record value by value: one value never costs a card's lifetime)."""
     docs: dict[str, dict[str, Any]] = {}
     bad: list[BadRecord] = []
     unreadable: set[str] = set()
     rows: dict[str, tuple[int, Any]] = {}
-    for rowid, uuid, name, text in db.execute("SELECT rowid AS row_id, uuid, name, wear FROM gpus"):
+    for rowid, uuid, name, text, crc in db.execute(f"SELECT rowid AS row_id, uuid, name, wear, {_crc_of(db, 'gpus')} "
+                                                   "FROM gpus"):
         rows[uuid] = (rowid, name)
         try:
             docs[uuid] = _json_object(text, f"GPU {uuid!r}")
+            if changed(text, crc):  # a card's lifetime: its bytes kept aside, its values validated one by one
+                bad.append(BadRecord("gpus", rowid, f"GPU {uuid!r}", f"GPU {uuid!r}: {CHANGED}", text))
         except LedgerError as exc:
             bad.append(BadRecord("gpus", rowid, f"GPU {uuid!r}", str(exc)))
             unreadable.add(uuid)
     if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'wear_log'").fetchone() is None:
         return docs, bad, rows  # a schema-1 ledger read before the daemon migrated it
-    for row, blob in db.execute("SELECT id, deltas FROM wear_log ORDER BY id"):
+    for row, blob, crc in db.execute(f"SELECT id, deltas, {_crc_of(db, 'wear_log')} FROM wear_log ORDER BY id"):
         where = f"wear log row {row}"
         try:
+            if changed(blob, crc):
+                raise LedgerError(f"{where}: {CHANGED}")
             changes = _log_row(blob, where)
             for uuid, delta in changes.items():
                 if (uuid not in docs and uuid not in unreadable) or not isinstance(delta, dict):
@@ -181,6 +193,22 @@ class BadRecord:
     part: Any = _ABSENT  # the value removed from a GPU's record, whose other figures are kept; else the whole row
 
 
+CHANGED = "its bytes changed since it was written"
+
+
+def changed(stored: Any, crc: Any) -> bool:
+    """Whether a stored value fails the checksum written with it (a row without one, from before checksums, does
+    not: it is validated instead)."""
+    return crc is not None and (not isinstance(crc, int) or not isinstance(stored, (str, bytes))
+                                or crc != _stored_crc(stored))
+
+
+def _crc_of(db: sqlite3.Connection, table: str) -> str:
+    """The column to select for a table's checksum: ``crc``, or NULL in a ledger from before it had one (read by a
+    newer gpuwear before its daemon migrated it)."""
+    return "crc" if "crc" in {row[1] for row in db.execute(f"PRAGMA table_info({table})")} else "NULL"
+
+
 def _crc(text: str) -> int:
     return zlib.crc32(text.encode("utf-8", "surrogatepass"))
 
@@ -194,9 +222,9 @@ def _event_problem(uuid: Any, wall: Any, kind: Any, detail: Any, crc: Any) -> st
     fields. Validated when it was written, an event whose checksum holds needs nothing more."""
     if isinstance(crc, int) and isinstance(detail, str) and isinstance(wall, float) and isinstance(uuid, str) \
             and isinstance(kind, str):
-        return None if crc == _event_crc(uuid, wall, kind, detail) else "its bytes changed since it was written"
+        return None if crc == _event_crc(uuid, wall, kind, detail) else CHANGED
     if crc is not None:
-        return "its bytes changed since it was written"
+        return CHANGED
     try:
         check_event({"wall": wall, "kind": kind, "detail": json.loads(detail)}, "")
     except (ValueError, TypeError, RecursionError) as exc:
@@ -207,9 +235,9 @@ def _event_problem(uuid: Any, wall: Any, kind: Any, detail: Any, crc: Any) -> st
 def _job_problem(data: Any, crc: Any) -> str | None:
     """Why a stored job record cannot be read (None: it can), as :func:`_event_problem`."""
     if isinstance(crc, int) and isinstance(data, (str, bytes)):
-        return None if crc == _stored_crc(data) else "its bytes changed since it was written"
+        return None if crc == _stored_crc(data) else CHANGED
     if crc is not None:
-        return "its bytes changed since it was written"
+        return CHANGED
     try:
         check_job(json.loads(_job_text(data, "")), "")
     except (ValueError, TypeError, RecursionError, LedgerError) as exc:

@@ -18,8 +18,9 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # 2: the wear log (saves write what changed); 3: records may hold "seen" (which kinds of reading a history held),
 # which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead;
 # 5: the set_aside table, checksums (crc) on events and jobs; 6: the checksums in every ledger called 5 (the first
-# schema 5 had none: a number names one schema, so the files called 5 are brought to 6 by what they hold)
-SCHEMA_VERSION = 6
+# schema 5 had none: a number names one schema, so the files called 5 are brought to 6 by what they hold); 7: checksums
+# on the GPUs' lifetime records, the wear log and the imports (the history that never ages out)
+SCHEMA_VERSION = 7
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
 
@@ -43,7 +44,8 @@ CREATE TABLE IF NOT EXISTS gpus (
     first_seen REAL,
     last_seen REAL,
     saved REAL NOT NULL,
-    wear TEXT NOT NULL                 -- GpuWear.to_json()
+    wear TEXT NOT NULL,                -- GpuWear.to_json()
+    crc INTEGER                        -- crc32 of wear, written with it (NULL: a row from before schema 7)
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -62,7 +64,8 @@ CREATE TABLE IF NOT EXISTS imports (  -- history backfilled from logs, kept apar
     last REAL NOT NULL,
     rows INTEGER NOT NULL,
     imported REAL NOT NULL,
-    wear TEXT NOT NULL                 -- GpuWear.to_json() of the imported rows alone
+    wear TEXT NOT NULL,                -- GpuWear.to_json() of the imported rows alone
+    crc INTEGER                        -- crc32 of wear, written with it (NULL: a row from before schema 7)
 );
 CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one GPU
     record TEXT PRIMARY KEY,           -- job key @ start
@@ -75,7 +78,8 @@ CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one
 CREATE INDEX IF NOT EXISTS jobs_by_start ON jobs (start);
 CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' records, applied in id order
     id INTEGER PRIMARY KEY,
-    deltas BLOB NOT NULL               -- zlib of JSON {uuid: changed keys (nested maps by key; null: removed)}
+    deltas BLOB NOT NULL,              -- zlib of JSON {uuid: changed keys (nested maps by key; null: removed)}
+    crc INTEGER                        -- crc32 of deltas, written with it (NULL: a row from before schema 7)
 );
 CREATE TABLE IF NOT EXISTS set_aside ( -- records (or values of a GPU's record) that failed validation at an open
     id INTEGER PRIMARY KEY,
@@ -103,6 +107,11 @@ def _checksums_and_set_aside(db: sqlite3.Connection) -> None:
     db.execute(_SET_ASIDE)
 
 
+def _record_checksums(db: sqlite3.Connection) -> None:
+    for table in ("gpus", "wear_log", "imports"):
+        _add_column(db, table, "crc", "INTEGER")
+
+
 # Schema migrations, from version N to N + 1: each driven by what the file holds, safe to run again.
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     1: lambda db: db.execute("CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL)"),
@@ -110,6 +119,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     3: lambda db: None,  # nothing to change: records without "index" are read as before
     4: _checksums_and_set_aside,
     5: _checksums_and_set_aside,  # a schema 5 written before the checksums (d941c07) has none
+    6: _record_checksums,
 }
 
 

@@ -24,9 +24,11 @@ from gpuwear.ledger.errors import LedgerError, LedgerRefusedError, LedgerTooNewE
 from gpuwear.ledger.integrity import _audit, _set_aside
 from gpuwear.ledger.lock import _private_file, private_folder
 from gpuwear.ledger.records import (
+    CHANGED,
     Event,
     _checked,
     _compact,
+    _crc_of,
     _diff,
     _dump,
     _event_crc,
@@ -36,7 +38,10 @@ from gpuwear.ledger.records import (
     _job_text,
     _json_object,
     _read_docs,
+    _read_docs_leaving_out,
+    _stored_crc,
     _wear,
+    changed,
 )
 from gpuwear.ledger.recovery import _examine, damaged, environment_error, finish_recovery, recover
 from gpuwear.ledger.schema import (
@@ -59,6 +64,23 @@ log = logging.getLogger(__name__)
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
 
 
+def _with_crc(stored: str | bytes) -> tuple[str | bytes, int]:
+    """A value to store and the checksum written with it."""
+    return stored, _stored_crc(stored)
+
+
+def _stamp_checksums(db: sqlite3.Connection) -> None:
+    """Give the GPU records, wear-log rows and imports written before checksums (validated by the open's audit,
+    those that failed set aside) the checksums of what they hold: later reads prove them whole."""
+    stamps = {table: [(_stored_crc(value), rowid) for rowid, value in db.execute(
+        f"SELECT rowid AS row_id, {column} FROM {table} WHERE crc IS NULL")]
+        for table, column in (("gpus", "wear"), ("wear_log", "deltas"), ("imports", "wear"))}
+    if any(stamps.values()):
+        with _transaction(db):
+            for table, rows in stamps.items():
+                db.executemany(f"UPDATE {table} SET crc = ? WHERE rowid = ?", rows)
+
+
 class Ledger:
     """One ledger file. Use :meth:`open` (daemon, read-write) or :meth:`open_read_only`."""
 
@@ -72,6 +94,7 @@ class Ledger:
         self._log_rows = 0
         self._vacuum_failed = False  # said once in the log, not at every save
         self.left_out: list[str] = []  # the rows a read left out (why, one each), for the reader to say
+        self._left_out_rows: set[tuple[str, object]] = set()
 
     # -- opening ------------------------------------------------------------------------
 
@@ -114,6 +137,8 @@ class Ledger:
                                    [(crc, rowid) for t, rowid, crc in legacy if t == table])
         if bad:
             _set_aside(db, docs, bad)
+        _stamp_checksums(db)
+        if bad:
             what, why = bad[0].what, bad[0].reason
             first = printable(why if why.startswith(what) else f"{what}: {why}")[:300]
             log.error("ledger %s: set aside %d record(s) that fail validation, the rest of the history kept (%s%s); "
@@ -191,9 +216,18 @@ class Ledger:
     # -- reading ------------------------------------------------------------------------
 
     def load(self, gate_celsius: float) -> dict[str, GpuWear]:
-        """Every GPU's accumulators, by UUID."""
-        return {uuid: GpuWear.from_json(_checked(doc, f"{self.path}: GPU {uuid}"), gate_celsius)
-                for uuid, doc in sorted(_read_docs(self._db).items())}
+        """Every GPU's accumulators, by UUID; a record that fails its checksum or its validation is left out and said
+        in :attr:`left_out`."""
+        docs, bad = _read_docs_leaving_out(self._db)
+        for b in bad:
+            self._leave_out((b.table, b.rowid), b.reason)
+        out = {}
+        for uuid, doc in sorted(docs.items()):
+            try:
+                out[uuid] = GpuWear.from_json(_checked(doc, f"GPU {uuid}"), gate_celsius)
+            except LedgerError as exc:
+                self._leave_out(("gpus", uuid), str(exc))
+        return out
 
     def meta(self, key: str) -> str | None:
         """A value of the meta table (``save(meta=...)`` writes them), None where absent."""
@@ -210,15 +244,15 @@ class Ledger:
         """A GPU's events (all GPUs': None) from ``since`` on, oldest first: the newest ``last`` of them where given.
         Each is proved whole by its checksum (validated where it has none); one that is not is left out and said in
         :attr:`left_out`."""
-        query = ("SELECT uuid, wall, kind, detail, crc FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? "
+        query = ("SELECT id, uuid, wall, kind, detail, crc FROM events WHERE (? IS NULL OR uuid = ?) AND wall >= ? "
                  "ORDER BY id DESC LIMIT ?")
         rows = self._db.execute(query, (uuid, uuid, since if since is not None else float("-inf"),
                                         -1 if last is None else last)).fetchall()
         out = []
-        for u, w, k, d, crc in reversed(rows):
+        for rowid, u, w, k, d, crc in reversed(rows):
             problem = _event_problem(u, w, k, d, crc)
             if problem:
-                self.left_out.append(f"an event of GPU {printable(str(u))[:80]!r}: {problem}")
+                self._leave_out(("events", rowid), f"an event of GPU {printable(str(u))[:80]!r}: {problem}")
                 continue
             out.append(Event(u, w, k, json.loads(d)))
         return out
@@ -250,10 +284,24 @@ class Ledger:
     def load_imported(self, gate_celsius: float) -> dict[str, GpuWear]:
         """The history imported from logs, all imports of a GPU merged, by UUID."""
         out: dict[str, GpuWear] = {}
-        for uuid, text in self._db.execute("SELECT uuid, wear FROM imports ORDER BY first"):
-            w = GpuWear.from_json(_wear(text, f"{self.path}: import of GPU {uuid}"), gate_celsius)
+        for _, uuid, _, _, _, wear in self._imports("SELECT rowid AS row_id, uuid, source, first, last, wear, {crc} "
+                                                    "FROM imports ORDER BY first"):
+            w = GpuWear.from_json(wear, gate_celsius)
             out[uuid] = out[uuid].merged(w) if uuid in out else GpuWear(uuid, gate_celsius=gate_celsius).merged(w)
         return out
+
+    def _imports(self, query: str, params: tuple[Any, ...] = ()) -> Iterator[tuple[int, str, str, float, float,
+                                                                                   dict[str, Any]]]:
+        """The import rows ``query`` selects (rowid, uuid, source, first, last, wear and ``{crc}``, its checksum),
+        each proved whole by its checksum and validated; one that is not is left out and said in :attr:`left_out`."""
+        for rowid, uuid, source, first, last, text, crc in self._db.execute(
+                query.format(crc=_crc_of(self._db, "imports")), params):
+            try:
+                if changed(text, crc):
+                    raise LedgerError(f"import of GPU {uuid!r}: {CHANGED}")
+                yield rowid, uuid, source, first, last, _wear(text, f"import of GPU {uuid!r}")
+            except LedgerError as exc:
+                self._leave_out(("imports", rowid), str(exc))
 
     def export(self, uuid: str, simulated: bool = False) -> dict[str, Any]:
         """One GPU's history as a document another box's ledger can import (:func:`gpuwear.ledger.export.document`);
@@ -272,7 +320,8 @@ class Ledger:
         with self._transaction() as db:
             for u, d in docs.items():
                 if u != uuid:
-                    db.execute("UPDATE gpus SET wear = ? WHERE uuid = ?", (json.dumps(d, separators=(",", ":")), u))
+                    db.execute("UPDATE gpus SET wear = ?, crc = ? WHERE uuid = ?",
+                               (*_with_crc(json.dumps(d, separators=(",", ":"))), u))
             db.execute("DELETE FROM wear_log")
             db.execute("DELETE FROM gpus WHERE uuid = ?", (uuid,))
             db.execute("DELETE FROM imports WHERE uuid = ?", (uuid,))
@@ -304,10 +353,9 @@ class Ledger:
         """Each import that reaches past ``since`` as a period shaped like a job record (kind "imported", id the
         source file), so that `gpuwear jobs` lists imported history beside the jobs and idle lines."""
         out = []
-        rows = self._db.execute("SELECT rowid AS row_id, uuid, source, first, last, wear FROM imports WHERE last >= ? "
-                                "ORDER BY first DESC", (since if since is not None else float("-inf"),))
-        for rowid, uuid, source, first, last, text in rows:
-            wear = _wear(text, f"{self.path}: import of GPU {uuid}")
+        rows = self._imports("SELECT rowid AS row_id, uuid, source, first, last, wear, {crc} FROM imports "
+                             "WHERE last >= ? ORDER BY first DESC", (since if since is not None else float("-inf"),))
+        for rowid, uuid, source, first, last, wear in rows:
             hottest = {sensor: max(int(t) for t in hist) for sensor, hist in wear.get("temperature_seconds", {}).items()
                        if hist}
             out.append({"record": f"import-{rowid}", "kind": "imported", "id": Path(source).name, "user": None,
@@ -330,9 +378,15 @@ class Ledger:
         for record, data, crc in rows:
             problem = _job_problem(data, crc)
             if problem:
-                self.left_out.append(f"job {printable(str(record))[:80]!r}: {problem}")
+                self._leave_out(("jobs", record), f"job {printable(str(record))[:80]!r}: {problem}")
                 continue
             yield json.loads(_job_text(data, f"job {record!r}"))
+
+    def _leave_out(self, row: tuple[str, object], why: str) -> None:
+        """Say a row (table, key) left out by a read: once, however many reads met it."""
+        if row not in self._left_out_rows:
+            self._left_out_rows.add(row)
+            self.left_out.append(printable(why)[:300])
 
     def left_out_note(self) -> str | None:
         """What the reads so far left out, in one line for the person reading (None: nothing)."""
@@ -383,23 +437,24 @@ class Ledger:
             whole += [d for u, d in saved.items() if u not in docs]
         with self._transaction() as db:
             for d in whole:
-                db.execute("INSERT INTO gpus (uuid, name, serial, first_seen, last_seen, saved, wear) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET name = excluded.name, "
+                db.execute("INSERT INTO gpus (uuid, name, serial, first_seen, last_seen, saved, wear, crc) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET name = excluded.name, "
                            "serial = excluded.serial, first_seen = excluded.first_seen, "
-                           "last_seen = excluded.last_seen, saved = excluded.saved, wear = excluded.wear",
+                           "last_seen = excluded.last_seen, saved = excluded.saved, wear = excluded.wear, "
+                           "crc = excluded.crc",
                            (d["uuid"], d.get("name", ""), d.get("serial"), d.get("first_seen"), d.get("last_seen"),
-                            now, json.dumps(d, separators=(",", ":"))))
+                            now, *_with_crc(json.dumps(d, separators=(",", ":")))))
             if compact:
                 db.execute("DELETE FROM wear_log")
             if deltas:  # one row a save: its GPUs' changes compressed together (their keys repeat)
-                db.execute("INSERT INTO wear_log (deltas) VALUES (?)",
-                           (zlib.compress(json.dumps(deltas, separators=(",", ":")).encode(), 6),))
+                db.execute("INSERT INTO wear_log (deltas, crc) VALUES (?, ?)",
+                           _with_crc(zlib.compress(json.dumps(deltas, separators=(",", ":")).encode(), 6)))
             fields = [(e.uuid, float(e.wall), e.kind, json.dumps(e.detail)) for e in events]
             db.executemany("INSERT INTO events (uuid, wall, kind, detail, crc) VALUES (?, ?, ?, ?, ?)",
                            [(*f, _event_crc(*f)) for f in fields])
-            db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported, wear) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           [(u, src, a, b, n, now, _dump(w)) for u, src, a, b, n, w in imports])
+            db.executemany("INSERT INTO imports (uuid, source, first, last, rows, imported, wear, crc) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(u, src, a, b, n, now, *_with_crc(_dump(w))) for u, src, a, b, n, w in imports])
             blobs = [(j, _job_blob(json.dumps({**j, "gpus": [{**g, "wear": _compact(g["wear"])} for g in j["gpus"]]},
                                               separators=(",", ":")))) for j in jobs]
             db.executemany("INSERT INTO jobs (record, kind, start, end, data, crc) VALUES (?, ?, ?, ?, ?, ?) "
