@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -221,8 +222,30 @@ def measure(work: Path, name: str, scenario: Path, gpus: dict[str, dict[str, Any
         simulated_days = (time.monotonic() - t0) * 60.0 / DAY
         out["writes_mb_per_gpu_day"] = (written(proc.pid) - bytes0) / 1e6 / n / simulated_days
         out["rss_after_run_mib"] = rss_mib(proc.pid)
+        # a scrape issued while the page renders afresh (saves happened during the run, so it is not cached)
+        page = threading.Thread(target=get, args=(f"http://127.0.0.1:{port}/",))
+        page.start()
+        time.sleep(min(0.2, out["page_s"] / 4))
+        started = time.perf_counter()
+        status, _ = get(f"http://127.0.0.1:{port}/metrics")
+        out["scrape_during_page_s"] = time.perf_counter() - started if status == 200 else float("nan")
+        page.join()
     finally:
         stop(proc)
+    # the same ledger with 30 bytes flipped in its rows (past its first quarter: the schema and meta stay readable):
+    # the daemon recovers it before it serves
+    damaged = work / f"{name}-damaged"
+    shutil.copytree(state, damaged)
+    copy = damaged / "simulated" / scenario.stem / "ledger.sqlite"
+    data, rnd = bytearray(copy.read_bytes()), random.Random(1)
+    for _ in range(30):
+        data[rnd.randrange(len(data) // 4, len(data))] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    proc, port, first = start_daemon(damaged, scenario, 60.0)
+    _, body = get(f"http://127.0.0.1:{port}/metrics")
+    stop(proc)
+    out["first_metrics_damaged_s"] = first
+    out["damaged_recovered"] = float(b"gpuwear_ledger_moved_aside 1.0" in body)
     return out
 
 
@@ -237,7 +260,10 @@ LABELS = {"ledger_mib": "ledger file (MiB)", "first_metrics_s": "start → first
           "report_peak_mib": "`report` peak RSS (MiB)", "report_html_s": "`report --html` (s)",
           "report_html_peak_mib": "`report --html` peak RSS (MiB)", "jobs_s": "`jobs` (s)",
           "jobs_peak_mib": "`jobs` peak RSS (MiB)", "jobs_all_s": "`jobs --all` (s)",
-          "jobs_all_peak_mib": "`jobs --all` peak RSS (MiB)"}
+          "jobs_all_peak_mib": "`jobs --all` peak RSS (MiB)",
+          "scrape_during_page_s": "a scrape issued while the page renders (s)",
+          "first_metrics_damaged_s": "start → first /metrics, 30 bytes flipped (recovery) (s)",
+          "damaged_recovered": "recovered (1: yes)"}
 
 
 def main() -> int:
