@@ -23,7 +23,7 @@ import pytest
 
 from gpuwear.cli import main
 from gpuwear.config import Config, WearConfig
-from gpuwear.ledger import SCHEMA_VERSION, Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
+from gpuwear.ledger import SCHEMA_VERSION, Event, Ledger, LedgerError, LedgerTooNewError, StateLock, StateLockedError
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.schema import SchemaError, check_export, check_job, check_wear
 from helpers import fetch, free_port, slow_fixture, wait_for
@@ -701,21 +701,35 @@ def test_the_disk_not_the_file_keeps_the_ledger_where_it_is(tmp_path: Path) -> N
     assert not environment_error(corrupt.value)
 
 
-def test_a_record_that_would_not_read_back_is_never_written(tmp_path: Path) -> None:
+def test_a_record_that_would_not_read_back_is_never_written_and_costs_no_other(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One GPU's record over its caps (or a value no reading can have) failed every GPU's save, for good."""
     from gpuwear.sample import validated
+    from gpuwear.wear.schema import MAX_INTERVALS
 
     assert validated({"ecc_corrected_aggregate": 2**64 - 1})[0]["ecc_corrected_aggregate"] is None
     path = ledger_with_history(tmp_path / "state")
+    other = "GPU-99999999-1111-2222-3333-444455556666"
     ledger = Ledger.open(path)
     try:
         bad = {**wear_doc(), "health": {"ecc_corrected_aggregate": 2**64 - 1}}
-        with pytest.raises(LedgerError, match=r"would not read back: .*health\.ecc_corrected_aggregate"):
-            ledger.save([bad], [])
+        grown = {**wear_doc(uuid=other), "covered": {str(T0 + 2 * i): T0 + 2 * i + 1 for i in range(MAX_INTERVALS + 1)}}
+        for seconds in (4000.0, 5000.0):  # two saves: refused at each, said once
+            ledger.save([bad, grown, wear_doc(uuid="GPU-88888888-1111-2222-3333-444455556666", seconds=seconds)],
+                        [Event(UUID, T0, "xid", {"code": 79})])
     finally:
         ledger.close()
+    refusals = [r.getMessage() for r in caplog.records if "would not read back" in r.getMessage()]
+    assert len(refusals) == 2 and any("health.ecc_corrected_aggregate" in m for m in refusals), refusals
     again = Ledger.open(path)
-    assert again.recovered is None and again.set_aside == 0 and observed(path) == 3600
-    again.close()
+    try:
+        assert again.recovered is None and again.set_aside == 0
+        saved = again.load(2.0)
+        assert saved[UUID].observed_seconds == 3600 and other not in saved  # as before: never written
+        assert saved["GPU-88888888-1111-2222-3333-444455556666"].observed_seconds == 5000  # the rest saved
+        assert len(again.events()) == 2
+    finally:
+        again.close()
 
 
 @pytest.mark.slow

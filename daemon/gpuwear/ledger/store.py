@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,7 @@ class Ledger:
         self._vacuum_failed = False  # said once in the log, not at every save
         self.left_out: list[str] = []  # the rows a read left out (why, one each), for the reader to say
         self._left_out_rows: set[tuple[str, object]] = set()
+        self._refused: set[tuple[Any, ...]] = set()  # records a save left out, said once each
 
     # -- opening ------------------------------------------------------------------------
 
@@ -409,7 +410,9 @@ class Ledger:
         ``forget_jobs_before`` and the events before ``forget_events_before`` (retention: each GPU's own record keeps
         its lifetime figures; the pages they held are given back to the file system once enough are free). Raises
         ``sqlite3.Error`` (disk full, read-only directory) with nothing written; once it has committed it raises
-        nothing, so a caller that saves again what failed never writes an event twice."""
+        nothing, so a caller that saves again what failed never writes an event twice. A GPU record, job or event
+        that would not read back is left out (said once in the log) and the rest saved; an import that would not
+        raises LedgerError with nothing written."""
         now = time.time()
         if self._saved is None:  # what is committed, to write only what changed
             self._saved = _read_docs(self._db)
@@ -418,13 +421,17 @@ class Ledger:
         # a copy as JSON reads it back: to_json() hands out the live accumulators' own maps, which go on changing
         docs = {w["uuid"]: json.loads(json.dumps(_compact(w), separators=(",", ":"))) for w in wears}
         jobs, events, imports = list(jobs), list(events), list(imports)
-        try:  # never write what the next open would refuse (and set aside)
-            for uuid, doc in docs.items():
-                check_wear(doc, f"GPU {uuid}", WEAR_SCHEMA)
-            for job in jobs:
-                check_job(job, f"job {job.get('record')!r}")
-            for event in events:
-                check_event({"wall": event.wall, "kind": event.kind, "detail": event.detail}, f"event of {event.uuid}")
+        # never write what the next open would refuse (and set aside): a GPU record, job or event that would not
+        # read back is refused alone, said once, and the rest saved (one card's record over its caps failed every
+        # card's save); an import refuses the save (its caller, a command, says so)
+        docs = {uuid: doc for uuid, doc in docs.items()
+                if self._valid(("gpus", uuid), check_wear, doc, f"GPU {uuid}", WEAR_SCHEMA)}
+        jobs = [job for job in jobs
+                if self._valid(("jobs", job.get("record")), check_job, job, f"job {job.get('record')!r}")]
+        events = [e for e in events if self._valid(("events", e.uuid, e.kind), check_event,
+                                                   {"wall": e.wall, "kind": e.kind, "detail": e.detail},
+                                                   f"event of {e.uuid}")]
+        try:
             for uuid, _, first, last, rows, wear in imports:
                 check_import(uuid, first, last, rows, json.loads(_dump(wear)), WEAR_SCHEMA)
         except SchemaError as exc:
@@ -473,6 +480,19 @@ class Ledger:
             if not self._vacuum_failed:
                 log.warning("ledger %s: saved, but its free pages could not be given back yet (%s)", self.path, exc)
             self._vacuum_failed = True
+
+    def _valid(self, key: tuple[Any, ...], check: Callable[..., object], *args: Any) -> bool:
+        """Whether a record to save passes ``check(*args)``; one that does not is left out of the save and said in
+        the log, once for each ``key`` (a GPU's record, a job, a kind of event), however many saves refuse it."""
+        try:
+            check(*args)
+            return True
+        except SchemaError as exc:
+            if key not in self._refused:
+                self._refused.add(key)
+                log.error("ledger %s: not saving a record that would not read back (%s); the rest is saved",
+                          self.path, printable(str(exc))[:300])
+            return False
 
     def _give_back_pages(self) -> None:
         retention.give_back_pages(self._db)
