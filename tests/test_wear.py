@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import csv
+import itertools
 import json
 import math
 import random
@@ -484,3 +486,29 @@ def test_the_resistance_trend_follows_a_growing_record() -> None:
     assert resistance_trend(w) == _trend_afresh(w)
     merged = w.merged(GpuWear("GPU-trend", thermal_resistance={"2024-12-31": [10.0, 1.0, 0.1]}))
     assert resistance_trend(merged) == _trend_afresh(merged) and resistance_trend(merged)["days"] > 350
+
+
+def test_observed_intervals_stay_bounded_and_never_cover_less() -> None:
+    """A card whose readings stop and start all day long added an interval at each gap: its record grew toward the
+    ledger's cap (100,000 intervals), where every card's save was refused."""
+    from gpuwear.ledger.records import _compact
+    from gpuwear.wear.accumulate import COVERED_KEPT
+    from gpuwear.wear.schema import check_wear
+
+    w = GpuWear("GPU-x", name="x")
+    rng = random.Random(3)
+    observed, t = [], 1.75e9
+    for _ in range(3 * COVERED_KEPT):
+        start, end = t, t + rng.uniform(1, 60)
+        w.cover(start, end)
+        observed.append((start, end))
+        t = end + rng.choice([2.0, 5.0, 30.0, 600.0])  # a gap: a new interval
+    kept = w.intervals()
+    assert len(kept) <= COVERED_KEPT and kept == sorted(kept)
+    starts = [a for a, _ in kept]
+    for s, e in observed:  # never covers less: each observed interval lies in one kept
+        a, b = kept[bisect.bisect_right(starts, s) - 1]
+        assert a <= s and e <= b, (s, e, a, b)
+    assert all(b < a2 for (_, b), (a2, _) in itertools.pairwise(kept))  # still disjoint
+    doc = w.to_json()
+    check_wear(_compact(doc), "", doc["schema"])

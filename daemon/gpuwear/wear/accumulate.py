@@ -102,15 +102,28 @@ def _above_weight(celsius: float) -> tuple[object, Callable[[str], float]]:
     return ("above", celsius), lambda t: 1.0 if int(t) >= celsius else 0.0
 
 
+COVERED_KEPT = 10_000  # observed intervals a history keeps (the ledger's validator refuses over 100,000)
+
+
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
-    """Sorted, overlapping (or within a second) intervals joined, as {"start": end} items (start to the ms)."""
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1] + 1.0:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(f"{math.floor(a * 1000) / 1000:.3f}", b) for a, b in out]  # never later than the interval's start
+    """Sorted, overlapping (or within a second) intervals joined, as {"start": end} items (start to the ms). Over
+    COVERED_KEPT of them (a card whose readings stop and start all day long), intervals are joined across ever
+    larger gaps until half that many are left (so that this happens seldom): the history then covers short gaps it
+    did not observe, so an import of those is refused as already counted, never counted twice, and the record never
+    grows toward the validator's cap."""
+    within, limit = 1.0, COVERED_KEPT
+    ordered = sorted(intervals)
+    while True:
+        out: list[list[float]] = []
+        for a, b in ordered:
+            if out and a <= out[-1][1] + within:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        if len(out) <= limit:
+            return [(f"{math.floor(a * 1000) / 1000:.3f}", b) for a, b in out]  # never later than the start
+        within, limit = within * 4, COVERED_KEPT // 2
+        ordered = [(a, b) for a, b in out]
 
 
 @functools.lru_cache(maxsize=256)
@@ -275,6 +288,9 @@ class GpuWear:
             if first <= start <= last + 1.0:
                 if end > last:
                     self.covered[key] = end
+                return
+            if start > last + 1.0 and len(self.covered) < COVERED_KEPT:  # after a gap, in order: a new one
+                self.covered[f"{math.floor(start * 1000) / 1000:.3f}"] = end
                 return
         self.covered = dict(_merged_intervals([*self.intervals(), (start, end)]))
 
