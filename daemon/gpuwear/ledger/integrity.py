@@ -17,7 +17,6 @@ from gpuwear.ledger.records import (
     BadRecord,
     _checked,
     _crc_of,
-    _event_crc,
     _event_problem,
     _job_problem,
     _json_object,
@@ -72,13 +71,11 @@ def _remove(doc: Any, where: str, removed: list[tuple[str, str, Any]], problem: 
         node = node[key]
 
 
-def _audit(db: sqlite3.Connection, legacy: list[tuple[str, int, int]] | None = None,
-           ) -> tuple[dict[str, dict[str, Any]], list[BadRecord]]:
+def _audit(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadRecord]]:
     """Read every record back and validate it: each GPU's record (its row with the wear log applied, a log row that
     cannot be applied left out) and the records that fail, each on its own. Raises sqlite3.DatabaseError where
     SQLite itself cannot read the file."""
     bad: list[BadRecord] = []
-    legacy = [] if legacy is None else legacy  # (table, rowid, checksum) of valid rows written without one
     docs, unusable, rows = _read_docs_tolerant(db)
     bad += unusable
     for uuid, doc in list(docs.items()):
@@ -106,14 +103,10 @@ def _audit(db: sqlite3.Connection, legacy: list[tuple[str, int, int]] | None = N
         problem = _event_problem(uuid, wall, kind, detail, crc)
         if problem:
             bad.append(BadRecord("events", rowid, f"event of GPU {uuid!r}", problem))
-        elif crc is None:
-            legacy.append(("events", rowid, _event_crc(uuid, float(wall), kind, detail)))
     for rowid, record, data, crc in db.execute("SELECT rowid AS row_id, record, data, crc FROM jobs"):
         problem = _job_problem(data, crc)
         if problem:
             bad.append(BadRecord("jobs", rowid, f"job {record!r}"[:80], problem))
-        elif crc is None:
-            legacy.append(("jobs", rowid, _stored_crc(data)))
     return docs, bad
 
 

@@ -70,11 +70,13 @@ def _with_crc(stored: str | bytes) -> tuple[str | bytes, int]:
 
 
 def _stamp_checksums(db: sqlite3.Connection) -> None:
-    """Give the GPU records, wear-log rows and imports written before checksums (validated by the open's audit,
-    those that failed set aside) the checksums of what they hold: later reads prove them whole."""
+    """Give the rows written before checksums (validated by the open's audit, those that failed set aside) the
+    checksums of what they hold: later reads prove them whole."""
     stamps = {table: [(_stored_crc(value), rowid) for rowid, value in db.execute(
         f"SELECT rowid AS row_id, {column} FROM {table} WHERE crc IS NULL")]
-        for table, column in (("gpus", "wear"), ("wear_log", "deltas"), ("imports", "wear"))}
+        for table, column in (("gpus", "wear"), ("wear_log", "deltas"), ("imports", "wear"), ("jobs", "data"))}
+    stamps["events"] = [(_event_crc(uuid, float(wall), kind, detail), rowid) for rowid, uuid, wall, kind, detail
+                        in db.execute("SELECT rowid AS row_id, uuid, wall, kind, detail FROM events WHERE crc IS NULL")]
     if any(stamps.values()):
         with _transaction(db):
             for table, rows in stamps.items():
@@ -104,18 +106,18 @@ class Ledger:
         """Open or create the ledger, every record validated. A record (or a value of a GPU's record) that fails
         validation is set aside (the ``set_aside`` table) and the rest kept; a file SQLite cannot read whole is
         recovered (:func:`recover`: what can still be read, in a new ledger; the damaged file kept beside it).
-        Raises :class:`LedgerTooNewError` for a ledger of a newer gpuwear, LedgerError for a symbolic link,
-        OSError / sqlite3.Error when the directory cannot be written."""
+        Raises :class:`LedgerRefusedError` for a file that is not to be written (:class:`LedgerTooNewError`: a
+        ledger of a newer gpuwear; trouble that is not damage SQLite reports), LedgerError for a symbolic link,
+        OSError / sqlite3.Error when the directory or the disk stands in the way."""
         private_folder(path.parent)
         finish_recovery(path)  # one a kill interrupted
         _private_file(path)
         recovered: Path | None = None
         for attempt in range(2):
-            legacy: list[tuple[str, int, int]] = []
             try:
                 db = cls._connect(path)
                 try:
-                    docs, bad = _audit(db, legacy)
+                    docs, bad = _audit(db)
                 except BaseException:
                     db.close()
                     raise
@@ -131,14 +133,9 @@ class Ledger:
                     raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: {why}; the file is kept as it "
                                              "is") from exc
                 recovered = recover(path, exc)
-        if legacy:  # rows from before checksums, validated once: stamped, so that later opens only check them
-            with _transaction(db):
-                for table in ("events", "jobs"):
-                    db.executemany(f"UPDATE {table} SET crc = ? WHERE rowid = ?",
-                                   [(crc, rowid) for t, rowid, crc in legacy if t == table])
         if bad:
             _set_aside(db, docs, bad)
-        _stamp_checksums(db)
+        _stamp_checksums(db)  # the rows from before checksums, validated by the audit: later opens check only
         if bad:
             what, why = bad[0].what, bad[0].reason
             first = printable(why if why.startswith(what) else f"{what}: {why}")[:300]
