@@ -184,11 +184,27 @@ def test_keep_alive_serves_several_requests_on_one_connection(plain: Daemon) -> 
     (b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 501),
     (b"GET /metrics HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 413),
     (b"GET /metrics HTTP/1.1\r\nbad header\r\n\r\n", 400),
+    ("GET /metrics HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"), 400),  # passed str.isdigit()
+    ("GET /metrics HTTP/1.1\r\nContent-Length: \u00b9\r\n\r\n".encode("latin-1"), 400),
+    (b"GET /metrics HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),  # int() refused 4,300+
+    (b"GET /metrics HTTP/1.1\r\nContent-Length: 0000000000000000000000012\r\n\r\n" + b"x" * 12, 200),
 ])
-def test_requests_that_break_the_limits_get_a_status_then_a_close(plain: Daemon, data: bytes, status: int) -> None:
+def test_requests_that_break_the_limits_get_a_status_then_a_close(plain: Daemon, data: bytes, status: int,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Before: Content-Length "\u00b2", "\u00b9" or 5,000 digits passed str.isdigit(), then int() raised: an ERROR
+    and a traceback per request, before auth (4 clients wrote 13 MB of log in 10 s)."""
     answer = raw(plain.port, data)
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:80]
     assert request(plain.port)[0] == 200  # and the daemon goes on
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text[-2000:]
+
+
+def test_an_absolute_form_request_line_is_answered(plain: Daemon) -> None:
+    """`GET http://host/metrics` (absolute-form, which RFC 9112 says a server must accept) got 404."""
+    answer = raw(plain.port, f"GET http://127.0.0.1:{plain.port}/metrics?x=1 HTTP/1.1\r\nHost: x\r\n"
+                               "Connection: close\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"gpuwear_gpu_up" in answer, answer[:200]
+    assert raw(plain.port, b"GET HTTP://x HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200 ")
 
 
 @pytest.mark.slow

@@ -581,12 +581,14 @@ class FrontDoor:
             if "transfer-encoding" in headers:
                 raise _RefusedError(501)
             length = headers.get("content-length", "0")
-            if not length.isdigit():
+            if not (length.isascii() and length.isdigit()):  # 1*DIGIT (RFC 9110): "²" passes str.isdigit alone
                 raise _RefusedError(400)
-            if int(length) > MAX_BODY:
+            if len(length.lstrip("0")) > len(str(MAX_BODY)) or int(length) > MAX_BODY:  # never int() of 5,000 digits
                 raise _RefusedError(413)
             if int(length):
                 await reader.readexactly(int(length))
+        if target.lower().startswith(("http://", "https://")):  # absolute-form, which a server must accept (RFC 9112)
+            target = "/" + target.split("://", 1)[1].partition("/")[2]
         return _Request(method, target.split("?", 1)[0], version, headers)
 
     async def _answer(self, request: _Request, stream: _Stream) -> bool:
