@@ -813,3 +813,30 @@ def test_records_from_before_schema_7_are_stamped_once_and_read_back_whole(tmp_p
         assert again.load_imported(2.0)[UUID].observed_seconds == 3600 and again.left_out == []
     finally:
         again.close()
+
+
+# -- what reaches a terminal -------------------------------------------------------------------------------------
+
+HOSTILE = "\x1b[2J\x07\x9b31m\u202e"  # clear the screen, bell, a C1 CSI, a right-to-left override
+
+
+def test_names_from_outside_never_reach_the_terminal_raw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`report` printed raw ESC/BEL from an imported log's or an export's GPU name and UUID, and `jobs` printed job
+    names raw (ESC, BEL, C1 CSI, RLO) where they came from a scenario or an import."""
+    state = tmp_path / "state"
+    gpu = f"GPU-{HOSTILE}-0000"
+    ledger = Ledger.open(state / "ledger.sqlite")
+    job = _job(time.time() - 600)
+    job["name"], job["gpus"][0]["uuid"] = f"train{HOSTILE}", gpu  # type: ignore[index]
+    job["gpus"][0]["wear"] = wear_doc(first=job["start"], seconds=60, uuid=gpu)  # type: ignore[index, arg-type]
+    ledger.save([{**wear_doc(uuid=gpu), "name": f"H100{HOSTILE}"}], [Event(gpu, time.time() - 60, "xid", {"code": 79})],
+                jobs=[job])
+    ledger.close()
+    for command in (["report"], ["jobs", "--all"], ["jobs", f"train{HOSTILE}"], ["report", "--gpu", gpu]):
+        code = main([*command, "--state-dir", str(state)])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        shown = out + err
+        assert "H100" in shown or "train" in shown, shown
+        assert not any(c in shown for c in "\x1b\x07\x9b\u202e"), (command, shown[:400])
+        assert "\\x1b" in shown  # said, as an escape

@@ -118,8 +118,14 @@ def _ledger_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"gpuwear: {message}", file=sys.stderr)
+    print(f"gpuwear: {printable(message)}", file=sys.stderr)
     return code
+
+
+def _show(text: str, end: str = "\n") -> None:
+    """Print text for a person: every line made printable (names, UUIDs and job names come from GPUs, logs, exports
+    and scenarios: an ESC, BEL or bidi override in them must not reach the terminal)."""
+    print("\n".join(printable(line) for line in text.split("\n")), end=end)
 
 
 def _config_problems(path: str, error: ConfigError) -> int:
@@ -270,7 +276,7 @@ def _report(args: argparse.Namespace) -> int:
     elif args.json:
         print(json.dumps(doc, indent=2, sort_keys=False))
     else:
-        print(text_report(doc), end="")
+        _show(text_report(doc), end="")
     return 0
 
 
@@ -319,7 +325,7 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(jobreport.limited(doc, limit), indent=2))
     else:
-        print(jobreport.text(doc, gpu_indexes(every.values()), limit), end="")
+        _show(jobreport.text(doc, gpu_indexes(every.values()), limit), end="")
     return 0
 
 
@@ -341,7 +347,7 @@ def _doctor(args: argparse.Namespace) -> int:
         backend = NvmlBackend()
     simulated = args.simulated or (Path(args.simulate).stem if args.simulate else None)
     findings = Doctor(config, backend, ledger_path(config, simulated)).run()
-    return 0 if render(findings) else EXIT_FAILURE
+    return 0 if render(findings, _show) else EXIT_FAILURE
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -436,7 +442,7 @@ def _import_ledger(args: argparse.Namespace, ledger: Ledger) -> int:
             print(f"gpuwear: {name}: not imported: {exc}", file=sys.stderr)
             failed += 1
             continue
-        print(f"{name}: GPU {doc['uuid']}: {result['imported']} part(s) imported"
+        _show(f"{name}: GPU {doc['uuid']}: {result['imported']} part(s) imported"
               + (f", {result['skipped']} skipped (already imported)" if result["skipped"] else ""))
     return EXIT_FAILURE if failed else 0
 
@@ -537,7 +543,8 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
             try:
                 result = import_file(path, ledger, config.wear, gpu=gpu, columns=columns, tz=tz,
                                      max_gap=args.max_gap,
-                                     say=lambda line: print(f"gpuwear: {line}", file=sys.stderr), progress=progress)
+                                     say=lambda line: print(f"gpuwear: {printable(line)}", file=sys.stderr),
+                                     progress=progress)
             except (ImportFormatError, OSError) as exc:
                 print(f"gpuwear: {path}: not imported: {exc}", file=sys.stderr)
                 failed += 1
@@ -553,12 +560,12 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
                 skipped = result.skipped.get(uuid, 0)
                 cadence, gap = result.cadence[uuid]
                 every = f"a row every {cadence:.3g} s, " if cadence is not None else ""
-                print(f"{path}: GPU {uuid}: {rows} row(s) imported"
+                _show(f"{path}: GPU {uuid}: {rows} row(s) imported"
                       + (f", {skipped} skipped (already imported)" if skipped else "")
                       + f" ({every}pauses over {gap:g} s not counted as observed)")
                 excluded = result.excluded.get(uuid)
                 if excluded:
-                    print(f"{path}: GPU {uuid}: not believed: "
+                    _show(f"{path}: GPU {uuid}: not believed: "
                           + ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(excluded.items()))
                           + " (docs/wear-model.md)")
             if result.problems or result.dropped:
