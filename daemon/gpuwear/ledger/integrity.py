@@ -71,10 +71,12 @@ def _remove(doc: Any, where: str, removed: list[tuple[str, str, Any]], problem: 
         node = node[key]
 
 
-def _audit(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadRecord]]:
+def _audit(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadRecord], set[str]]:
     """Read every record back and validate it: each GPU's record (its row with the wear log applied, a log row that
-    cannot be applied left out) and the records that fail, each on its own. Raises sqlite3.DatabaseError where
-    SQLite itself cannot read the file."""
+    cannot be applied left out), the records that fail, each on its own, and which of the tables that grow (events,
+    jobs) hold rows written before checksums (stamped then: no second pass over them at every start). Raises
+    sqlite3.DatabaseError where SQLite itself cannot read the file."""
+    unstamped: set[str] = set()
     bad: list[BadRecord] = []
     docs, unusable, rows = _read_docs_tolerant(db)
     bad += unusable
@@ -103,11 +105,15 @@ def _audit(db: sqlite3.Connection) -> tuple[dict[str, dict[str, Any]], list[BadR
         problem = _event_problem(uuid, wall, kind, detail, crc)
         if problem:
             bad.append(BadRecord("events", rowid, f"event of GPU {uuid!r}", problem))
+        elif crc is None:
+            unstamped.add("events")
     for rowid, record, data, crc in db.execute("SELECT rowid AS row_id, record, data, crc FROM jobs"):
         problem = _job_problem(data, crc)
         if problem:
             bad.append(BadRecord("jobs", rowid, f"job {record!r}"[:80], problem))
-    return docs, bad
+        elif crc is None:
+            unstamped.add("jobs")
+    return docs, bad, unstamped
 
 
 def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: list[BadRecord]) -> None:

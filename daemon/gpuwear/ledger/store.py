@@ -69,14 +69,19 @@ def _with_crc(stored: str | bytes) -> tuple[str | bytes, int]:
     return stored, _stored_crc(stored)
 
 
-def _stamp_checksums(db: sqlite3.Connection) -> None:
+def _stamp_checksums(db: sqlite3.Connection, grown: set[str]) -> None:
     """Give the rows written before checksums (validated by the open's audit, those that failed set aside) the
-    checksums of what they hold: later reads prove them whole."""
+    checksums of what they hold: later reads prove them whole. The small tables are looked over each time; of the
+    tables that grow (events, jobs), those in ``grown``, where the audit met such rows."""
+    tables = [("gpus", "wear"), ("wear_log", "deltas"), ("imports", "wear")]
+    if "jobs" in grown:
+        tables.append(("jobs", "data"))
     stamps = {table: [(_stored_crc(value), rowid) for rowid, value in db.execute(
-        f"SELECT rowid AS row_id, {column} FROM {table} WHERE crc IS NULL")]
-        for table, column in (("gpus", "wear"), ("wear_log", "deltas"), ("imports", "wear"), ("jobs", "data"))}
-    stamps["events"] = [(_event_crc(uuid, float(wall), kind, detail), rowid) for rowid, uuid, wall, kind, detail
-                        in db.execute("SELECT rowid AS row_id, uuid, wall, kind, detail FROM events WHERE crc IS NULL")]
+        f"SELECT rowid AS row_id, {column} FROM {table} WHERE crc IS NULL")] for table, column in tables}
+    if "events" in grown:
+        stamps["events"] = [(_event_crc(uuid, float(wall), kind, detail), rowid) for rowid, uuid, wall, kind, detail
+                            in db.execute("SELECT rowid AS row_id, uuid, wall, kind, detail FROM events "
+                                          "WHERE crc IS NULL")]
     if any(stamps.values()):
         with _transaction(db):
             for table, rows in stamps.items():
@@ -117,7 +122,7 @@ class Ledger:
             try:
                 db = cls._connect(path)
                 try:
-                    docs, bad = _audit(db)
+                    docs, bad, unstamped = _audit(db)
                 except BaseException:
                     db.close()
                     raise
@@ -135,7 +140,7 @@ class Ledger:
                 recovered = recover(path, exc)
         if bad:
             _set_aside(db, docs, bad)
-        _stamp_checksums(db)  # the rows from before checksums, validated by the audit: later opens check only
+        _stamp_checksums(db, unstamped)  # rows from before checksums, validated by the audit: later opens check only
         if bad:
             what, why = bad[0].what, bad[0].reason
             first = printable(why if why.startswith(what) else f"{what}: {why}")[:300]
