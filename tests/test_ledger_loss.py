@@ -840,3 +840,20 @@ def test_names_from_outside_never_reach_the_terminal_raw(tmp_path: Path, capsys:
         assert "H100" in shown or "train" in shown, shown
         assert not any(c in shown for c in "\x1b\x07\x9b\u202e"), (command, shown[:400])
         assert "\\x1b" in shown  # said, as an escape
+
+
+@pytest.mark.slow
+def test_the_daemons_log_shows_outside_text_printable(tmp_path: Path) -> None:
+    """The log (the journal, a terminal) carried paths, GPU and job names raw: here the state directory's name."""
+    state = tmp_path / f"state{HOSTILE}"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen", f"127.0.0.1:{port}",
+                             "--state-dir", str(state)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/healthz", "ok")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, log = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log[-2000:]
+    assert "state\\x1b[2J\\x07\\x9b31m\\u202e" in log, log[-2000:]  # said, as escapes
+    assert not any(c in log for c in "\x1b\x07\x9b\u202e"), log[-2000:]

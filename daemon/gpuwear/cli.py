@@ -117,6 +117,14 @@ def _ledger_arguments(parser: argparse.ArgumentParser) -> None:
                         "the real one")
 
 
+class PrintableFormatter(logging.Formatter):
+    """The daemon's log lines made printable: GPU names, job names, paths and what a client sent reach the log (the
+    journal, a terminal), and an ESC, BEL or bidi override in them must not act there."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+
+
 def _fail(message: str, code: int) -> int:
     print(f"gpuwear: {printable(message)}", file=sys.stderr)
     return code
@@ -153,8 +161,9 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(f"--speed: must be between 0.001 and 100000, got {args.speed:g}", EXIT_USAGE)
     if args.speed is not None and args.simulate is None and not args.simulate_if_no_gpu:
         return _fail("--speed applies to simulated GPUs only; add --simulate", EXIT_USAGE)
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     speed = args.speed if args.speed is not None else config.simulation.speed
     simulate = args.simulate if args.simulate != "" else config.simulation.scenario
     limit_malloc_arenas()  # before any thread starts
