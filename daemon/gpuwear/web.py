@@ -583,10 +583,13 @@ class FrontDoor:
             length = headers.get("content-length", "0")
             if not (length.isascii() and length.isdigit()):  # 1*DIGIT (RFC 9110): "²" passes str.isdigit alone
                 raise _RefusedError(400)
-            if len(length.lstrip("0")) > len(str(MAX_BODY)) or int(length) > MAX_BODY:  # never int() of 5,000 digits
+            if len(length.lstrip("0")) > len(str(MAX_BODY)):  # never int() of 5,000 digits
                 raise _RefusedError(413)
-            if int(length):
-                await reader.readexactly(int(length))
+            body = int(length)
+            if body > MAX_BODY:
+                raise _RefusedError(413)
+            if body:
+                await reader.readexactly(body)
         if target.lower().startswith(("http://", "https://")):  # absolute-form, which a server must accept (RFC 9112)
             target = "/" + target.split("://", 1)[1].partition("/")[2]
         return _Request(method, target.split("?", 1)[0], version, headers)

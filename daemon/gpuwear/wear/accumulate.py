@@ -105,6 +105,11 @@ def _above_weight(celsius: float) -> tuple[object, Callable[[str], float]]:
 COVERED_KEPT = 10_000  # observed intervals a history keeps (the ledger's validator refuses over 100,000)
 
 
+def _interval_key(start: float) -> str:
+    """An observed interval's key: its start to the millisecond, never later than the start itself."""
+    return f"{math.floor(start * 1000) / 1000:.3f}"
+
+
 def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, float]]:
     """Sorted, overlapping (or within a second) intervals joined, as {"start": end} items (start to the ms). Over
     COVERED_KEPT of them (a card whose readings stop and start all day long), intervals are joined across ever
@@ -121,7 +126,7 @@ def _merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[str, f
             else:
                 out.append([a, b])
         if len(out) <= limit:
-            return [(f"{math.floor(a * 1000) / 1000:.3f}", b) for a, b in out]  # never later than the start
+            return [(_interval_key(a), b) for a, b in out]
         within, limit = within * 4, COVERED_KEPT // 2
         ordered = [(a, b) for a, b in out]
 
@@ -290,7 +295,7 @@ class GpuWear:
                     self.covered[key] = end
                 return
             if start > last + 1.0 and len(self.covered) < COVERED_KEPT:  # after a gap, in order: a new one
-                self.covered[f"{math.floor(start * 1000) / 1000:.3f}"] = end
+                self.covered[_interval_key(start)] = end
                 return
         self.covered = dict(_merged_intervals([*self.intervals(), (start, end)]))
 
