@@ -584,6 +584,9 @@ def test_a_job_or_event_changed_on_disk_is_caught_by_its_checksum(tmp_path: Path
         assert "1 record(s) left out of what is shown" in err and "its bytes changed since it was written" in err
         assert "sets them aside at its next start" in err and (shown not in out if command[0] == "jobs"
                                                                  else shown in out), out
+    assert main(["export", UUID, "--state-dir", str(state)]) == 0  # the event is not exported, and that is said
+    out, err = capsys.readouterr()
+    assert json.loads(out)["events"] == [] and "1 record(s) left out of what is shown" in err, err
     opened = Ledger.open(path)  # the daemon's open: both set aside, the rest kept
     try:
         assert opened.set_aside == 2 and opened.rows()["jobs"] == 0 and opened.rows()["events"] == 0

@@ -122,18 +122,28 @@ class PrintableFormatter(logging.Formatter):
     journal, a terminal), and an ESC, BEL or bidi override in them must not act there."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+        return _printable_lines(super().format(record))
+
+
+def _printable_lines(text: str) -> str:
+    """``text`` with each line made printable (gpuwear.ledger.printable), its line breaks kept."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def _say(message: str) -> None:
+    """One line for the person on standard error, printable."""
+    print(f"gpuwear: {printable(message)}", file=sys.stderr)
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"gpuwear: {printable(message)}", file=sys.stderr)
+    _say(message)
     return code
 
 
 def _show(text: str, end: str = "\n") -> None:
     """Print text for a person: every line made printable (names, UUIDs and job names come from GPUs, logs, exports
     and scenarios: an ESC, BEL or bidi override in them must not reach the terminal)."""
-    print("\n".join(printable(line) for line in text.split("\n")), end=end)
+    print(_printable_lines(text), end=end)
 
 
 def _config_problems(path: str, error: ConfigError) -> int:
@@ -275,7 +285,7 @@ def _report(args: argparse.Namespace) -> int:
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
     if left_out:
-        print(f"gpuwear: {left_out}", file=sys.stderr)
+        _say(left_out)
     if args.html is not None:
         try:
             Path(args.html).write_text(page.render(doc, jobs), encoding="utf-8")
@@ -330,7 +340,7 @@ def _jobs(args: argparse.Namespace) -> int:
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
     if left_out:
-        print(f"gpuwear: {left_out}", file=sys.stderr)
+        _say(left_out)
     if args.json:
         print(json.dumps(jobreport.limited(doc, limit), indent=2))
     else:
@@ -370,10 +380,13 @@ def _export(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 return _fail(str(exc).replace("--gpu ", ""), EXIT_USAGE)
             doc = ledger.export(uuid, simulated=args.simulated is not None)
+            left_out = ledger.left_out_note()
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    if left_out:  # an event that fails its checksum is not exported: said, as by every reader
+        _say(left_out)
     text = json.dumps(doc, indent=1)
     if args.output:
         try:
