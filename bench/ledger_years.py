@@ -3,10 +3,11 @@
     python bench/ledger_years.py [--gpus 8] [--years 3] [--jobs-per-day 500] [--run 60] [--out FILE]
 
 For each age (1 day, then ``--years``), a ledger of ``--gpus`` simulated GPUs (bench/gen.py's mixed scenario) is
-written through the ledger's own code (``Ledger.save``: validated and checksummed as the daemon writes): each GPU's
-lifetime record, ``--jobs-per-day`` job records (one GPU each, their wear taken from real job records the daemon
-wrote over the same scenario), a few events per GPU a day and an import a week, with the default retention applied
-as the daemon applies it (90 days of jobs, 365 of events). Then, as a user meets them, on the same machine:
+written through the ledger's own code (``Ledger.save``: validated, checksummed and each job record's lines kept, as
+the daemon writes): each GPU's lifetime record, ``--jobs-per-day`` job records (one GPU each, their wear taken from
+real job records the daemon wrote over the same scenario), a few events per GPU a day and an import a week, with the
+default retention applied as the daemon applies it (90 days of jobs, 365 of events). Then, as a user meets them, on
+the same machine:
 
 - ``gpuwear run --simulate SCENARIO --speed 60`` on it: seconds from start to the first /metrics answer, RSS
   after start, after the page at / and after ``--run`` seconds of running (simulated minutes at x60), and the
@@ -40,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
 
+from gpuwear.config import WearConfig
+from gpuwear.jobs.lines import Summariser
 from gpuwear.ledger import Event, Ledger
 
 DAY = 86400.0
@@ -121,6 +124,7 @@ def synthesise(path: Path, gpus: dict[str, dict[str, Any]], jobs: list[dict[str,
     start = now - days * DAY
     uuids = sorted(gpus)
     ledger = Ledger.open(path)
+    lines = Summariser(WearConfig())  # each record's lines kept with it, as the daemon keeps them
     try:
         kept_jobs_from = max(start, now - 90 * DAY)  # jobs.retention_days: what the daemon keeps of them
         kept_events_from = max(start, now - 365 * DAY)  # wear.event_retention_days
@@ -143,7 +147,7 @@ def synthesise(path: Path, gpus: dict[str, dict[str, Any]], jobs: list[dict[str,
                           "id": str(100000 + k), "name": f"array-{k % 37}", "start": t, "last_seen": t + length,
                           "end": t + length, "gpus": [g]})
             if len(batch) == 2000:
-                ledger.save([], [], jobs=batch)
+                ledger.save([], [], jobs=batch, lines=lines)
                 batch = []
         events = [Event(u, kept_events_from + rnd.random() * (now - kept_events_from), rnd.choice(["gap", "xid"]),
                         {"seconds": 30.0} if rnd.random() < 0.5 else {"code": 13})
@@ -171,7 +175,7 @@ def synthesise(path: Path, gpus: dict[str, dict[str, Any]], jobs: list[dict[str,
                      "last_seen": start + w * 7 * DAY + 3600, "observed_seconds": 3600.0,
                      "covered": {repr(start + w * 7 * DAY): start + w * 7 * DAY + 3600}})
                    for u in uuids[:1] for w in range(int(days // 7))]
-        ledger.save(records, events, imports=imports, jobs=batch)
+        ledger.save(records, events, imports=imports, jobs=batch, lines=lines)
     finally:
         ledger.close()
 

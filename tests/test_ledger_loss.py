@@ -698,9 +698,59 @@ def test_recovery_keeps_the_pass_that_kept_every_gpu_then_the_most_rows() -> Non
     assert not _kept_more(every_gpu, dict(every_gpu))  # a tie keeps the first pass
 
 
-def test_a_recovered_ledger_never_takes_the_damaged_files_wal(tmp_path: Path) -> None:
+OPEN_ON_A_FILLING_DISK = """
+import resource, signal, sqlite3, sys
+from pathlib import Path
+sys.path.insert(0, {daemon!r})
+import gpuwear.ledger as ledger
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY))  # room for a few pages more
+try:
+    ledger.Ledger.open(Path({path!r})).close()
+    print("opened")
+except sqlite3.Error as exc:
+    print("refused:", ledger.environment_error(exc), exc)
+"""
+
+
+def test_an_open_that_fails_after_writing_puts_the_ledger_and_its_wal_back_as_they_were(tmp_path: Path) -> None:
+    """The open writes before it has met every part of the file (the version it was written by, checksums stamped on
+    older rows, records set aside): a failure after those writes (here a disk that fills up, as damage found late
+    does) left them in the WAL, and the file was no longer the one found."""
+    live = _busy_ledger(tmp_path / "live")
+    writer = Ledger.open(live)
+    try:
+        with closing(writer._db.cursor()) as cursor:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
+            cursor.execute("UPDATE events SET crc = NULL")  # rows from before checksums: the open stamps them
+        folder = tmp_path / "state"
+        folder.mkdir(mode=0o700)
+        for suffix in ("", "-wal"):  # the files as a crash leaves them: saves in the WAL, not yet checkpointed
+            Path(f"{folder / 'ledger.sqlite'}{suffix}").write_bytes(Path(f"{live}{suffix}").read_bytes())
+    finally:
+        writer.close()
+    path = folder / "ledger.sqlite"
+    found = {suffix: Path(f"{path}{suffix}").read_bytes() for suffix in ("", "-wal")}
+    assert len(found["-wal"]) > 50_000
+    script = OPEN_ON_A_FILLING_DISK.format(daemon=str(Path(__file__).parent.parent / "daemon"), path=str(path),
+                                           limit=len(found["-wal"]) + 4096)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert result.stdout.startswith("refused: True"), (result.stdout, result.stderr[-2000:])
+    assert {suffix: Path(f"{path}{suffix}").read_bytes() for suffix in ("", "-wal")} == found
+    assert sorted(p.name for p in folder.iterdir() if p.name != "ledger.sqlite-shm") == \
+        ["ledger.sqlite", "ledger.sqlite-wal"]
+    reopened = Ledger.open(path)  # with room: opened, stamped, nothing lost
+    try:
+        assert reopened.recovered is None and reopened.rows()["events"] == 8 * 200 and len(reopened.load(2.0)) == 8
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("seed", range(2, 12))
+def test_a_recovered_ledger_never_takes_the_damaged_files_wal(seed: int, tmp_path: Path) -> None:
     """A damaged ledger whose WAL still holds its last saves: the WAL is kept beside the damaged file, byte for byte,
-    and never applied to the recovered ledger (its frames would overwrite the new file's pages)."""
+    and never applied to the recovered ledger (its frames would overwrite the new file's pages). Some damage answers
+    only once the open writes (an index page no read met): what the open wrote is put back first."""
     live = _busy_ledger(tmp_path / "live")
     writer = Ledger.open(live)
     try:
@@ -717,7 +767,7 @@ def test_a_recovered_ledger_never_takes_the_damaged_files_wal(tmp_path: Path) ->
     path = folder / "ledger.sqlite"
     wal = Path(f"{path}-wal").read_bytes()
     assert len(wal) > 50_000
-    _flip(path, 2, 30, path.stat().st_size // 4)
+    _flip(path, seed, 30, path.stat().st_size // 4)
     damaged = path.read_bytes()
     recovered = Ledger.open(path)
     try:

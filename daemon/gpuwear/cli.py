@@ -231,6 +231,13 @@ class NoSuchGpuError(ValueError):
     """``--gpu`` names no GPU of the ledger (ambiguous names raise a plain ValueError)."""
 
 
+def _no_gpu(message: str, ledger: Ledger) -> int:
+    """A GPU asked for that the ledger's readable records do not name: a usage error, unless records were left out
+    of the read (the GPU may be one of them: the ledger's trouble, said with the note)."""
+    note = ledger.left_out_note()
+    return _fail(f"{message}; {note}", EXIT_FAILURE) if note else _fail(message, EXIT_USAGE)
+
+
 def select_gpu(spec: str, wears: dict[str, GpuWear]) -> str:
     """``--gpu``: an index as nvidia-smi numbers the GPU (as the daemon last saw it), a UUID, or the start of one
     (``GPU-`` may be left out, any case). Raises ValueError naming the known GPUs when it names none or several."""
@@ -276,7 +283,7 @@ def _report(args: argparse.Namespace) -> int:
                 try:
                     wanted = select_gpu(args.gpu, ledger.load_all(config.wear.cycles.hysteresis_celsius))
                 except ValueError as exc:
-                    return _fail(f"{exc} in {path}", EXIT_USAGE)
+                    return _no_gpu(f"{exc} in {path}", ledger)
             doc, jobs = documents(ledger, config.wear, str(path), args.simulated is not None, wanted,
                                   with_jobs=args.html is not None)
             left_out = ledger.left_out_note()
@@ -325,15 +332,15 @@ def _jobs(args: argparse.Namespace) -> int:
                 try:
                     wanted = select_gpu(args.gpu, every)
                 except ValueError as exc:
-                    return _fail(f"{exc} in {path}", EXIT_USAGE)
-            records: Iterable[dict[str, Any]] = ledger.periods(since)
+                    return _no_gpu(f"{exc} in {path}", ledger)
             if args.job:
-                first = next((r for r in records if args.job in (r["record"], r["id"], r["name"])), None)
+                first = next((r for r in ledger.periods(since) if args.job in (r["record"], r["id"], r["name"])),
+                             None)
                 if first is None:
                     return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
-                records = [first]
-            # the lines shown are made whole; the others count in the totals and shares only
-            doc = jobreport.document(records, gpus, config.wear, since, wanted, shown=limit)
+                doc = jobreport.document([first], gpus, config.wear, since, wanted, shown=limit)
+            else:  # the lines shown are read whole; the totals and shares come from the lines the ledger keeps
+                doc = jobreport.ledger_document(ledger, gpus, config.wear, since, wanted, shown=limit)
             left_out = ledger.left_out_note()
         finally:
             ledger.close()
@@ -378,7 +385,7 @@ def _export(args: argparse.Namespace) -> int:
             try:
                 uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
             except ValueError as exc:
-                return _fail(str(exc).replace("--gpu ", ""), EXIT_USAGE)
+                return _no_gpu(str(exc).replace("--gpu ", ""), ledger)
             doc = ledger.export(uuid, simulated=args.simulated is not None)
             left_out = ledger.left_out_note()
         finally:

@@ -80,9 +80,8 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
 
 def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
               gpu: str | None = None, with_jobs: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The report document of a ledger (or one GPU of it) and, ``with_jobs``, its jobs document (every retained
-    job, for the page's shares: a cost that grows with the jobs kept, which the text and JSON reports do not
-    pay), read in one go."""
+    """The report document of a ledger (or one GPU of it) and, ``with_jobs``, its jobs document (the shares of
+    every retained job, for the page, from the lines the ledger keeps), read in one go."""
     from gpuwear.jobs import report as jobreport
 
     wears = ledger.load_all(p.cycles.hysteresis_celsius)
@@ -92,7 +91,7 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
     doc = document(selected, p, events, where, simulated, set(live))
     if not with_jobs:
         return doc, None
-    return doc, jobreport.document(ledger.periods(None), live, p, None, gpu, shown=0)
+    return doc, jobreport.ledger_document(ledger, live, p, None, gpu, shown=0, by_label=False)
 
 
 def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]], ledger: str,

@@ -35,6 +35,7 @@ from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
+from gpuwear.jobs.lines import Summariser
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
@@ -250,6 +251,9 @@ class Daemon:
             config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds)
         self.job_watcher = JobWatcher(resolver, None if pods is None else pods.by_gpu)
         self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)
+        self._summariser = Summariser(config.wear)  # each job record's lines, kept with it in the ledger
+        self._lines_filled: int | None = None  # the key under which every record's lines are kept
+        self._fill_failed = False
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.recovered is not None,
                                            self.ledger.set_aside if self.ledger is not None else 0)
@@ -410,7 +414,7 @@ class Daemon:
                 lead = self._simulation_lead()
                 self.ledger.save(wears, events, jobs=jobs, forget_jobs_before=self._forget_before(
                     self.config.jobs.retention_days), forget_events_before=self._forget_before(
-                    self.config.wear.event_retention_days), meta=lead)
+                    self.config.wear.event_retention_days), meta=lead, lines=self._summariser)
                 if lead:  # written: the next is due once the lead moved on from this one
                     self._saved_lead = int(lead[SIMULATION_LEAD])
             except BaseException:
@@ -428,7 +432,26 @@ class Daemon:
         if status.last_success is False:
             log.warning("the wear ledger %s is saved again", self.ledger_file)
         self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
+        self._fill_lines()
         return True
+
+    FILL_LINES_PER_SAVE = 500  # job records whose lines a save computes, where the ledger keeps none yet
+
+    def _fill_lines(self) -> None:
+        """Keep the lines of records saved before lines were kept (or with other wear parameters), a few hundred a
+        save: listings count the rest from the records meanwhile. Derived data: a failure is logged once and retried
+        at the next save, never a failed save."""
+        if self.ledger is None or self._lines_filled == self._summariser.key:
+            return
+        try:
+            if self.ledger.fill_lines(self._summariser, self.FILL_LINES_PER_SAVE) < self.FILL_LINES_PER_SAVE:
+                self._lines_filled = self._summariser.key
+            self._fill_failed = False
+        except (sqlite3.Error, LedgerError) as exc:
+            if not self._fill_failed:
+                log.warning("ledger %s: saved, but the lines of older job records could not be kept yet (%s)",
+                            self.ledger_file, exc)
+            self._fill_failed = True
 
     def _forget_before(self, days: float) -> float | None:
         """The Unix time before which records go (retention of ``days``; None: keep them). No retention on a clock
@@ -574,6 +597,7 @@ class Daemon:
         self.source.sampler.slow_interval = new.sampling.slow_interval_seconds
         self.source.sampler.deadline = new.sampling.nvml_deadline_seconds
         self.tracker.set_params(self._wear_params(new))
+        self._summariser = Summariser(new.wear)  # other model parameters: the lines are kept anew under their key
         self.tracker.set_detail(new.metrics.detail)
         self.collector.detail = self.exposition.detail = new.metrics.detail
         logging.getLogger().setLevel(new.log_level.upper())

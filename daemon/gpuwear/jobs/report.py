@@ -10,12 +10,20 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwear.config import WearConfig
+from gpuwear.jobs.lines import MILLI, NANO, counted, label, line_name, lines, title, units
+from gpuwear.jobs.lines import key as lines_key
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import BANDS, aging_bands, fatigue_bands
+from gpuwear.wear.models import BANDS
 
+if TYPE_CHECKING:
+    from gpuwear.ledger import Ledger
+
+__all__ = ["document", "ledger_document", "limited", "line_name", "parse_duration", "text"]
+
+SHARES_SHOWN = 10  # labels the text's share of all GPUs' thermal aging names; the rest are added up
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -30,7 +38,7 @@ def parse_duration(text: str) -> float:
 
 def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, Any]:
     w = GpuWear.from_json(g["wear"], 0.0)
-    observed, energy, aging, fatigue = _counted(w, p, BANDS)
+    observed, energy, aging, fatigue = counted(w, p, BANDS)
     hist = w.temperature_seconds.get("gpu", {})
     total = sum(hist.values())
     mean = {sensor: round(sum(int(t) * s for t, s in h.items()) / sum(h.values()), 2)
@@ -53,86 +61,136 @@ def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, A
     }
 
 
-def _light(g: dict[str, Any], p: WearConfig) -> dict[str, Any]:
-    """What a job's GPU adds to the listing's totals and shares, as :func:`_slice` computes it, for a line that is
-    not shown (its other figures are not computed)."""
-    observed, energy, aging, fatigue = _counted(GpuWear.from_json(g["wear"], 0.0), p, ("central",))
-    return {"uuid": g["uuid"], "observed_seconds": observed, "energy_joules": energy, "max_celsius": g["max_celsius"],
-            "thermal_aging_equivalent_hours": aging, "cycle_fatigue_equivalent_cycles": fatigue}
+class _Tally:
+    """A listing's totals and shares, added up in whole units (:mod:`gpuwear.jobs.lines`): the same sums whichever
+    order the lines come in, from the records or from the ledger's kept lines."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, list[int]] = {}  # uuid: [observed, energy, aging, fatigue]
+        self.by_label: dict[str, int] | None = {}
+        self.by_name: dict[str, dict[str, int]] = {}  # uuid: {line name: aging}
+        self.records = 0
+        self.hottest: tuple[Any, ...] | None = None  # (peak, start, record, -slice, uuid, title)
+
+    def add(self, uuid: str, name: str, observed: int, energy: int, aging: int, fatigue: int) -> None:
+        t = self.totals.setdefault(uuid, [0, 0, 0, 0])
+        t[0] += observed
+        t[1] += energy
+        t[2] += aging
+        t[3] += fatigue
+        names = self.by_name.setdefault(uuid, {})
+        names[name] = names.get(name, 0) + aging
+
+    def add_label(self, label: str, aging: int) -> None:
+        if self.by_label is not None:
+            self.by_label[label] = self.by_label.get(label, 0) + aging
+
+    def candidate(self, peak: Any, start: float, record: str, slice_: int, uuid: str, title: str) -> None:
+        """A line for the hottest: the highest peak; between equal peaks the newest start, then the greater record
+        name, then the first of a record's GPUs."""
+        key = (peak, start, record, -slice_, uuid, title)
+        if self.hottest is None or key[:4] > self.hottest[:4]:
+            self.hottest = key
+
+    def record(self, rec: dict[str, Any], p: WearConfig, gpu: str | None) -> bool:
+        """Add a record's lines (those of ``gpu`` where given); whether it had any."""
+        found = False
+        for ln in lines(rec, p):
+            if gpu is not None and ln.uuid != gpu:
+                continue
+            found = True
+            self.add(ln.uuid, ln.line, ln.observed, ln.energy, ln.aging, ln.fatigue)
+            self.add_label(label(ln.kind, ln.title), ln.aging)
+            if ln.kind != "idle" and ln.peak:
+                self.candidate(ln.peak, rec["start"], rec["record"], ln.slice, ln.uuid, ln.title)
+        self.records += found
+        return found
+
+    def document(self, since: float | None, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+        totals = {uuid: {"observed_seconds": t[0] / MILLI, "energy_joules": t[1] / MILLI,
+                         "thermal_aging_equivalent_hours": t[2] / NANO, "cycle_fatigue_equivalent_cycles": t[3] / NANO}
+                  for uuid, t in sorted(self.totals.items())}
+        for job in jobs:
+            for s in job["gpus"]:
+                t = self.totals[s["uuid"]]
+                s["share"] = {
+                    "observed_time": _ratio(units(s["observed_seconds"], MILLI), t[0]),
+                    "energy": _ratio(units(s["energy_joules"], MILLI), t[1]),
+                    "thermal_aging": _ratio(units(s["thermal_aging_equivalent_hours"]["central"], NANO), t[2]),
+                    "cycle_fatigue": _ratio(units(s["cycle_fatigue_equivalent_cycles"]["central"], NANO), t[3]),
+                }
+        shares = {uuid: {name: _ratio(v, self.totals[uuid][2]) for name, v in sorted(names.items())}
+                  for uuid, names in sorted(self.by_name.items())}
+        hottest = self.hottest
+        return {"since": since, "jobs": jobs, "jobs_in_window": self.records, "totals": totals,
+                "hottest": None if hottest is None else {"record": hottest[2], "uuid": hottest[4],
+                                                         "max_celsius": hottest[0]},
+                "hottest_label": None if hottest is None else hottest[5],
+                "thermal_aging_by_line": None if self.by_label is None else
+                {label: v / NANO for label, v in sorted(self.by_label.items())},
+                "thermal_aging_share_by_name": shares}
 
 
-def _counted(w: GpuWear, p: WearConfig, bands: tuple[str, ...],
-             ) -> tuple[float, float, dict[str, float], dict[str, float]]:
-    """What a line adds to the listing's totals: observed seconds, joules, and the aging and fatigue bands (as
-    models.estimates computes them; the rest of estimates is not shown in a listing)."""
-    return (round(w.observed_seconds, 3), round(w.energy_joules, 3),
-            aging_bands(w.temperature_seconds.get("gpu", {}), p, w, bands), fatigue_bands(w, "gpu", p, bands))
-
-
-def line_name(job: dict[str, Any]) -> str:
-    """A line's name in the page's "who caused its heat aging" (jobs of one name add up)."""
-    return str({"idle": "idle time", "imported": f"imported: {job['id']}"}.get(job["kind"])
-               or (job["name"] or job["id"]))[:18]
+def _whole(rec: dict[str, Any], gpus: dict[str, GpuWear], p: WearConfig, gpu: str | None) -> dict[str, Any] | None:
+    """A record as a listing shows it (None: no line of ``gpu``)."""
+    slices = [_slice(g, p, gpus.get(g["uuid"])) for g in rec["gpus"] if gpu is None or g["uuid"] == gpu]
+    if not slices:
+        return None
+    end = rec["end"] if rec["end"] is not None else rec["last_seen"]
+    return {"record": rec["record"], "kind": rec["kind"], "id": rec["id"], "user": rec["user"], "name": rec["name"],
+            "start": rec["start"], "end": rec["end"], "running": rec["end"] is None,
+            "duration_seconds": round(end - rec["start"], 3), "gpus": slices}
 
 
 def document(records: Iterable[dict[str, Any]], gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
              gpu: str | None = None, shown: int | None = None) -> dict[str, Any]:
     """Jobs (``records`` newest first, read once: an iterator keeps the memory to what is shown) with per-GPU
-    figures and shares, and per-GPU totals of the listing. ``shown``: the newest that many lines are kept whole
-    (None: all); every line counts in the totals, the shares by name, the hottest and ``jobs_in_window``."""
-    jobs = []
-    totals: dict[str, dict[str, float]] = {}
-    by_line: dict[str, float] = {}  # the text's "share of all GPUs' thermal aging", by line label
-    by_name: dict[str, dict[str, float]] = {}  # per GPU, by line_name: the page's shares
-    hottest: tuple[float, dict[str, Any], str] | None = None
-    count = 0
+    figures and shares, and per-GPU totals of the listing, every record counted from itself: the plain way, beside
+    :func:`ledger_document` (which totals the lines the ledger keeps) and the judge of it. ``shown``: the newest
+    that many lines are kept whole (None: all); every line counts in the totals, the shares by name, the hottest and
+    ``jobs_in_window``."""
+    tally = _Tally()
+    jobs: list[dict[str, Any]] = []
     for rec in records:
-        whole = shown is None or count < shown
-        slices = [(_slice(g, p, gpus.get(g["uuid"])) if whole else _light(g, p)) for g in rec["gpus"]
-                  if gpu is None or g["uuid"] == gpu]
-        if not slices:
-            continue
-        count += 1
-        end = rec["end"] if rec["end"] is not None else rec["last_seen"]
-        job = {"record": rec["record"], "kind": rec["kind"], "id": rec["id"], "user": rec["user"],
-               "name": rec["name"], "start": rec["start"], "end": rec["end"], "running": rec["end"] is None,
-               "duration_seconds": round(end - rec["start"], 3), "gpus": slices}
-        label = "idle" if job["kind"] == "idle" else "imported" if job["kind"] == "imported" else _label(job)
-        name = line_name(job)
-        for s in slices:
-            t = totals.setdefault(s["uuid"], {"observed_seconds": 0.0, "energy_joules": 0.0,
-                                              "thermal_aging_equivalent_hours": 0.0,
-                                              "cycle_fatigue_equivalent_cycles": 0.0})
-            aging = s["thermal_aging_equivalent_hours"]["central"]
-            t["observed_seconds"] += s["observed_seconds"]
-            t["energy_joules"] += s["energy_joules"]
-            t["thermal_aging_equivalent_hours"] += aging
-            t["cycle_fatigue_equivalent_cycles"] += s["cycle_fatigue_equivalent_cycles"]["central"]
-            by_line[label] = by_line.get(label, 0.0) + aging
-            names = by_name.setdefault(s["uuid"], {})
-            names[name] = names.get(name, 0.0) + aging
-            peak = s["max_celsius"].get("gpu")
-            if job["kind"] != "idle" and peak and (hottest is None or peak > hottest[0]):
-                hottest = (peak, {"record": job["record"], "uuid": s["uuid"], "max_celsius": peak}, _label(job))
-        if whole:
+        if tally.record(rec, p, gpu) and (shown is None or len(jobs) < shown):
+            job = _whole(rec, gpus, p, gpu)
+            assert job is not None
             jobs.append(job)
-    for job in jobs:
-        for s in job["gpus"]:
-            t = totals[s["uuid"]]
-            s["share"] = {
-                "observed_time": _ratio(s["observed_seconds"], t["observed_seconds"]),
-                "energy": _ratio(s["energy_joules"], t["energy_joules"]),
-                "thermal_aging": _ratio(s["thermal_aging_equivalent_hours"]["central"],
-                                        t["thermal_aging_equivalent_hours"]),
-                "cycle_fatigue": _ratio(s["cycle_fatigue_equivalent_cycles"]["central"],
-                                        t["cycle_fatigue_equivalent_cycles"]),
-            }
-    aging_shares = {uuid: {name: _ratio(v, totals[uuid]["thermal_aging_equivalent_hours"]) for name, v in names.items()}
-                    for uuid, names in by_name.items()}
-    return {"since": since, "jobs": jobs, "jobs_in_window": count, "totals": totals,
-            "hottest": None if hottest is None else hottest[1],
-            "hottest_label": None if hottest is None else hottest[2],
-            "thermal_aging_by_line": by_line, "thermal_aging_share_by_name": aging_shares}
+    return tally.document(since, jobs)
+
+
+def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
+                    gpu: str | None = None, shown: int | None = None, by_label: bool = True) -> dict[str, Any]:
+    """:func:`document` of a ledger's job records and imports in the window, at the cost of what it shows: the
+    totals, shares and hottest from the lines the ledger keeps (:meth:`Ledger.line_sums`, summed by SQLite), the
+    records without kept lines counted from themselves, and only the ``shown`` newest records read whole.
+    ``by_label``: the text's share by label (a key per job: the page does without, None)."""
+    key = lines_key(p)
+    tally = _Tally()
+    if not by_label:
+        tally.by_label = None
+    jobs: list[dict[str, Any]] = []
+    with ledger.reading():
+        sums = ledger.line_sums(key, since, gpu, by_label)
+        for uuid, name, observed, energy, aging, fatigue in sums.by_line:
+            tally.add(uuid, name, observed, energy, aging, fatigue)
+        for label, aging in sums.by_label or ():
+            tally.add_label(label, aging)
+        tally.records = sums.records
+        if sums.hottest is not None:
+            tally.candidate(*sums.hottest)
+        for rec in ledger.unsummarised(key, since):
+            tally.record(rec, p, gpu)
+        for rec in ledger.import_periods(since):
+            tally.record(rec, p, gpu)
+        if shown is None or shown > 0:
+            for rec in ledger.periods(since):
+                job = _whole(rec, gpus, p, gpu)
+                if job is not None:
+                    jobs.append(job)
+                    if shown is not None and len(jobs) >= shown:
+                        break
+    return tally.document(since, jobs)
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -145,15 +203,6 @@ def _when(t: float) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f} %"
-
-
-def _label(job: dict[str, Any]) -> str:
-    if job["kind"] == "idle":
-        return "(idle)"
-    if job["kind"] == "imported":
-        return f"(imported: {job['id']})"
-    return f"{job['name'] or job['id']} [{job['kind']} {job['id']}]" if job["name"] != job["id"] else \
-        f"{job['id']} [{job['kind']}]"
 
 
 def limited(doc: dict[str, Any], limit: int | None) -> dict[str, Any]:
@@ -178,7 +227,7 @@ def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None
     for job in shown["jobs"]:
         first = True
         for s in job["gpus"]:
-            label = (_label(job) + (" (running)" if job["running"] else ""))[:44] if first else ""
+            label = (title(job) + (" (running)" if job["running"] else ""))[:44] if first else ""
             user = (job["user"] or "")[:10] if first else ""
             start = _when(job["start"]) if first else ""
             duration = f"{job['duration_seconds'] / 3600:.2f} h" if first else ""
@@ -197,7 +246,11 @@ def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None
                      f"to {hottest['max_celsius']:.0f} °C.")
     by_job = doc["thermal_aging_by_line"]
     total = sum(t["thermal_aging_equivalent_hours"] for t in doc["totals"].values())
-    if total > 0:
-        lines.append("Share of all GPUs' thermal aging in this window: " + "; ".join(
-            f"{name} {100 * v / total:.0f} %" for name, v in sorted(by_job.items(), key=lambda kv: -kv[1])))
+    if total > 0:  # the largest shares: a busy box's months hold a label per job
+        ranked = sorted(by_job.items(), key=lambda kv: (-kv[1], kv[0]))
+        parts = [f"{name} {100 * v / total:.0f} %" for name, v in ranked[:SHARES_SHOWN]]
+        if len(ranked) > SHARES_SHOWN:
+            rest = sum(v for _, v in ranked[SHARES_SHOWN:])
+            parts.append(f"{len(ranked) - SHARES_SHOWN} other line(s) {100 * rest / total:.0f} %")
+        lines.append("Share of all GPUs' thermal aging in this window: " + "; ".join(parts))
     return "\n".join(lines) + "\n"

@@ -127,6 +127,9 @@ def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: lis
             else:
                 row = db.execute(f"SELECT * FROM {b.table} WHERE rowid = ?", (b.rowid,)).fetchone()
                 data = json.dumps([v.hex() if isinstance(v, bytes) else v for v in row]) if row else "null"
+                if b.table == "jobs":
+                    db.execute("DELETE FROM job_lines WHERE record IN (SELECT record FROM jobs WHERE rowid = ?)",
+                               (b.rowid,))
                 db.execute(f"DELETE FROM {b.table} WHERE rowid = ?", (b.rowid,))
             db.execute("INSERT INTO set_aside (wall, source, what, reason, data) VALUES (?, ?, ?, ?, ?)",
                        (time.time(), b.table, b.what[:300], b.reason[:1000], data))

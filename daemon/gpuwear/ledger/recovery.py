@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuwear import __version__
 from gpuwear.ledger.errors import LedgerDamagedError, LedgerTooNewError, _text, printable
-from gpuwear.ledger.schema import _SCHEMA, PAGE_SIZE, SCHEMA_VERSION, _schema_version, _tables, _too_new
+from gpuwear.ledger.schema import _SCHEMA, DERIVED, PAGE_SIZE, SCHEMA_VERSION, _schema_version, _tables, _too_new
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def _copy_readable(src: Path, dst: Path, kept: str, lenient: bool) -> dict[str, 
                 except (sqlite3.DatabaseError, UnicodeDecodeError):  # its pages damaged: each table is tried
                     present = set(_tables())
                 for table, (_, columns) in _tables().items():
-                    if table in present:
+                    if table in present and table not in DERIVED:  # computed again from what is recovered
                         try:  # a ledger of an older schema lacks some (the checksums: read as none)
                             have = {row[1] for row in source.execute(f"PRAGMA table_info({table})")}
                         except (sqlite3.DatabaseError, UnicodeDecodeError):

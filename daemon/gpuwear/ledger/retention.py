@@ -15,6 +15,8 @@ def prune(db: sqlite3.Connection, jobs_before: float | None, events_before: floa
     """Remove the job records that ended before ``jobs_before`` and the events before ``events_before`` (Unix
     seconds; None keeps them all), in the caller's transaction."""
     if jobs_before is not None:
+        db.execute("DELETE FROM job_lines WHERE record IN (SELECT record FROM jobs WHERE end IS NOT NULL AND end < ?)",
+                   (jobs_before,))
         db.execute("DELETE FROM jobs WHERE end IS NOT NULL AND end < ?", (jobs_before,))
     if events_before is not None:
         db.execute("DELETE FROM events WHERE wall < ?", (events_before,))

@@ -19,8 +19,9 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # which an older gpuwear's strict validator would refuse record by record: it refuses the whole ledger instead;
 # 5: the set_aside table, checksums (crc) on events and jobs; 6: the checksums in every ledger called 5 (the first
 # schema 5 had none: a number names one schema, so the files called 5 are brought to 6 by what they hold); 7: checksums
-# on the GPUs' lifetime records, the wear log and the imports (the history that never ages out)
-SCHEMA_VERSION = 7
+# on the GPUs' lifetime records, the wear log and the imports (the history that never ages out); 8: job_lines (each
+# job record's lines, kept as the record is saved: listings total them without reading every record)
+SCHEMA_VERSION = 8
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
 
@@ -76,6 +77,26 @@ CREATE TABLE IF NOT EXISTS jobs (      -- a job's run, or one idle period of one
     crc INTEGER                        -- crc32 of data, written with it (NULL: a row from before schema 5)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_start ON jobs (start);
+CREATE TABLE IF NOT EXISTS job_lines ( -- each job record's lines (gpuwear.jobs.lines.Line), written with the record
+    record TEXT NOT NULL,              -- jobs.record
+    slice INTEGER NOT NULL,            -- its place in the record's GPUs
+    uuid TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    line TEXT NOT NULL,
+    title TEXT NOT NULL,
+    observed INTEGER NOT NULL,         -- milliseconds
+    energy INTEGER NOT NULL,           -- millijoules
+    aging INTEGER NOT NULL,            -- billionths of an equivalent hour (central)
+    fatigue INTEGER NOT NULL,          -- billionths of a reference cycle (central)
+    peak,                              -- hottest GPU °C as the record holds it (no affinity: 85 stays 85), or NULL
+    start REAL NOT NULL,               -- the record's start and end (NULL while running), as in jobs
+    end REAL,
+    key INTEGER NOT NULL,              -- gpuwear.jobs.lines.key(): the parameters its figures were computed with
+    PRIMARY KEY (record, slice)
+);
+CREATE INDEX IF NOT EXISTS job_lines_sums ON job_lines (key, uuid, line, end, slice, observed, energy, aging, fatigue);
+CREATE INDEX IF NOT EXISTS job_lines_hottest ON job_lines (key, peak, start, record, slice);
+CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (end, record);
 CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' records, applied in id order
     id INTEGER PRIMARY KEY,
     deltas BLOB NOT NULL,              -- zlib of JSON {uuid: changed keys (nested maps by key; null: removed)}
@@ -93,6 +114,11 @@ CREATE TABLE IF NOT EXISTS set_aside ( -- records (or values of a GPU's record) 
 
 
 _SET_ASIDE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS set_aside"):]
+_JOB_LINES = [statement for statement in _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS job_lines"):
+                                                 _SCHEMA.index("CREATE TABLE IF NOT EXISTS wear_log")].split(";\n")
+              if statement.strip()]
+# tables computed from others (recovery leaves them empty: a line is computed again from its record)
+DERIVED = frozenset({"job_lines"})
 
 
 def _add_column(db: sqlite3.Connection, table: str, column: str, declared: str) -> None:
@@ -120,6 +146,8 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     4: _checksums_and_set_aside,
     5: _checksums_and_set_aside,  # a schema 5 written before the checksums (d941c07) has none
     6: _record_checksums,
+    7: lambda db: [db.execute(statement) for statement in _JOB_LINES],  # empty: the daemon fills it from the
+    # records (readers count the rest from the records meanwhile)
 }
 
 

@@ -8,15 +8,18 @@ check and says so (:attr:`Ledger.left_out`), never failing the command or the pa
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
+import os
+import shutil
 import sqlite3
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, closing, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from gpuwear import __version__
 from gpuwear.ledger import export, retention
@@ -64,6 +67,27 @@ log = logging.getLogger(__name__)
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
 
 
+class Summariser(Protocol):
+    """What computes a job record's lines (:class:`gpuwear.jobs.lines.Summariser`): the ledger keeps them, under
+    ``key`` (the parameters they were computed with), in the ``job_lines`` table, written with the record."""
+
+    key: int
+
+    def __call__(self, job: dict[str, Any]) -> Sequence[tuple[Any, ...]]: ...
+
+
+class LineSums(NamedTuple):
+    """The lines kept under one key in a window (:meth:`Ledger.line_sums`), added up in whole units."""
+
+    by_line: list[tuple[str, str, int, int, int, int]]  # (uuid, line, observed, energy, aging, fatigue)
+    by_label: list[tuple[str, int]] | None  # (label, aging); None where not asked for
+    records: int  # the job records they belong to
+    hottest: tuple[Any, ...] | None  # (peak, start, record, slice, uuid, title) of the hottest line but idle ones
+
+
+_LINE_COLUMNS = "record, slice, uuid, kind, line, title, observed, energy, aging, fatigue, peak, start, end, key"
+
+
 def _with_crc(stored: str | bytes) -> tuple[str | bytes, int]:
     """A value to store and the checksum written with it."""
     return stored, _stored_crc(stored)
@@ -103,6 +127,7 @@ class Ledger:
         self.left_out: list[str] = []  # the rows a read left out (why, one each), for the reader to say
         self._left_out_rows: set[tuple[str, object]] = set()
         self._refused: set[tuple[Any, ...]] = set()  # records a save left out, said once each
+        self._lines: bool | None = None  # whether the file has the job_lines table (schema 8 on)
 
     # -- opening ------------------------------------------------------------------------
 
@@ -117,30 +142,8 @@ class Ledger:
         private_folder(path.parent)
         finish_recovery(path)  # one a kill interrupted
         _private_file(path)
-        recovered: Path | None = None
-        for attempt in range(2):
-            try:
-                db = cls._connect(path)
-                try:
-                    docs, bad, unstamped = _audit(db)
-                except BaseException:
-                    db.close()
-                    raise
-                break
-            except LedgerRefusedError:
-                raise
-            except (sqlite3.DatabaseError, LedgerError, UnicodeDecodeError) as exc:  # SQLite's message on a damaged
-                # page can hold the page's own bytes, which are not UTF-8
-                if isinstance(exc, sqlite3.Error) and environment_error(exc):
-                    raise  # the disk or the directory, not the file: kept as it is, retried by the caller
-                if not damaged(exc) or attempt:  # an error of ours, or a file recovery did not mend: never rewritten
-                    why = "still damaged once recovered" if attempt else "not recovered (not damage SQLite reports)"
-                    raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: {why}; the file is kept as it "
-                                             "is") from exc
-                recovered = recover(path, exc)
-        if bad:
-            _set_aside(db, docs, bad)
-        _stamp_checksums(db, unstamped)  # rows from before checksums, validated by the audit: later opens check only
+        db, recovered, bad = cls._open_examined(path)
+        db.execute("PRAGMA wal_autocheckpoint=1000")
         if bad:
             what, why = bad[0].what, bad[0].reason
             first = printable(why if why.startswith(what) else f"{what}: {why}")[:300]
@@ -148,6 +151,44 @@ class Ledger:
                       "they are kept in its set_aside table", path, len(bad), first,
                       f"; and {len(bad) - 1} more" if len(bad) > 1 else "")
         return cls(path, db, recovered, len(bad))
+
+    @classmethod
+    def _open_examined(cls, path: Path) -> tuple[sqlite3.Connection, Path | None, list[Any]]:
+        """The read-write connection of a ledger examined, migrated and audited, recovered first where damaged:
+        (connection, where the damaged file was kept or None, the records set aside)."""
+        recovered: Path | None = None
+        for attempt in range(2):
+            found = _FoundFiles(path)
+            try:
+                with closing(found.guard()):
+                    db = cls._connect(path)
+                    try:
+                        docs, bad, unstamped = _audit(db)
+                        # damage the audit's reads did not meet (an index page) may answer these writes: recovered
+                        if bad:
+                            _set_aside(db, docs, bad)
+                        _stamp_checksums(db, unstamped)  # rows from before checksums, validated by the audit
+                        # lines whose record is gone (set aside with a damaged record name, a recovery): not counted
+                        db.execute("DELETE FROM job_lines WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.record = "
+                                   "job_lines.record)")
+                    except BaseException:
+                        db.close()
+                        raise
+                found.drop()
+                break
+            except BaseException as exc:
+                found.put_back()  # the file and its WAL as they were found, whatever the open wrote before it failed
+                if isinstance(exc, LedgerRefusedError) or not isinstance(
+                        exc, (sqlite3.DatabaseError, LedgerError, UnicodeDecodeError)):  # SQLite's message on a
+                    raise  # damaged page can hold the page's own bytes, which are not UTF-8
+                if isinstance(exc, sqlite3.Error) and environment_error(exc):
+                    raise  # the disk or the directory, not the file: kept as it is, retried by the caller
+                if not damaged(exc) or attempt:  # an error of ours, or a file recovery did not mend: never rewritten
+                    why = "still damaged once recovered" if attempt else "not recovered (not damage SQLite reports)"
+                    raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: {why}; the file is kept as it "
+                                             "is") from exc
+                recovered = recover(path, exc)
+        return db, recovered, bad
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
@@ -164,6 +205,9 @@ class Ledger:
                 db.execute(f"PRAGMA page_size={PAGE_SIZE}")
                 db.execute("PRAGMA auto_vacuum=INCREMENTAL")
             db.execute("PRAGMA journal_mode=WAL")
+            # no checkpoint while the file is examined (Ledger.open sets it back): one would write the WAL's frames
+            # into a file that may yet prove damaged, and recovery keeps the damaged file byte for byte
+            db.execute("PRAGMA wal_autocheckpoint=0")
             db.execute("PRAGMA synchronous=FULL")
             # a 256 KiB page cache, not the default 2 MiB: the ledger is written once a minute and read at start,
             # and the default cache grew the daemon's RSS by 2 MiB over its first week as the file grew
@@ -335,6 +379,8 @@ class Ledger:
                 if len(gpus) == len(job.get("gpus", [])):
                     continue
                 removed["jobs"] += 1
+                if self._has_lines():  # counted from the record again until the daemon keeps them anew
+                    db.execute("DELETE FROM job_lines WHERE record = ?", (record,))
                 if gpus:
                     blob = _job_blob(json.dumps({**job, "gpus": gpus}, separators=(",", ":")))
                     db.execute("UPDATE jobs SET data = ?, crc = ? WHERE record = ?", (blob, zlib.crc32(blob), record))
@@ -375,15 +421,96 @@ class Ledger:
         """:meth:`jobs` one record at a time (a listing of a busy box's months holds one in memory, not all), each
         proved whole by its checksum (validated where it has none); one that is not is left out and said in
         :attr:`left_out`."""
-        rows = self._db.execute(
-            "SELECT record, data, crc FROM jobs WHERE (end IS NULL OR end >= ?) AND (? = 0 OR end IS NULL) "
-            "ORDER BY start DESC", (since if since is not None else float("-inf"), int(running_only)))
+        return self._jobs_where("(? = 0 OR end IS NULL)", (int(running_only),), since)
+
+    def _jobs_where(self, condition: str, params: tuple[Any, ...], since: float | None) -> Iterator[dict[str, Any]]:
+        rows = self._db.execute(f"SELECT record, data, crc FROM jobs WHERE (end IS NULL OR end >= ?) AND {condition} "
+                                "ORDER BY start DESC", (_since(since), *params))
         for record, data, crc in rows:
             problem = _job_problem(data, crc)
             if problem:
                 self._leave_out(("jobs", record), f"job {printable(str(record))[:80]!r}: {problem}")
                 continue
             yield json.loads(_job_text(data, f"job {record!r}"))
+
+    # -- job lines (gpuwear.jobs.lines): what listings total, kept as each record is saved ----------------------
+
+    def reading(self) -> AbstractContextManager[None]:
+        """One snapshot for the reads in the block (a read transaction): the sums, the records without lines and
+        the records shown agree although the daemon saves meanwhile."""
+        return _reading(self._db)
+
+    def line_sums(self, key: int, since: float | None = None, uuid: str | None = None,
+                  by_label: bool = True) -> LineSums:
+        """The lines kept under ``key`` of the job records in the window (ended after ``since`` or running; of one
+        GPU where ``uuid`` is given), added up by GPU and line name, by label (``by_label``), their number of records
+        and the hottest of them: what a listing totals, without reading a record. The records whose lines are not
+        kept under ``key`` are :meth:`unsummarised`."""
+        if not self._has_lines():
+            return LineSums([], [] if by_label else None, 0, None)
+        where = "key = ? AND (end IS NULL OR end >= ?) AND (? IS NULL OR uuid = ?)"
+        params = (key, _since(since), uuid, uuid)
+        db = self._db
+        groups = db.execute("SELECT uuid, line, sum(observed), sum(energy), sum(aging), sum(fatigue), count(*), "
+                            f"sum(slice = 0) FROM job_lines WHERE {where} GROUP BY uuid, line", params).fetchall()
+        by_line = [row[:6] for row in groups]
+        # a record's lines are its GPUs, each once, numbered from 0: its lines of one GPU, or its line 0, count it
+        records = sum(row[6] if uuid is not None else row[7] for row in groups)
+        # gpuwear.jobs.lines.label(): idle and imported lines by their kind, a job's by its title
+        labels = db.execute("SELECT CASE WHEN kind IN ('idle', 'imported') THEN kind ELSE title END AS label, "
+                            f"sum(aging) FROM job_lines WHERE {where} GROUP BY label", params).fetchall() \
+            if by_label else None
+        hottest = db.execute(f"SELECT peak, start, record, slice, uuid, title FROM job_lines WHERE {where} AND "
+                             "kind != 'idle' AND peak IS NOT NULL AND peak != 0 "
+                             "ORDER BY peak DESC, start DESC, record DESC, slice LIMIT 1", params).fetchone()
+        return LineSums(by_line, labels, records, hottest)
+
+    def unsummarised(self, key: int, since: float | None = None) -> Iterator[dict[str, Any]]:
+        """The job records in the window (as :meth:`iter_jobs`) that have no line kept under ``key``: saved before
+        lines were kept, by a reader of other wear parameters, or not yet filled (:meth:`fill_lines`)."""
+        if not self._has_lines():
+            return self.iter_jobs(since)
+        window = (_since(since),)
+        every = self._db.execute("SELECT count(*) FROM jobs WHERE end IS NULL OR end >= ?", window).fetchone()[0]
+        kept = self._db.execute("SELECT count(*) FROM job_lines WHERE key = ? AND (end IS NULL OR end >= ?) AND "
+                                "slice = 0", (key, *window)).fetchone()[0]
+        if every == kept:  # each record's line 0 is kept (lines come whole with their record): none to count
+            return iter(())
+        # "+l.key": the lookup by record (the primary key), never a scan of the key's lines for each record
+        return self._jobs_where("NOT EXISTS (SELECT 1 FROM job_lines l WHERE l.record = jobs.record AND +l.key = ?)",
+                                (key,), since)
+
+    def fill_lines(self, summarise: Summariser, limit: int) -> int:
+        """Keep the lines of up to ``limit`` job records that have none under ``summarise.key``, newest first, in one
+        transaction; returns how many records it summarised (0: none is left)."""
+        with self.reading():
+            records = list(itertools.islice(self.unsummarised(summarise.key), max(0, limit)))
+        if not records:
+            return 0
+        summaries = [(job, self._lines_of(summarise, job)) for job in records]
+        with self._transaction() as db:
+            for job, lines in summaries:
+                _write_lines(db, job, lines, summarise.key)
+        return len(records)
+
+    def _lines_of(self, summarise: Summariser, job: dict[str, Any]) -> Sequence[tuple[Any, ...]] | None:
+        """A job record's lines; None (none kept: readers compute them from the record) where computing them
+        raised, said once in the log."""
+        try:
+            return summarise(job)
+        except Exception as exc:  # an error of ours must not cost the save: the record itself is kept
+            if ("lines", job.get("record")) not in self._refused:
+                self._refused.add(("lines", job.get("record")))
+                log.error("ledger %s: the lines of job %r could not be computed (%s); they are counted from the "
+                          "record at each read", self.path, printable(str(job.get("record")))[:80],
+                          printable(f"{type(exc).__name__}: {exc}")[:200])
+            return None
+
+    def _has_lines(self) -> bool:
+        if self._lines is None:
+            self._lines = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
+                                           "'job_lines'").fetchone() is not None
+        return self._lines
 
     def _leave_out(self, row: tuple[str, object], why: str) -> None:
         """Say a row (table, key) left out by a read: once, however many reads met it."""
@@ -406,7 +533,8 @@ class Ledger:
     def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
              imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = (),
              jobs: Iterable[dict[str, Any]] = (), forget_jobs_before: float | None = None,
-             meta: dict[str, str] | None = None, forget_events_before: float | None = None) -> None:
+             meta: dict[str, str] | None = None, forget_events_before: float | None = None,
+             lines: Summariser | None = None) -> None:
         """Write accumulators (``GpuWear.to_json()`` dicts), events, imports (uuid, source,
         first, last, rows, wear) and job records in one transaction, removing the job records that ended before
         ``forget_jobs_before`` and the events before ``forget_events_before`` (retention: each GPU's own record keeps
@@ -414,7 +542,8 @@ class Ledger:
         ``sqlite3.Error`` (disk full, read-only directory) with nothing written; once it has committed it raises
         nothing, so a caller that saves again what failed never writes an event twice. A GPU record, job or event
         that would not read back is left out (said once in the log) and the rest saved; an import that would not
-        raises LedgerError with nothing written."""
+        raises LedgerError with nothing written. ``lines``: each job record's lines are kept with it (else the
+        readers count them from the record)."""
         now = time.time()
         if self._saved is None:  # what is committed, to write only what changed
             self._saved = _read_docs(self._db)
@@ -438,6 +567,7 @@ class Ledger:
                 check_import(uuid, first, last, rows, json.loads(_dump(wear)), WEAR_SCHEMA)
         except SchemaError as exc:
             raise LedgerError(f"refusing to save a record that would not read back: {exc}") from None
+        summaries = [(job, self._lines_of(lines, job) if lines is not None else None) for job in jobs]
         compact = self._log_rows >= COMPACT_AFTER
         whole = [d for u, d in docs.items() if compact or u not in saved]
         changed = {u: _diff(saved[u], d) for u, d in docs.items() if not compact and u in saved}
@@ -471,6 +601,9 @@ class Ledger:
                            "crc = excluded.crc",
                            [(j["record"], j["kind"], j["start"], j["end"], blob, zlib.crc32(blob))
                             for j, blob in blobs])
+            if self._has_lines():
+                for job, summary in summaries:
+                    _write_lines(db, job, summary, lines.key if lines is not None else 0)
             retention.prune(db, forget_jobs_before, forget_events_before)
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list((meta or {}).items()))
         saved.update(docs)  # committed: from here on nothing may fail the save (the caller would save it again)
@@ -501,3 +634,69 @@ class Ledger:
 
     def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return _transaction(self._db)
+
+
+class _FoundFiles:
+    """A ledger's files as the daemon's open found them, put back if the open fails: the file, which a read-only
+    connection held meanwhile (:meth:`guard`) keeps from being checkpointed into, and its WAL, copied aside first
+    (the open's writes append to it). Recovery keeps a damaged ledger byte for byte, and damage can answer a write
+    of the open's (an index page that no read before met)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.wal = Path(f"{path}-wal")
+        self.copy = Path(f"{path}-wal.found")
+        self.had_wal = self.wal.exists()
+        if self.had_wal:
+            shutil.copyfile(self.wal, self.copy)
+
+    def guard(self) -> sqlite3.Connection:
+        """A read-only connection to hold while the daemon's connection examines, migrates and audits: the last
+        connection to close a WAL database checkpoints it, and a read-only one cannot."""
+        if self.path.exists():
+            try:
+                guard = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)
+                guard.execute("PRAGMA user_version").fetchone()  # a read: the file and its WAL opened, and held
+                return guard
+            except sqlite3.Error:
+                pass
+        return sqlite3.connect(":memory:")
+
+    def put_back(self) -> None:
+        """The WAL as it was found (none where there was none), every connection to the file closed; the index of
+        the WAL (-shm) goes, made again from the WAL by the next connection."""
+        if self.had_wal:
+            os.replace(self.copy, self.wal)
+        else:
+            self.wal.unlink(missing_ok=True)
+        Path(f"{self.path}-shm").unlink(missing_ok=True)
+
+    def drop(self) -> None:
+        self.copy.unlink(missing_ok=True)
+
+
+def _since(since: float | None) -> float:
+    return since if since is not None else float("-inf")
+
+
+@contextmanager
+def _reading(db: sqlite3.Connection) -> Iterator[None]:
+    """A read transaction (one snapshot of a WAL database); nested in another transaction, that one's."""
+    if db.in_transaction:
+        yield
+        return
+    db.execute("BEGIN")
+    try:
+        yield
+    finally:
+        if db.in_transaction:
+            db.execute("COMMIT")
+
+
+def _write_lines(db: sqlite3.Connection, job: dict[str, Any], lines: Sequence[tuple[Any, ...]] | None,
+                 key: int) -> None:
+    """Replace a job record's lines in ``db`` (a transaction of the caller's); None: none kept."""
+    db.execute("DELETE FROM job_lines WHERE record = ?", (job["record"],))
+    if lines:
+        db.executemany(f"INSERT INTO job_lines ({_LINE_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+                       [(job["record"], *line, job["start"], job["end"], key) for line in lines])

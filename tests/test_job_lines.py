@@ -1,0 +1,207 @@
+"""The lines the ledger keeps of each job record (job_lines, gpuwear.jobs.lines), against a recount of every record.
+
+`gpuwear jobs`, `report --html` and the page total the kept lines (jobs.report.ledger_document); the plain way,
+jobs.report.document over every record, is the judge: both documents must be the same bytes after every way a
+ledger changes (saves of running jobs, retention, forget, an import, a recovery, other wear parameters, a record set
+aside, a ledger from before lines were kept).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwear.config import ArrheniusConfig, BandConfig, WearConfig
+from gpuwear.jobs import report as jobreport
+from gpuwear.jobs.lines import Summariser
+from gpuwear.ledger import Ledger
+from gpuwear.wear.accumulate import GpuWear
+
+T0 = 1.75e9
+UUIDS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(3)]
+
+
+def _wear(uuid: str, rnd: random.Random, start: float, seconds: float) -> GpuWear:
+    w = GpuWear(uuid, name="card", first_seen=start, last_seen=start + seconds)
+    w.observed_seconds = seconds
+    w.energy_joules = round(rnd.uniform(1e4, 1e6), 3)
+    w.temperature_seconds = {"gpu": {str(t): rnd.uniform(1, seconds / 8) for t in rnd.sample(range(30, 90), 8)}}
+    w.cycles = {"gpu": {f"{r}:{60 + r}": float(rnd.randint(0, 3)) for r in rnd.sample(range(3, 30), 4)}}
+    return w
+
+
+def _records(rnd: random.Random, count: int, running: int = 3) -> list[dict[str, Any]]:
+    """Job records as the daemon writes them: jobs over one to three GPUs, idle lines, names that repeat, equal
+    peaks (the hottest's tie-break), peaks held as int and as float, and the newest ``running`` still running."""
+    out = []
+    for k in range(count):
+        start = T0 + k * 900
+        kind = rnd.choice(["slurm", "idle", "process", "slurm"])
+        gpus = rnd.sample(UUIDS, 1 if kind == "idle" else rnd.randint(1, 3))
+        end = None if k >= count - running else start + 800
+        slices = []
+        for uuid in gpus:
+            w = _wear(uuid, rnd, start, 800)
+            peak = rnd.choice([80, 80.0, 85, float(rnd.randint(40, 85))])
+            slices.append({"uuid": uuid, "start": start, "end": start + 800, "wear": w.to_json(),
+                           "max_celsius": {"gpu": peak}, "events": {}})
+        name = None if kind == "idle" else rnd.choice(["train.py", "bert-large-finetune-run", str(k), None])
+        out.append({"record": f"{kind}:{k}@{start}", "kind": kind, "id": str(k), "user": None, "name": name,
+                    "start": start, "end": end, "last_seen": start + 800, "gpus": slices})
+    return out
+
+
+def _same(ledger: Ledger, p: WearConfig, why: str) -> None:
+    """Every listing the commands and the page ask for, totalled from the kept lines and counted from every record:
+    the same bytes."""
+    gpus = ledger.load(p.cycles.hysteresis_celsius)
+    for since in (None, T0 + 40 * 900, T0 + 1e9):
+        for gpu in (None, UUIDS[1]):
+            for shown in (0, 5, None):
+                fast = jobreport.ledger_document(ledger, gpus, p, since, gpu, shown)
+                slow = jobreport.document(ledger.periods(since), gpus, p, since, gpu, shown)
+                assert json.dumps(fast) == json.dumps(slow), (why, since, gpu, shown)
+            page = jobreport.ledger_document(ledger, gpus, p, since, gpu, 0, by_label=False)
+            assert json.dumps({**page, "thermal_aging_by_line": None}) == \
+                json.dumps({**jobreport.document(ledger.periods(since), gpus, p, since, gpu, 0),
+                            "thermal_aging_by_line": None}), (why, "page", since, gpu)
+    assert not ledger.left_out
+
+
+def _kept(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT count(*) FROM job_lines").fetchone()[0])
+
+
+def _import(uuid: str) -> tuple[str, str, float, float, int, dict[str, Any]]:
+    w = _wear(uuid, random.Random(9), T0 - 86400, 3600)
+    return uuid, "/var/log/gpu.csv", T0 - 86400, T0 - 82800, 3600, w.to_json()
+
+
+def test_the_kept_lines_total_what_a_recount_of_every_record_does(tmp_path: Path) -> None:
+    rnd = random.Random(5)
+    p = WearConfig()
+    lines = Summariser(p)
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    records = _records(rnd, 90)
+    lifetimes = [_wear(uuid, rnd, T0, 90 * 900).to_json() for uuid in UUIDS]
+    ledger.save(lifetimes, [], jobs=records, lines=lines)
+    assert _kept(path) == sum(len(r["gpus"]) for r in records)
+    _same(ledger, p, "saved")
+
+    # the running jobs saved again, longer and then ended: their lines follow their records
+    for r in records[-3:]:
+        for g in r["gpus"]:
+            g["wear"] = _wear(g["uuid"], rnd, r["start"], 1600).to_json()
+            g["max_celsius"] = {"gpu": 99}
+        r["last_seen"] = r["start"] + 1600
+    ledger.save([], [], jobs=records[-3:], lines=lines)
+    _same(ledger, p, "running jobs saved again")
+    records[-1]["end"] = records[-1]["start"] + 1600
+    ledger.save([], [], jobs=records[-1:], lines=lines)
+    _same(ledger, p, "a job ended")
+
+    ledger.save([], [], forget_jobs_before=T0 + 30 * 900, lines=lines)  # retention
+    _same(ledger, p, "retention")
+    ledger.save([], [], imports=[_import(UUIDS[2])], lines=lines)
+    _same(ledger, p, "an import")
+    ledger.forget(UUIDS[0])
+    _same(ledger, p, "forget")
+    assert ledger.fill_lines(lines, 1000) > 0 and ledger.fill_lines(lines, 1000) == 0
+    _same(ledger, p, "forget, lines kept again")
+
+    other = WearConfig(arrhenius=ArrheniusConfig(activation_energy_ev=BandConfig(0.2, 0.9, 1.2)))
+    _same(ledger, other, "other wear parameters: every record counted from itself")
+    assert ledger.fill_lines(Summariser(other), 1000) > 0
+    _same(ledger, other, "other wear parameters, lines kept again")
+    _same(ledger, p, "the first parameters again")
+    ledger.close()
+
+    with sqlite3.connect(path) as db:  # a record damaged on disk: the daemon's open sets it aside, lines and all
+        record = db.execute("SELECT record FROM jobs ORDER BY start DESC LIMIT 1 OFFSET 4").fetchone()[0]
+        db.execute("UPDATE jobs SET crc = crc + 1 WHERE record = ?", (record,))
+    ledger = Ledger.open(path)
+    assert ledger.set_aside == 1
+    _same(ledger, p, "a record set aside")
+    assert not any(r["record"] == record for r in ledger.periods(None))
+    ledger.close()
+
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])  # damage: recovered as far as it reads
+    ledger = Ledger.open(path)
+    assert ledger.recovered is not None
+    _same(ledger, p, "recovered")
+    ledger.fill_lines(lines, 1000)
+    _same(ledger, p, "recovered, lines kept again")
+    ledger.close()
+
+
+def test_a_ledger_saved_without_lines_is_listed_the_same_and_filled_a_few_at_a_time(tmp_path: Path) -> None:
+    """A ledger from before lines were kept (a schema 7 file, migrated: an empty table): the listings count every
+    record from itself until the daemon has kept their lines, a bounded number a save."""
+    p = WearConfig()
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    records = _records(random.Random(8), 60, running=1)
+    ledger.save([], [], jobs=records)  # no lines kept
+    assert _kept(path) == 0
+    _same(ledger, p, "no lines")
+    lines = Summariser(p)
+    assert ledger.fill_lines(lines, 25) == 25
+    _same(ledger, p, "some lines")
+    assert ledger.fill_lines(lines, 1000) == 35 and ledger.fill_lines(lines, 1000) == 0
+    _same(ledger, p, "every line")
+    ledger.close()
+
+
+@pytest.mark.parametrize("stale", ["a line of a record that is gone", "a line under the current key, changed"])
+def test_the_judge_sees_a_stale_line(tmp_path: Path, stale: str) -> None:
+    """The comparison above fails where a kept line no longer says what its record does (its power as a test)."""
+    p = WearConfig()
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    ledger.save([], [], jobs=_records(random.Random(2), 20), lines=Summariser(p))
+    with sqlite3.connect(path) as db:
+        if stale.startswith("a line of a record that is gone"):
+            db.execute("DELETE FROM jobs WHERE record = (SELECT record FROM jobs ORDER BY start LIMIT 1)")
+        else:
+            db.execute("UPDATE job_lines SET aging = aging + 1000 WHERE rowid = 3")
+    with pytest.raises(AssertionError):
+        _same(ledger, p, stale)
+    ledger.close()
+
+
+def test_a_schema_7_ledger_gains_the_table_and_its_indexes_as_a_new_one_has_them(tmp_path: Path) -> None:
+    p = WearConfig()
+    fresh = tmp_path / "fresh.sqlite"
+    Ledger.open(fresh).close()
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    ledger.save([], [], jobs=_records(random.Random(4), 30))
+    ledger.close()
+    with sqlite3.connect(path, isolation_level=None) as db:  # the file as schema 7 made it
+        db.executescript("BEGIN; DROP TABLE job_lines; DROP INDEX jobs_by_end; "
+                         "UPDATE meta SET value = '7' WHERE key = 'schema_version'; COMMIT;")
+
+    def schema(file: Path) -> list[tuple[str, str]]:
+        with sqlite3.connect(file) as db:
+            return sorted(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'job%'").fetchall())
+
+    for _ in range(2):  # the migration, then an open that finds nothing to do
+        ledger = Ledger.open(path)
+        assert ledger.meta("schema_version") == "8" and ledger.recovered is None
+        assert schema(path) == schema(fresh)
+        _same(ledger, p, "migrated")
+        ledger.close()
+    ledger = Ledger.open(path)
+    assert ledger.fill_lines(Summariser(p), 100) == 30
+    _same(ledger, p, "migrated, lines kept")
+    ledger.close()
