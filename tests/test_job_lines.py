@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,12 @@ def _wear(uuid: str, rnd: random.Random, start: float, seconds: float) -> GpuWea
     return w
 
 
-def _records(rnd: random.Random, count: int, running: int = 3) -> list[dict[str, Any]]:
+def _records(rnd: random.Random, count: int, running: int = 3, t0: float = T0) -> list[dict[str, Any]]:
     """Job records as the daemon writes them: jobs over one to three GPUs, idle lines, names that repeat, equal
     peaks (the hottest's tie-break), peaks held as int and as float, and the newest ``running`` still running."""
     out = []
     for k in range(count):
-        start = T0 + k * 900
+        start = t0 + k * 900
         kind = rnd.choice(["slurm", "idle", "process", "slurm"])
         gpus = rnd.sample(UUIDS, 1 if kind == "idle" else rnd.randint(1, 3))
         end = None if k >= count - running else start + 800
@@ -204,4 +205,52 @@ def test_a_schema_7_ledger_gains_the_table_and_its_indexes_as_a_new_one_has_them
     ledger = Ledger.open(path)
     assert ledger.fill_lines(Summariser(p), 100) == 30
     _same(ledger, p, "migrated, lines kept")
+    ledger.close()
+
+
+def test_the_daemon_keeps_the_lines_of_older_records_a_bounded_number_a_save(tmp_path: Path) -> None:
+    from gpuwear.config import Config
+    from gpuwear.ledger import ledger_path
+    from gpuwear.service import Daemon, open_source
+    from helpers import free_port
+
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+    path = ledger_path(config, "demo")
+    path.parent.mkdir(parents=True, mode=0o700)
+    ledger = Ledger.open(path)
+    recent = time.time() - 86400  # within the daemon's retention of jobs
+    ledger.save([], [], jobs=_records(random.Random(6), 60, running=0, t0=recent))  # from before lines were kept
+    ledger.close()
+    daemon = Daemon(config, open_source(config, "demo", 1.0, False))
+    try:
+        daemon.FILL_LINES_PER_SAVE = 25
+        kept = []
+        for _ in range(4):
+            assert daemon.persist()
+            kept.append(_kept(path))
+        assert daemon.ledger is not None
+        assert not any(daemon.ledger.unsummarised(Summariser(config.wear).key))
+        _same(daemon.ledger, config.wear, "filled by the daemon")
+    finally:
+        daemon.stop()
+    assert kept[0] < kept[1] < kept[2] == kept[3]  # 25 records a save (their GPUs' lines), then none left
+
+
+def test_a_kept_line_changed_on_disk_is_dropped_and_kept_again_from_its_record(tmp_path: Path) -> None:
+    """A line's bytes changed since they were written (its figures, or only its checksum): the check the daemon runs
+    once a start drops that record's lines, which are counted from the record and kept again."""
+    p = WearConfig()
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    ledger.save([], [], jobs=_records(random.Random(12), 20), lines=Summariser(p))
+    assert ledger.verify_lines() == 0
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE job_lines SET aging = aging + 1000 WHERE rowid = 3")
+        db.execute("UPDATE job_lines SET crc = crc + 1 WHERE rowid = 5")
+        changed = {r for (r,) in db.execute("SELECT record FROM job_lines WHERE rowid IN (3, 5)")}
+    assert ledger.verify_lines() == len(changed) == 2
+    assert {r["record"] for r in ledger.unsummarised(Summariser(p).key)} == changed
+    _same(ledger, p, "dropped")
+    assert ledger.fill_lines(Summariser(p), 100) == 2 and ledger.verify_lines() == 0
+    _same(ledger, p, "kept again")
     ledger.close()

@@ -84,8 +84,8 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
     every retained job, for the page, from the lines the ledger keeps), read in one go."""
     from gpuwear.jobs import report as jobreport
 
-    wears = ledger.load_all(p.cycles.hysteresis_celsius)
     live = ledger.load(p.cycles.hysteresis_celsius)
+    wears = ledger.load_all(p.cycles.hysteresis_celsius, live)
     events = {uuid: ledger.events(uuid, last=EVENTS_SHOWN) for uuid in wears}
     selected = [w for uuid, w in sorted(wears.items()) if gpu is None or uuid == gpu]
     doc = document(selected, p, events, where, simulated, set(live))

@@ -253,6 +253,7 @@ class Daemon:
         self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)
         self._summariser = Summariser(config.wear)  # each job record's lines, kept with it in the ledger
         self._lines_filled: int | None = None  # the key under which every record's lines are kept
+        self._lines_verified = False  # the kept lines checked against what was written (verify_lines)
         self._fill_failed = False
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.recovered is not None,
@@ -444,6 +445,12 @@ class Daemon:
         if self.ledger is None or self._lines_filled == self._summariser.key:
             return
         try:
+            if not self._lines_verified:  # once a start, off the start's path: a pass over every kept line
+                dropped = self.ledger.verify_lines()
+                self._lines_verified = True
+                if dropped:
+                    log.warning("ledger %s: the kept lines of %d job record(s) failed their check; they are counted "
+                                "from the records and kept again", self.ledger_file, dropped)
             if self.ledger.fill_lines(self._summariser, self.FILL_LINES_PER_SAVE) < self.FILL_LINES_PER_SAVE:
                 self._lines_filled = self._summariser.key
             self._fill_failed = False

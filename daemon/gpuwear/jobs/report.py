@@ -179,7 +179,7 @@ def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, sin
         tally.records = sums.records
         if sums.hottest is not None:
             tally.candidate(*sums.hottest)
-        for rec in ledger.unsummarised(key, since):
+        for rec in ledger.unsummarised(key, since, sums.records if gpu is None else None):
             tally.record(rec, p, gpu)
         for rec in ledger.import_periods(since):
             tally.record(rec, p, gpu)

@@ -92,6 +92,7 @@ CREATE TABLE IF NOT EXISTS job_lines ( -- each job record's lines (gpuwear.jobs.
     start REAL NOT NULL,               -- the record's start and end (NULL while running), as in jobs
     end REAL,
     key INTEGER NOT NULL,              -- gpuwear.jobs.lines.key(): the parameters its figures were computed with
+    crc INTEGER NOT NULL,              -- crc32 of the JSON of the values above, in order (Ledger.verify_lines)
     PRIMARY KEY (record, slice)
 );
 CREATE INDEX IF NOT EXISTS job_lines_sums ON job_lines (key, uuid, line, end, slice, observed, energy, aging, fatigue);

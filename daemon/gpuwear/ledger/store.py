@@ -330,23 +330,26 @@ class Ledger:
 
     def load_imported(self, gate_celsius: float) -> dict[str, GpuWear]:
         """The history imported from logs, all imports of a GPU merged, by UUID."""
-        out: dict[str, GpuWear] = {}
+        by_gpu: dict[str, list[GpuWear]] = {}
         for _, uuid, _, _, _, wear in self._imports("SELECT rowid AS row_id, uuid, source, first, last, wear, {crc} "
                                                     "FROM imports ORDER BY first"):
-            w = GpuWear.from_json(wear, gate_celsius)
-            out[uuid] = out[uuid].merged(w) if uuid in out else GpuWear(uuid, gate_celsius=gate_celsius).merged(w)
-        return out
+            by_gpu.setdefault(uuid, []).append(GpuWear.from_json(wear, gate_celsius))
+        return {uuid: GpuWear.merged_all(GpuWear(uuid, gate_celsius=gate_celsius), imports)
+                for uuid, imports in by_gpu.items()}
 
     def _imports(self, query: str, params: tuple[Any, ...] = ()) -> Iterator[tuple[int, str, str, float, float,
                                                                                    dict[str, Any]]]:
         """The import rows ``query`` selects (rowid, uuid, source, first, last, wear and ``{crc}``, its checksum),
-        each proved whole by its checksum and validated; one that is not is left out and said in :attr:`left_out`."""
+        each proved whole by its checksum (what a save writes is validated first), validated where it has none; one
+        that is not is left out and said in :attr:`left_out`."""
         for rowid, uuid, source, first, last, text, crc in self._db.execute(
                 query.format(crc=_crc_of(self._db, "imports")), params):
             try:
+                where = f"import of GPU {uuid!r}"
                 if changed(text, crc):
-                    raise LedgerError(f"import of GPU {uuid!r}: {CHANGED}")
-                yield rowid, uuid, source, first, last, _wear(text, f"import of GPU {uuid!r}")
+                    raise LedgerError(f"{where}: {CHANGED}")
+                yield rowid, uuid, source, first, last, _json_object(text, where) if crc is not None else \
+                    _wear(text, where)
             except LedgerError as exc:
                 self._leave_out(("imports", rowid), str(exc))
 
@@ -389,12 +392,13 @@ class Ledger:
         self._saved = None  # what is committed changed under the save cache
         return removed
 
-    def load_all(self, gate_celsius: float) -> dict[str, GpuWear]:
-        """Live and imported history merged, by UUID (what a report shows)."""
-        live = self.load(gate_celsius)
+    def load_all(self, gate_celsius: float, live: dict[str, GpuWear] | None = None) -> dict[str, GpuWear]:
+        """Live and imported history merged, by UUID (what a report shows); ``live``: :meth:`load`'s answer, where
+        the caller has it already (left as it is)."""
+        every = dict(self.load(gate_celsius) if live is None else live)
         for uuid, imported in self.load_imported(gate_celsius).items():
-            live[uuid] = live[uuid].merged(imported) if uuid in live else imported
-        return live
+            every[uuid] = every[uuid].merged(imported) if uuid in every else imported
+        return every
 
     # -- writing ------------------------------------------------------------------------
 
@@ -465,15 +469,17 @@ class Ledger:
                              "ORDER BY peak DESC, start DESC, record DESC, slice LIMIT 1", params).fetchone()
         return LineSums(by_line, labels, records, hottest)
 
-    def unsummarised(self, key: int, since: float | None = None) -> Iterator[dict[str, Any]]:
+    def unsummarised(self, key: int, since: float | None = None, kept: int | None = None) -> Iterator[dict[str, Any]]:
         """The job records in the window (as :meth:`iter_jobs`) that have no line kept under ``key``: saved before
-        lines were kept, by a reader of other wear parameters, or not yet filled (:meth:`fill_lines`)."""
+        lines were kept, by a reader of other wear parameters, or not yet filled (:meth:`fill_lines`). ``kept``: the
+        records with lines in the window, where the caller counted them (:meth:`line_sums` of every GPU)."""
         if not self._has_lines():
             return self.iter_jobs(since)
         window = (_since(since),)
         every = self._db.execute("SELECT count(*) FROM jobs WHERE end IS NULL OR end >= ?", window).fetchone()[0]
-        kept = self._db.execute("SELECT count(*) FROM job_lines WHERE key = ? AND (end IS NULL OR end >= ?) AND "
-                                "slice = 0", (key, *window)).fetchone()[0]
+        if kept is None:
+            kept = self._db.execute("SELECT count(*) FROM job_lines WHERE key = ? AND (end IS NULL OR end >= ?) AND "
+                                    "slice = 0", (key, *window)).fetchone()[0]
         if every == kept:  # each record's line 0 is kept (lines come whole with their record): none to count
             return iter(())
         # "+l.key": the lookup by record (the primary key), never a scan of the key's lines for each record
@@ -492,6 +498,27 @@ class Ledger:
             for job, lines in summaries:
                 _write_lines(db, job, lines, summarise.key)
         return len(records)
+
+    def verify_lines(self) -> int:
+        """Check the kept lines against what was written: their table and its indexes against each other (SQLite's
+        integrity_check of the table: the listings read figures from an index) and each line against its checksum.
+        Lines that fail are dropped, whole records' at a time (every line where the table fails), to be counted from
+        their records and kept again (:meth:`fill_lines`). Returns the records whose lines were dropped; run by the
+        daemon once a start, after it serves (a pass over every line)."""
+        if not self._has_lines():
+            return 0
+        ok = self._db.execute("PRAGMA integrity_check(job_lines)").fetchone()
+        if not ok or ok[0] != "ok":
+            with self._transaction() as db:
+                records = db.execute("SELECT count(DISTINCT record) FROM job_lines").fetchone()[0]
+                db.execute("DELETE FROM job_lines")
+            return int(records)
+        bad = {row[0] for row in self._db.execute(f"SELECT {_LINE_COLUMNS}, crc FROM job_lines")
+               if _line_crc(row[:-1]) != row[-1]}
+        if bad:
+            with self._transaction() as db:
+                db.executemany("DELETE FROM job_lines WHERE record = ?", [(record,) for record in bad])
+        return len(bad)
 
     def _lines_of(self, summarise: Summariser, job: dict[str, Any]) -> Sequence[tuple[Any, ...]] | None:
         """A job record's lines; None (none kept: readers compute them from the record) where computing them
@@ -698,5 +725,11 @@ def _write_lines(db: sqlite3.Connection, job: dict[str, Any], lines: Sequence[tu
     """Replace a job record's lines in ``db`` (a transaction of the caller's); None: none kept."""
     db.execute("DELETE FROM job_lines WHERE record = ?", (job["record"],))
     if lines:
-        db.executemany(f"INSERT INTO job_lines ({_LINE_COLUMNS}) VALUES ({', '.join('?' * 14)})",
-                       [(job["record"], *line, job["start"], job["end"], key) for line in lines])
+        rows = [(job["record"], *line, job["start"], job["end"], key) for line in lines]
+        db.executemany(f"INSERT INTO job_lines ({_LINE_COLUMNS}, crc) VALUES ({', '.join('?' * 15)})",
+                       [(*row, _line_crc(row)) for row in rows])
+
+
+def _line_crc(row: Sequence[Any]) -> int:
+    """The checksum of a kept line's values (_LINE_COLUMNS, in order), as written and as read back."""
+    return zlib.crc32(json.dumps(list(row), separators=(",", ":")).encode())

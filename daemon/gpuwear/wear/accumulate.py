@@ -17,7 +17,7 @@ import datetime
 import functools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -577,8 +577,24 @@ class GpuWear:
 
         ``other``'s open rainflow residue is closed as half cycles; this one's stays open, so
         live counting goes on. Health and thresholds: this one's (the newer) win."""
-        out = GpuWear.from_json(self.to_json(), self.gate_celsius)
-        out.rainflow = self.rainflow
+        return GpuWear.merged_all(self, [other])
+
+    @staticmethod
+    def merged_all(first: GpuWear, others: Iterable[GpuWear]) -> GpuWear:
+        """``first.merged(a).merged(b)...`` for each of ``others`` in order, copying ``first`` once and joining the
+        observed intervals once (a GPU's imports, years of them, merged in one pass rather than one copy each)."""
+        out = GpuWear.from_json(first.to_json(), first.gate_celsius)
+        out.rainflow = first.rainflow
+        intervals = list(first.intervals())
+        for other in others:
+            out._absorb(other)
+            intervals += other.intervals()
+        out.covered = dict(_merged_intervals(intervals))
+        return out
+
+    def _absorb(self, other: GpuWear) -> None:
+        """Add ``other``'s history to this one (:meth:`merged`'s work, but the observed intervals)."""
+        out = self
         seen = [t for t in (self.first_seen, other.first_seen) if t is not None]
         out.first_seen = min(seen) if seen else None
         last = [t for t in (self.last_seen, other.last_seen) if t is not None]
@@ -619,8 +635,6 @@ class GpuWear:
                 _add(into["temperature_seconds"], t, sec)
         out.name = self.name or other.name
         out.serial = self.serial or other.serial
-        out.covered = dict(_merged_intervals([*self.intervals(), *other.intervals()]))
-        return out
 
     # -- persistence -------------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+"""A busy box's daemon over a simulated month, measured from outside: its RSS after each simulated day.
+
+    python bench/month_rss.py [--gpus 8] [--days 30] [--speed 20000] [--page-every 5]
+
+Runs ``gpuwear run --simulate SCENARIO --speed S`` (bench/gen.py's mixed scenario: each GPU trains, is stressed and
+idles in 90-minute cycles, two jobs and their idle lines a cycle) on a fresh state directory, fetches the page at /
+every ``--page-every`` wall seconds (it renders afresh after each save) and /metrics in between, and reads the
+process's RSS (/proc/PID/status) at the end of each simulated day. Prints the RSS after day 1 and after the last
+day, their difference (the goal: under 2 MiB over a month) and the job records the ledger then holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gen
+from ledger_years import get, rss_mib, start_daemon, stop
+
+DAY = 86400.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--speed", type=float, default=20000.0)
+    parser.add_argument("--page-every", type=float, default=5.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpuwear-month-") as folder:
+        work = Path(folder)
+        scenario = gen.scenario(args.gpus, work)
+        state = work / "state"
+        proc, port, _ = start_daemon(state, scenario, args.speed)
+        started = time.monotonic()
+        per_day: list[float] = []
+        next_page = started
+        try:
+            while len(per_day) < args.days:
+                now = time.monotonic()
+                if now >= next_page:
+                    get(f"http://127.0.0.1:{port}/")
+                    next_page = now + args.page_every
+                else:
+                    get(f"http://127.0.0.1:{port}/metrics")
+                if (now - started) * args.speed >= (len(per_day) + 1) * DAY:
+                    per_day.append(rss_mib(proc.pid))
+                time.sleep(0.05)
+        finally:
+            stop(proc)
+        ledger = next(state.glob("simulated/*/ledger.sqlite"))
+        with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+            jobs = db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    print(f"# A busy box's daemon over {args.days:g} simulated days ({args.gpus} GPUs, x{args.speed:g}, the page "
+          f"every {args.page_every:g} s)\n")
+    print(f"`python bench/month_rss.py --gpus {args.gpus} --days {args.days:g} --speed {args.speed:g} "
+          f"--page-every {args.page_every:g}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    print("| figure | value |\n|---|---|")
+    print(f"| RSS after simulated day 1 (MiB) | {per_day[0]:.1f} |")
+    print(f"| RSS after simulated day {len(per_day)} (MiB) | {per_day[-1]:.1f} |")
+    print(f"| growth after day 1 (MiB) | {per_day[-1] - per_day[0]:.2f} |")
+    print(f"| largest RSS, days 1 to {len(per_day)} (MiB) | {max(per_day):.1f} |")
+    print(f"| job records in the ledger at the end | {jobs} |")
+    print("\nRSS by simulated day (MiB): " + ", ".join(f"{r:.1f}" for r in per_day))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
