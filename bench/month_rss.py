@@ -4,7 +4,7 @@
 
 Runs ``gpuwear run --simulate SCENARIO --speed S`` (bench/gen.py's mixed scenario: each GPU trains, is stressed and
 idles in 90-minute cycles, two jobs and their idle lines a cycle) on a fresh state directory, fetches the page at /
-every ``--page-every`` wall seconds (it renders afresh after each save) and /metrics in between, and reads the
+every ``--page-every`` wall seconds (it renders afresh after each save) and /metrics every ``--scrape-every``, and reads the
 process's RSS (/proc/PID/status) at the end of each simulated day. Prints the RSS after day 1 and after the last
 day, their difference (the goal: under 2 MiB over a month) and the job records the ledger then holds.
 """
@@ -32,6 +32,7 @@ def main() -> int:
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--speed", type=float, default=20000.0)
     parser.add_argument("--page-every", type=float, default=5.0)
+    parser.add_argument("--scrape-every", type=float, default=1.0, help="wall seconds between scrapes of /metrics")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuwear-month-") as folder:
         work = Path(folder)
@@ -40,18 +41,19 @@ def main() -> int:
         proc, port, _ = start_daemon(state, scenario, args.speed)
         started = time.monotonic()
         per_day: list[float] = []
-        next_page = started
+        next_page = next_scrape = started
         try:
             while len(per_day) < args.days:
                 now = time.monotonic()
                 if now >= next_page:
                     get(f"http://127.0.0.1:{port}/")
                     next_page = now + args.page_every
-                else:
+                elif now >= next_scrape:
                     get(f"http://127.0.0.1:{port}/metrics")
+                    next_scrape = now + args.scrape_every
                 if (now - started) * args.speed >= (len(per_day) + 1) * DAY:
                     per_day.append(rss_mib(proc.pid))
-                time.sleep(0.05)
+                time.sleep(0.01)
         finally:
             stop(proc)
         ledger = next(state.glob("simulated/*/ledger.sqlite"))
@@ -60,7 +62,8 @@ def main() -> int:
     print(f"# A busy box's daemon over {args.days:g} simulated days ({args.gpus} GPUs, x{args.speed:g}, the page "
           f"every {args.page_every:g} s)\n")
     print(f"`python bench/month_rss.py --gpus {args.gpus} --days {args.days:g} --speed {args.speed:g} "
-          f"--page-every {args.page_every:g}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+          f"--page-every {args.page_every:g} --scrape-every {args.scrape_every:g}`, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     print("| figure | value |\n|---|---|")
     print(f"| RSS after simulated day 1 (MiB) | {per_day[0]:.1f} |")
     print(f"| RSS after simulated day {len(per_day)} (MiB) | {per_day[-1]:.1f} |")

@@ -512,3 +512,30 @@ def test_observed_intervals_stay_bounded_and_never_cover_less() -> None:
     assert all(b < a2 for (_, b), (a2, _) in itertools.pairwise(kept))  # still disjoint
     doc = w.to_json()
     check_wear(_compact(doc), "", doc["schema"])
+
+
+def test_merging_many_histories_at_once_is_merging_them_one_after_the_other() -> None:
+    """GpuWear.merged_all (a GPU's imports, read by every report and page) against merged() in a chain."""
+    import json
+    import random
+
+    rnd = random.Random(11)
+
+    def history(k: int) -> GpuWear:
+        start = 1.7e9 + k * 7 * 86400
+        w = GpuWear("GPU-many", name=rnd.choice(["", "card"]), first_seen=start, last_seen=start + 3600)
+        w.observed_seconds = 3600.0
+        w.energy_joules = rnd.uniform(1e5, 1e6)
+        w.temperature_seconds = {"gpu": {str(t): rnd.uniform(1, 300) for t in rnd.sample(range(30, 90), 6)}}
+        w.cycles = {"gpu": {f"{r}:{60 + r}": float(rnd.randint(0, 3)) for r in rnd.sample(range(3, 30), 3)}}
+        w.thresholds = {"slowdown": float(rnd.randint(80, 95))}
+        w.xids = {str(rnd.choice([13, 31, 79])): 1}
+        w.covered = {repr(start): start + 1800, repr(start + 2000): start + 3600}
+        return w
+
+    others = [history(k) for k in range(40)]
+    chained = GpuWear("GPU-many")
+    for other in others:
+        chained = chained.merged(other)
+    at_once = GpuWear.merged_all(GpuWear("GPU-many"), others)
+    assert json.dumps(at_once.to_json(), sort_keys=True) == json.dumps(chained.to_json(), sort_keys=True)
