@@ -227,13 +227,21 @@ def measure(work: Path, name: str, scenario: Path, gpus: dict[str, dict[str, Any
         out["writes_mb_per_gpu_day"] = (written(proc.pid) - bytes0) / 1e6 / n / simulated_days
         out["rss_after_run_mib"] = rss_mib(proc.pid)
         # a scrape issued while the page renders afresh (saves happened during the run, so it is not cached)
-        page = threading.Thread(target=get, args=(f"http://127.0.0.1:{port}/",))
+        rendered: list[float] = []
+
+        def fetch_page() -> None:
+            began = time.perf_counter()
+            code, _ = get(f"http://127.0.0.1:{port}/")
+            rendered.append(time.perf_counter() - began if code == 200 else float("nan"))
+
+        page = threading.Thread(target=fetch_page)
         page.start()
         time.sleep(min(0.2, out["page_s"] / 4))
         started = time.perf_counter()
         status, _ = get(f"http://127.0.0.1:{port}/metrics")
         out["scrape_during_page_s"] = time.perf_counter() - started if status == 200 else float("nan")
         page.join()
+        out["page_later_s"] = rendered[0] if rendered else float("nan")
     finally:
         stop(proc)
     # the same ledger with 30 bytes flipped in its rows (past its first quarter: the schema and meta stay readable):
@@ -259,7 +267,8 @@ def _size(path: Path) -> int:
 
 LABELS = {"ledger_mib": "ledger file (MiB)", "first_metrics_s": "start → first /metrics (s)",
           "rss_start_mib": "daemon RSS after start (MiB)", "rss_after_page_mib": "daemon RSS after the page (MiB)",
-          "rss_after_run_mib": "daemon RSS after running (MiB)", "page_s": "page at / (s)",
+          "rss_after_run_mib": "daemon RSS after running (MiB)", "page_s": "page at /, after the first save (s)",
+          "page_later_s": "page at /, after running, a scrape beside it (s)",
           "writes_mb_per_gpu_day": "daemon writes (MB per GPU per day)", "report_s": "`report` (s)",
           "report_peak_mib": "`report` peak RSS (MiB)", "report_html_s": "`report --html` (s)",
           "report_html_peak_mib": "`report --html` peak RSS (MiB)", "jobs_s": "`jobs` (s)",

@@ -4,9 +4,9 @@
 
 Runs ``gpuwear run --simulate SCENARIO --speed S`` (bench/gen.py's mixed scenario: each GPU trains, is stressed and
 idles in 90-minute cycles, two jobs and their idle lines a cycle) on a fresh state directory, fetches the page at /
-every ``--page-every`` wall seconds (it renders afresh after each save) and /metrics every ``--scrape-every``, and reads the
-process's RSS (/proc/PID/status) at the end of each simulated day. Prints the RSS after day 1 and after the last
-day, their difference (the goal: under 2 MiB over a month) and the job records the ledger then holds.
+every ``--page-every`` wall seconds (it renders afresh after each save) and /metrics every ``--scrape-every``, and
+reads the process's RSS (/proc/PID/status) at the end of each simulated day. Prints the RSS after day 1 and after
+the last day, their difference (the goal: under 2 MiB over a month) and the job records the ledger then holds.
 """
 
 from __future__ import annotations

@@ -469,12 +469,14 @@ class Ledger:
                              "ORDER BY peak DESC, start DESC, record DESC, slice LIMIT 1", params).fetchone()
         return LineSums(by_line, labels, records, hottest)
 
-    def unsummarised(self, key: int, since: float | None = None, kept: int | None = None) -> Iterator[dict[str, Any]]:
+    def unsummarised(self, key: int, since: float | None = None, kept: int | None = None,
+                     ended: bool = False) -> Iterator[dict[str, Any]]:
         """The job records in the window (as :meth:`iter_jobs`) that have no line kept under ``key``: saved before
         lines were kept, by a reader of other wear parameters, or not yet filled (:meth:`fill_lines`). ``kept``: the
-        records with lines in the window, where the caller counted them (:meth:`line_sums` of every GPU)."""
+        records with lines in the window, where the caller counted them (:meth:`line_sums` of every GPU). ``ended``:
+        only records that ended (a running job's lines are kept once it ends)."""
         if not self._has_lines():
-            return self.iter_jobs(since)
+            return self._jobs_where("(? = 0 OR end IS NOT NULL)", (int(ended),), since)
         window = (_since(since),)
         every = self._db.execute("SELECT count(*) FROM jobs WHERE end IS NULL OR end >= ?", window).fetchone()[0]
         if kept is None:
@@ -482,15 +484,16 @@ class Ledger:
                                     "slice = 0", (key, *window)).fetchone()[0]
         if every == kept:  # each record's line 0 is kept (lines come whole with their record): none to count
             return iter(())
+        # (a running job's record: counted from itself, once or twice per GPU; the lookup below finds it)
         # "+l.key": the lookup by record (the primary key), never a scan of the key's lines for each record
-        return self._jobs_where("NOT EXISTS (SELECT 1 FROM job_lines l WHERE l.record = jobs.record AND +l.key = ?)",
-                                (key,), since)
+        return self._jobs_where("(? = 0 OR end IS NOT NULL) AND NOT EXISTS (SELECT 1 FROM job_lines l WHERE "
+                                "l.record = jobs.record AND +l.key = ?)", (int(ended), key), since)
 
     def fill_lines(self, summarise: Summariser, limit: int) -> int:
-        """Keep the lines of up to ``limit`` job records that have none under ``summarise.key``, newest first, in one
-        transaction; returns how many records it summarised (0: none is left)."""
+        """Keep the lines of up to ``limit`` ended job records that have none under ``summarise.key``, newest first,
+        in one transaction; returns how many records it summarised (0: none is left)."""
         with self.reading():
-            records = list(itertools.islice(self.unsummarised(summarise.key), max(0, limit)))
+            records = list(itertools.islice(self.unsummarised(summarise.key, ended=True), max(0, limit)))
         if not records:
             return 0
         summaries = [(job, self._lines_of(summarise, job)) for job in records]
@@ -594,7 +597,10 @@ class Ledger:
                 check_import(uuid, first, last, rows, json.loads(_dump(wear)), WEAR_SCHEMA)
         except SchemaError as exc:
             raise LedgerError(f"refusing to save a record that would not read back: {exc}") from None
-        summaries = [(job, self._lines_of(lines, job) if lines is not None else None) for job in jobs]
+        # an ended record's lines (a running job's record is saved again every few minutes: its few lines are
+        # counted from it until it ends, rather than written again each time)
+        summaries = [(job, self._lines_of(lines, job) if lines is not None and job["end"] is not None else None)
+                     for job in jobs]
         compact = self._log_rows >= COMPACT_AFTER
         whole = [d for u, d in docs.items() if compact or u not in saved]
         changed = {u: _diff(saved[u], d) for u, d in docs.items() if not compact and u in saved}
