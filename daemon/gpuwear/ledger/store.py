@@ -681,7 +681,11 @@ class _FoundFiles:
         self.copy = Path(f"{path}-wal.found")
         self.had_wal = self.wal.exists()
         if self.had_wal:
-            shutil.copyfile(self.wal, self.copy)
+            try:
+                shutil.copyfile(self.wal, self.copy)
+            except OSError:  # a full disk: nothing half-copied left behind, and the open refused (retried later)
+                self.copy.unlink(missing_ok=True)
+                raise
 
     def guard(self) -> sqlite3.Connection:
         """A read-only connection to hold while the daemon's connection examines, migrates and audits: the last
