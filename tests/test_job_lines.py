@@ -189,12 +189,13 @@ def test_a_schema_7_ledger_gains_the_table_and_its_indexes_as_a_new_one_has_them
     ledger.save([], [], jobs=_records(random.Random(4), 30))
     ledger.close()
     with sqlite3.connect(path, isolation_level=None) as db:  # the file as schema 7 made it
-        db.executescript("BEGIN; DROP TABLE job_lines; DROP INDEX jobs_by_end; "
+        db.executescript("BEGIN; DROP TABLE job_lines; DROP TABLE line_totals; DROP INDEX jobs_by_end; "
                          "UPDATE meta SET value = '7' WHERE key = 'schema_version'; COMMIT;")
 
     def schema(file: Path) -> list[tuple[str, str]]:
         with sqlite3.connect(file) as db:
-            return sorted(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'job%'").fetchall())
+            return sorted(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'job%' OR name LIKE 'line%'")
+                          .fetchall())
 
     for _ in range(2):  # the migration, then an open that finds nothing to do
         ledger = Ledger.open(path)
@@ -255,4 +256,23 @@ def test_a_kept_line_changed_on_disk_is_dropped_and_kept_again_from_its_record(t
     _same(ledger, p, "dropped")
     assert ledger.fill_lines(Summariser(p), 100) == 2 and ledger.verify_lines() == 0
     _same(ledger, p, "kept again")
+    ledger.close()
+
+
+def test_the_totals_of_the_kept_lines_are_their_sum_and_made_again_where_not(tmp_path: Path) -> None:
+    """line_totals (the page's sums over every retained line, kept by triggers as lines come and go) against the
+    lines added up afresh; the daemon's check once a start makes them again where they differ."""
+    p = WearConfig()
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger.open(path)
+    ledger.save([], [], jobs=_records(random.Random(13), 40), lines=Summariser(p))
+    recount = ("SELECT key, uuid, line, count(*), sum(slice = 0), sum(observed), sum(energy), sum(aging), "
+               "sum(fatigue) FROM job_lines GROUP BY key, uuid, line")
+    with sqlite3.connect(path) as db:
+        assert sorted(db.execute(recount)) == sorted(db.execute("SELECT * FROM line_totals"))
+        db.execute("UPDATE line_totals SET aging = aging + 5 WHERE rowid = 1")
+    with pytest.raises(AssertionError):
+        _same(ledger, p, "totals changed on disk")
+    ledger.verify_lines()
+    _same(ledger, p, "totals made again")
     ledger.close()

@@ -911,19 +911,3 @@ def test_the_daemons_log_shows_outside_text_printable(tmp_path: Path) -> None:
     assert "state\\x1b[2J\\x07\\x9b31m\\u202e" in log, log[-2000:]  # said, as escapes
     assert not any(c in log for c in "\x1b\x07\x9b\u202e"), log[-2000:]
 
-
-def test_what_ages_out_goes_an_hour_at_a_time(tmp_path: Path) -> None:
-    """A save a minute pruned a minute's records at each save, writing the pages they shared (rows, four indexes)
-    again every time: retention now takes its cutoff down to a whole hour, so an hour's records go at once."""
-    hour = 3600 * 480_000  # a whole hour (Unix seconds)
-    ledger = Ledger.open(tmp_path / "ledger.sqlite")
-    try:
-        ledger.save([], [Event(UUID, hour + offset, "gap", {"seconds": 1.0}) for offset in (-120, 60, 1800)],
-                    jobs=[_job(hour + offset - 60) for offset in (-120, 60, 1800)])
-        ledger.save([], [], forget_jobs_before=hour + 3000, forget_events_before=hour + 3000)
-        assert [j["end"] - hour for j in ledger.jobs()] == [1800, 60]  # ended after the hour began: kept
-        assert [e.wall - hour for e in ledger.events()] == [60, 1800]
-        ledger.save([], [], forget_jobs_before=hour + 3600, forget_events_before=hour + 3600)
-        assert ledger.jobs() == [] and ledger.events() == []
-    finally:
-        ledger.close()

@@ -6,22 +6,14 @@ incremental vacuum in a transaction of its own, after the save committed).
 
 from __future__ import annotations
 
-import math
 import sqlite3
 
 VACUUM_FREE_PAGES = 1024  # free pages (1 MiB) after which a save gives them back to the file system
 
 
-STEP_SECONDS = 3600.0  # what ages out goes an hour at a time
-
-
 def prune(db: sqlite3.Connection, jobs_before: float | None, events_before: float | None) -> None:
     """Remove the job records that ended before ``jobs_before`` and the events before ``events_before`` (Unix
-    seconds; None keeps them all), in the caller's transaction, both taken down to a whole STEP_SECONDS: a save
-    a minute then deletes an hour of records at once, whose rows and index entries share pages, instead of a
-    minute's at every save (each one writing those pages again)."""
-    jobs_before, events_before = (None if t is None else math.floor(t / STEP_SECONDS) * STEP_SECONDS
-                                  for t in (jobs_before, events_before))
+    seconds; None keeps them all), in the caller's transaction."""
     if jobs_before is not None:
         db.execute("DELETE FROM job_lines WHERE record IN (SELECT record FROM jobs WHERE end IS NOT NULL AND end < ?)",
                    (jobs_before,))

@@ -20,7 +20,8 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # 5: the set_aside table, checksums (crc) on events and jobs; 6: the checksums in every ledger called 5 (the first
 # schema 5 had none: a number names one schema, so the files called 5 are brought to 6 by what they hold); 7: checksums
 # on the GPUs' lifetime records, the wear log and the imports (the history that never ages out); 8: job_lines (each
-# job record's lines, kept as the record is saved: listings total them without reading every record)
+# job record's lines, kept as the record is saved: listings total them without reading every record) and line_totals
+# (their sums by GPU and line name, kept by triggers: the page's shares without a pass over the lines)
 SCHEMA_VERSION = 8
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
@@ -96,6 +97,25 @@ CREATE TABLE IF NOT EXISTS job_lines ( -- each job record's lines (gpuwear.jobs.
     PRIMARY KEY (record, slice)
 );
 CREATE INDEX IF NOT EXISTS job_lines_sums ON job_lines (key, uuid, line, end, slice, observed, energy, aging, fatigue);
+CREATE TABLE IF NOT EXISTS line_totals ( -- job_lines added up by key, GPU and line name, kept by the triggers below
+    key INTEGER NOT NULL, uuid TEXT NOT NULL, line TEXT NOT NULL,
+    lines INTEGER NOT NULL, firsts INTEGER NOT NULL,   -- lines, and lines that are their record's first (slice 0)
+    observed INTEGER NOT NULL, energy INTEGER NOT NULL, aging INTEGER NOT NULL, fatigue INTEGER NOT NULL,
+    PRIMARY KEY (key, uuid, line)
+);
+CREATE TRIGGER IF NOT EXISTS line_added AFTER INSERT ON job_lines BEGIN
+    INSERT INTO line_totals VALUES (new.key, new.uuid, new.line, 1, new.slice = 0, new.observed, new.energy,
+                                    new.aging, new.fatigue)
+    ON CONFLICT (key, uuid, line) DO UPDATE SET lines = lines + 1, firsts = firsts + excluded.firsts,
+        observed = observed + excluded.observed, energy = energy + excluded.energy, aging = aging + excluded.aging,
+        fatigue = fatigue + excluded.fatigue;
+END;
+CREATE TRIGGER IF NOT EXISTS line_removed AFTER DELETE ON job_lines BEGIN
+    UPDATE line_totals SET lines = lines - 1, firsts = firsts - (old.slice = 0), observed = observed - old.observed,
+        energy = energy - old.energy, aging = aging - old.aging, fatigue = fatigue - old.fatigue
+    WHERE key = old.key AND uuid = old.uuid AND line = old.line;
+    DELETE FROM line_totals WHERE key = old.key AND uuid = old.uuid AND line = old.line AND lines <= 0;
+END;
 CREATE INDEX IF NOT EXISTS job_lines_hottest ON job_lines (key, peak, start, record, slice);
 CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (end, record);
 CREATE TABLE IF NOT EXISTS wear_log (  -- what each save changed in the GPUs' records, applied in id order
@@ -115,11 +135,23 @@ CREATE TABLE IF NOT EXISTS set_aside ( -- records (or values of a GPU's record) 
 
 
 _SET_ASIDE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS set_aside"):]
-_JOB_LINES = [statement for statement in _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS job_lines"):
-                                                 _SCHEMA.index("CREATE TABLE IF NOT EXISTS wear_log")].split(";\n")
-              if statement.strip()]
+
+
+def _statements(script: str) -> list[str]:
+    """An SQL script's statements, one each (a trigger's body holds statements of its own)."""
+    out, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            out.append(buffer.strip())
+            buffer = ""
+    return out
+
+
+_JOB_LINES = _statements(_SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS job_lines"):
+                                 _SCHEMA.index("CREATE TABLE IF NOT EXISTS wear_log")])
 # tables computed from others (recovery leaves them empty: a line is computed again from its record)
-DERIVED = frozenset({"job_lines"})
+DERIVED = frozenset({"job_lines", "line_totals"})
 
 
 def _add_column(db: sqlite3.Connection, table: str, column: str, declared: str) -> None:

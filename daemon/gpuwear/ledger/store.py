@@ -86,6 +86,8 @@ class LineSums(NamedTuple):
 
 
 _LINE_COLUMNS = "record, slice, uuid, kind, line, title, observed, energy, aging, fatigue, peak, start, end, key"
+# line_totals' columns, from job_lines grouped by key, uuid and line
+_TOTALS = ("key, uuid, line, count(*), sum(slice = 0), sum(observed), sum(energy), sum(aging), sum(fatigue)")
 
 
 def _with_crc(stored: str | bytes) -> tuple[str | bytes, int]:
@@ -128,6 +130,7 @@ class Ledger:
         self._left_out_rows: set[tuple[str, object]] = set()
         self._refused: set[tuple[Any, ...]] = set()  # records a save left out, said once each
         self._lines: bool | None = None  # whether the file has the job_lines table (schema 8 on)
+        self._totals: bool | None = None  # whether it has line_totals
 
     # -- opening ------------------------------------------------------------------------
 
@@ -448,15 +451,21 @@ class Ledger:
                   by_label: bool = True) -> LineSums:
         """The lines kept under ``key`` of the job records in the window (ended after ``since`` or running; of one
         GPU where ``uuid`` is given), added up by GPU and line name, by label (``by_label``), their number of records
-        and the hottest of them: what a listing totals, without reading a record. The records whose lines are not
-        kept under ``key`` are :meth:`unsummarised`."""
+        and the hottest of them: what a listing totals, without reading a record (every retained line, ``since``
+        None: the totals the triggers keep, ``line_totals``). The records whose lines are not kept under ``key``
+        are :meth:`unsummarised`."""
         if not self._has_lines():
             return LineSums([], [] if by_label else None, 0, None)
         where = "key = ? AND (end IS NULL OR end >= ?) AND (? IS NULL OR uuid = ?)"
         params = (key, _since(since), uuid, uuid)
         db = self._db
-        groups = db.execute("SELECT uuid, line, sum(observed), sum(energy), sum(aging), sum(fatigue), count(*), "
-                            f"sum(slice = 0) FROM job_lines WHERE {where} GROUP BY uuid, line", params).fetchall()
+        if since is None and self._has_totals():  # every retained line: their totals, kept as lines come and go
+            groups = db.execute("SELECT uuid, line, observed, energy, aging, fatigue, lines, firsts FROM line_totals "
+                                "WHERE key = ? AND (? IS NULL OR uuid = ?)", (key, uuid, uuid)).fetchall()
+        else:
+            groups = db.execute("SELECT uuid, line, sum(observed), sum(energy), sum(aging), sum(fatigue), "
+                                f"count(*), sum(slice = 0) FROM job_lines WHERE {where} GROUP BY uuid, line",
+                                params).fetchall()
         by_line = [row[:6] for row in groups]
         # a record's lines are its GPUs, each once, numbered from 0: its lines of one GPU, or its line 0, count it
         records = sum(row[6] if uuid is not None else row[7] for row in groups)
@@ -521,6 +530,13 @@ class Ledger:
         if bad:
             with self._transaction() as db:
                 db.executemany("DELETE FROM job_lines WHERE record = ?", [(record,) for record in bad])
+        if self._has_totals():  # and the totals the triggers keep, against the lines added up afresh
+            recount = f"SELECT {_TOTALS} FROM job_lines GROUP BY key, uuid, line"
+            if sorted(self._db.execute(recount)) != sorted(self._db.execute("SELECT * FROM line_totals")):
+                with self._transaction() as db:
+                    db.execute("DELETE FROM line_totals")
+                    db.execute(f"INSERT INTO line_totals {recount}")
+                log.warning("ledger %s: the totals of the kept lines were not their sum: added up again", self.path)
         return len(bad)
 
     def _lines_of(self, summarise: Summariser, job: dict[str, Any]) -> Sequence[tuple[Any, ...]] | None:
@@ -535,6 +551,12 @@ class Ledger:
                           "record at each read", self.path, printable(str(job.get("record")))[:80],
                           printable(f"{type(exc).__name__}: {exc}")[:200])
             return None
+
+    def _has_totals(self) -> bool:
+        if self._totals is None:
+            self._totals = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
+                                            "'line_totals'").fetchone() is not None
+        return self._totals
 
     def _has_lines(self) -> bool:
         if self._lines is None:
