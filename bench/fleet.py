@@ -22,7 +22,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import gen  # noqa: E402
+from common import free_port  # noqa: E402
 
 RULES = (ROOT / "deploy" / "prometheus" / "gpuwear-rules.yml", ROOT / "deploy" / "prometheus" / "dcgm-compat-rules.yml")
 DASHBOARD = ROOT / "grafana" / "dashboards" / "fleet.json"
@@ -205,13 +205,6 @@ class Proc:
 def tail(path: Path, lines: int = 20) -> str:
     text = path.read_text(errors="replace") if path.exists() else "(no log)"
     return "\n".join(text.splitlines()[-lines:])
-
-
-def free_port(host: str) -> int:
-    """A port the kernel reports free on ``host`` (a loopback address)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def node_host(i: int) -> str:

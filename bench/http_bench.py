@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen
+from common import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=underscores;q=0.5,"
@@ -49,12 +49,6 @@ PHASES: list[tuple[str, list[tuple[str, list[str]]]]] = [
                                   ("headers", ["--count", "100"]), ("passwords", ["--rate", "50"]),
                                   ("resets", ["--rate", "200"])]),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int, context: ssl.SSLContext, auth: str, gzipped: bool, timeout: float = 10.0) -> tuple[int, int]:

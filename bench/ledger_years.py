@@ -26,79 +26,24 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
+from common import get, gpuwear, rss_mib, start_daemon, stop, written
 
 from gpuwear.config import WearConfig
 from gpuwear.jobs.lines import Summariser
 from gpuwear.ledger import Event, Ledger
 
 DAY = 86400.0
-PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def gpuwear(*args: str) -> list[str]:
-    return [PYTHON, "-m", "gpuwear", *args]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def written(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("write_bytes:"):
-            return int(line.split()[1])
-    return 0
-
-
-def get(url: str, timeout: float = 60.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except OSError:
-        return 0, b""
-
-
-def start_daemon(state: Path, scenario: Path, speed: float) -> tuple[subprocess.Popen[bytes], int, float]:
-    port = free_port()
-    started = time.monotonic()
-    proc = subprocess.Popen(gpuwear("run", "--simulate", str(scenario), "--speed", str(speed), "--listen",
-                                    f"127.0.0.1:{port}", "--state-dir", str(state)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while time.monotonic() - started < 120:
-        status, _ = get(f"http://127.0.0.1:{port}/metrics", timeout=5)
-        if status == 200:
-            return proc, port, time.monotonic() - started
-        time.sleep(0.02)
-    proc.kill()
-    raise RuntimeError("the daemon did not answer /metrics within 120 s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
 
 
 def templates(state: Path, scenario: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:

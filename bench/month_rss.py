@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
-from ledger_years import get, rss_mib, start_daemon, stop
+from common import get, rss_mib, start_daemon, stop
 
 DAY = 86400.0
 

@@ -21,7 +21,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ sys.path.insert(0, str(HERE))
 
 import gen  # noqa: E402
 import spy  # noqa: E402
+from common import free_port  # noqa: E402
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -75,12 +75,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def env() -> dict[str, str]:
