@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -698,6 +699,24 @@ def test_recovery_keeps_the_pass_that_kept_every_gpu_then_the_most_rows() -> Non
     assert not _kept_more(every_gpu, dict(every_gpu))  # a tie keeps the first pass
 
 
+def _crashed_ledger(tmp_path: Path, writes: Callable[[Ledger], object]) -> Path:
+    """A busy ledger (state/ledger.sqlite under ``tmp_path``) as a crash leaves it: ``writes`` made and still in
+    its WAL, not yet checkpointed into the file."""
+    live = _busy_ledger(tmp_path / "live")
+    writer = Ledger.open(live)
+    try:
+        with closing(writer._db.cursor()) as cursor:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
+        writes(writer)
+        folder = tmp_path / "state"
+        folder.mkdir(mode=0o700)
+        for suffix in ("", "-wal"):
+            Path(f"{folder / 'ledger.sqlite'}{suffix}").write_bytes(Path(f"{live}{suffix}").read_bytes())
+    finally:
+        writer.close()
+    return folder / "ledger.sqlite"
+
+
 OPEN_ON_A_FILLING_DISK = """
 import resource, signal, sqlite3, sys
 from pathlib import Path
@@ -717,19 +736,12 @@ def test_an_open_that_fails_after_writing_puts_the_ledger_and_its_wal_back_as_th
     """The open writes before it has met every part of the file (the version it was written by, checksums stamped on
     older rows, records set aside): a failure after those writes (here a disk that fills up, as damage found late
     does) left them in the WAL, and the file was no longer the one found."""
-    live = _busy_ledger(tmp_path / "live")
-    writer = Ledger.open(live)
-    try:
+    def unstamped(writer: Ledger) -> None:  # rows from before checksums: the open stamps them
         with closing(writer._db.cursor()) as cursor:
-            cursor.execute("PRAGMA wal_autocheckpoint=0")
-            cursor.execute("UPDATE events SET crc = NULL")  # rows from before checksums: the open stamps them
-        folder = tmp_path / "state"
-        folder.mkdir(mode=0o700)
-        for suffix in ("", "-wal"):  # the files as a crash leaves them: saves in the WAL, not yet checkpointed
-            Path(f"{folder / 'ledger.sqlite'}{suffix}").write_bytes(Path(f"{live}{suffix}").read_bytes())
-    finally:
-        writer.close()
-    path = folder / "ledger.sqlite"
+            cursor.execute("UPDATE events SET crc = NULL")
+
+    path = _crashed_ledger(tmp_path, unstamped)
+    folder = path.parent
     found = {suffix: Path(f"{path}{suffix}").read_bytes() for suffix in ("", "-wal")}
     assert len(found["-wal"]) > 50_000
     script = OPEN_ON_A_FILLING_DISK.format(daemon=str(Path(__file__).parent.parent / "daemon"), path=str(path),
@@ -751,20 +763,9 @@ def test_a_recovered_ledger_never_takes_the_damaged_files_wal(seed: int, tmp_pat
     """A damaged ledger whose WAL still holds its last saves: the WAL is kept beside the damaged file, byte for byte,
     and never applied to the recovered ledger (its frames would overwrite the new file's pages). Some damage answers
     only once the open writes (an index page no read met): what the open wrote is put back first."""
-    live = _busy_ledger(tmp_path / "live")
-    writer = Ledger.open(live)
-    try:
-        with closing(writer._db.cursor()) as cursor:
-            cursor.execute("PRAGMA wal_autocheckpoint=0")
-        writer.save([wear_doc(uuid=f"GPU-{i:08x}-1111-2222-3333-444455556666") for i in range(8)],
-                    [Event(UUID, time.time() - 60 + k, "gap", {"seconds": 1.0}) for k in range(300)])
-        folder = tmp_path / "state"
-        folder.mkdir(mode=0o700)
-        for suffix in ("", "-wal"):  # the files as a crash leaves them: saves in the WAL, not yet checkpointed
-            Path(f"{folder / 'ledger.sqlite'}{suffix}").write_bytes(Path(f"{live}{suffix}").read_bytes())
-    finally:
-        writer.close()
-    path = folder / "ledger.sqlite"
+    path = _crashed_ledger(tmp_path, lambda writer: writer.save(
+        [wear_doc(uuid=f"GPU-{i:08x}-1111-2222-3333-444455556666") for i in range(8)],
+        [Event(UUID, time.time() - 60 + k, "gap", {"seconds": 1.0}) for k in range(300)]))
     wal = Path(f"{path}-wal").read_bytes()
     assert len(wal) > 50_000
     _flip(path, seed, 30, path.stat().st_size // 4)

@@ -65,9 +65,9 @@ class _Tally:
     """A listing's totals and shares, added up in whole units (:mod:`gpuwear.jobs.lines`): the same sums whichever
     order the lines come in, from the records or from the ledger's kept lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_label: bool = True) -> None:
         self.totals: dict[str, list[int]] = {}  # uuid: [observed, energy, aging, fatigue]
-        self.by_label: dict[str, int] | None = {}
+        self.by_label: dict[str, int] | None = {} if by_label else None
         self.by_name: dict[str, dict[str, int]] = {}  # uuid: {line name: aging}
         self.records = 0
         self.hottest: tuple[Any, ...] | None = None  # (peak, start, record, -slice, uuid, title)
@@ -166,9 +166,7 @@ def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, sin
     records without kept lines counted from themselves, and only the ``shown`` newest records read whole.
     ``by_label``: the text's share by label (a key per job: the page does without, None)."""
     key = lines_key(p)
-    tally = _Tally()
-    if not by_label:
-        tally.by_label = None
+    tally = _Tally(by_label)
     jobs: list[dict[str, Any]] = []
     with ledger.reading():
         sums = ledger.line_sums(key, since, gpu, by_label)
@@ -181,10 +179,11 @@ def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, sin
             tally.candidate(*sums.hottest)
         for rec in ledger.unsummarised(key, since, sums.records if gpu is None else None):
             tally.record(rec, p, gpu)
-        for rec in ledger.import_periods(since):
+        imports = ledger.import_periods(since)
+        for rec in imports:
             tally.record(rec, p, gpu)
         if shown is None or shown > 0:
-            for rec in ledger.periods(since):
+            for rec in ledger.periods(since, imports):
                 job = _whole(rec, gpus, p, gpu)
                 if job is not None:
                     jobs.append(job)

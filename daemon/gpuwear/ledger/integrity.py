@@ -127,12 +127,13 @@ def _set_aside(db: sqlite3.Connection, docs: dict[str, dict[str, Any]], bad: lis
             else:
                 row = db.execute(f"SELECT * FROM {b.table} WHERE rowid = ?", (b.rowid,)).fetchone()
                 data = json.dumps([v.hex() if isinstance(v, bytes) else v for v in row]) if row else "null"
-                if b.table == "jobs":
-                    db.execute("DELETE FROM job_lines WHERE record IN (SELECT record FROM jobs WHERE rowid = ?)",
-                               (b.rowid,))
                 db.execute(f"DELETE FROM {b.table} WHERE rowid = ?", (b.rowid,))
             db.execute("INSERT INTO set_aside (wall, source, what, reason, data) VALUES (?, ?, ?, ?, ?)",
                        (time.time(), b.table, b.what[:300], b.reason[:1000], data))
+        if any(b.table == "jobs" for b in bad):  # their kept lines go too, by whatever name they were kept under (a
+            # damaged record name no longer names them)
+            db.execute("DELETE FROM job_lines WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.record = "
+                       "job_lines.record)")
         if any(b.table in ("gpus", "wear_log") for b in bad):
             for uuid, doc in docs.items():
                 text = json.dumps(doc, separators=(",", ":"))

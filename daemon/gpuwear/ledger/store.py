@@ -129,8 +129,7 @@ class Ledger:
         self.left_out: list[str] = []  # the rows a read left out (why, one each), for the reader to say
         self._left_out_rows: set[tuple[str, object]] = set()
         self._refused: set[tuple[Any, ...]] = set()  # records a save left out, said once each
-        self._lines: bool | None = None  # whether the file has the job_lines table (schema 8 on)
-        self._totals: bool | None = None  # whether it has line_totals
+        self._tables: dict[str, bool] = {}  # whether the file has a table of a newer schema (job_lines: 8 on)
 
     # -- opening ------------------------------------------------------------------------
 
@@ -171,9 +170,6 @@ class Ledger:
                         if bad:
                             _set_aside(db, docs, bad)
                         _stamp_checksums(db, unstamped)  # rows from before checksums, validated by the audit
-                        # lines whose record is gone (set aside with a damaged record name, a recovery): not counted
-                        db.execute("DELETE FROM job_lines WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.record = "
-                                   "job_lines.record)")
                     except BaseException:
                         db.close()
                         raise
@@ -385,7 +381,7 @@ class Ledger:
                 if len(gpus) == len(job.get("gpus", [])):
                     continue
                 removed["jobs"] += 1
-                if self._has_lines():  # counted from the record again until the daemon keeps them anew
+                if self._has("job_lines"):  # counted from the record again until the daemon keeps them anew
                     db.execute("DELETE FROM job_lines WHERE record = ?", (record,))
                 if gpus:
                     blob = _job_blob(json.dumps({**job, "gpus": gpus}, separators=(",", ":")))
@@ -454,12 +450,12 @@ class Ledger:
         and the hottest of them: what a listing totals, without reading a record (every retained line, ``since``
         None: the totals the triggers keep, ``line_totals``). The records whose lines are not kept under ``key``
         are :meth:`unsummarised`."""
-        if not self._has_lines():
+        if not self._has("job_lines"):
             return LineSums([], [] if by_label else None, 0, None)
         where = "key = ? AND (end IS NULL OR end >= ?) AND (? IS NULL OR uuid = ?)"
         params = (key, _since(since), uuid, uuid)
         db = self._db
-        if since is None and self._has_totals():  # every retained line: their totals, kept as lines come and go
+        if since is None and self._has("line_totals"):  # every retained line: their totals, kept as lines come and go
             groups = db.execute("SELECT uuid, line, observed, energy, aging, fatigue, lines, firsts FROM line_totals "
                                 "WHERE key = ? AND (? IS NULL OR uuid = ?)", (key, uuid, uuid)).fetchall()
         else:
@@ -484,7 +480,7 @@ class Ledger:
         lines were kept, by a reader of other wear parameters, or not yet filled (:meth:`fill_lines`). ``kept``: the
         records with lines in the window, where the caller counted them (:meth:`line_sums` of every GPU). ``ended``:
         only records that ended (a running job's lines are kept once it ends)."""
-        if not self._has_lines():
+        if not self._has("job_lines"):
             return self._jobs_where("(? = 0 OR end IS NOT NULL)", (int(ended),), since)
         window = (_since(since),)
         every = self._db.execute("SELECT count(*) FROM jobs WHERE end IS NULL OR end >= ?", window).fetchone()[0]
@@ -517,7 +513,7 @@ class Ledger:
         Lines that fail are dropped, whole records' at a time (every line where the table fails), to be counted from
         their records and kept again (:meth:`fill_lines`). Returns the records whose lines were dropped; run by the
         daemon once a start, after it serves (a pass over every line)."""
-        if not self._has_lines():
+        if not self._has("job_lines"):
             return 0
         ok = self._db.execute("PRAGMA integrity_check(job_lines)").fetchone()
         if not ok or ok[0] != "ok":
@@ -530,7 +526,7 @@ class Ledger:
         if bad:
             with self._transaction() as db:
                 db.executemany("DELETE FROM job_lines WHERE record = ?", [(record,) for record in bad])
-        if self._has_totals():  # and the totals the triggers keep, against the lines added up afresh
+        if self._has("line_totals"):  # and the totals the triggers keep, against the lines added up afresh
             recount = f"SELECT {_TOTALS} FROM job_lines GROUP BY key, uuid, line"
             if sorted(self._db.execute(recount)) != sorted(self._db.execute("SELECT * FROM line_totals")):
                 with self._transaction() as db:
@@ -552,17 +548,12 @@ class Ledger:
                           printable(f"{type(exc).__name__}: {exc}")[:200])
             return None
 
-    def _has_totals(self) -> bool:
-        if self._totals is None:
-            self._totals = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
-                                            "'line_totals'").fetchone() is not None
-        return self._totals
-
-    def _has_lines(self) -> bool:
-        if self._lines is None:
-            self._lines = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
-                                           "'job_lines'").fetchone() is not None
-        return self._lines
+    def _has(self, table: str) -> bool:
+        """Whether the file has ``table`` (a reader may open a ledger of an older schema), asked once."""
+        if table not in self._tables:
+            self._tables[table] = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                                   (table,)).fetchone() is not None
+        return self._tables[table]
 
     def _leave_out(self, row: tuple[str, object], why: str) -> None:
         """Say a row (table, key) left out by a read: once, however many reads met it."""
@@ -578,9 +569,12 @@ class Ledger:
         return (f"{self.path}: {len(self.left_out)} record(s) left out of what is shown ({self.left_out[0]}{more}); "
                 "the daemon sets them aside at its next start")
 
-    def periods(self, since: float | None = None) -> Iterator[dict[str, Any]]:
-        """Job records and import periods (:meth:`import_periods`) together, newest first, one at a time."""
-        return heapq.merge(self.iter_jobs(since), self.import_periods(since), key=lambda r: -r["start"])
+    def periods(self, since: float | None = None,
+                imports: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
+        """Job records and import periods (:meth:`import_periods`, or ``imports`` where the caller read them
+        already) together, newest first, one at a time."""
+        return heapq.merge(self.iter_jobs(since), self.import_periods(since) if imports is None else imports,
+                           key=lambda r: -r["start"])
 
     def save(self, wears: Iterable[dict[str, Any]], events: Iterable[Event],
              imports: Iterable[tuple[str, str, float, float, int, dict[str, Any]]] = (),
@@ -656,7 +650,7 @@ class Ledger:
                            "crc = excluded.crc",
                            [(j["record"], j["kind"], j["start"], j["end"], blob, zlib.crc32(blob))
                             for j, blob in blobs])
-            if self._has_lines():
+            if self._has("job_lines"):
                 for job, summary in summaries:
                     _write_lines(db, job, summary, lines.key if lines is not None else 0)
             retention.prune(db, forget_jobs_before, forget_events_before)
