@@ -167,6 +167,48 @@ def test_flipped_bytes_are_recovered_and_every_command_answers_in_one_line(
         assert rows[table] + aside.get(table, 0) >= _readable(kept[0], table), table
 
 
+@pytest.mark.slow
+def test_a_start_that_recovers_asks_systemd_for_more_time_first(tmp_path: Path) -> None:
+    """Recovery runs before READY=1: a start whose recovery outlasts TimeoutStartSec was killed and began it again
+    at every restart. A real datagram socket stands in for systemd's NOTIFY_SOCKET; an intact ledger asks for
+    nothing."""
+    import os
+    import socket
+
+    state = tmp_path / "state"
+    path = _busy_ledger(state / "simulated" / "demo")
+    _flip(path, 0, 30)
+    notify = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.settimeout(60)
+
+    def start_until_ready() -> list[str]:
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate", "--speed", "60", "--listen",
+                                 f"127.0.0.1:{port}", "--state-dir", str(state)], stderr=subprocess.DEVNULL,
+                                env={**os.environ, "NOTIFY_SOCKET": str(notify)})
+        told: list[str] = []
+        try:
+            while not told or not told[-1].startswith("READY=1"):
+                told.append(sock.recv(4096).decode())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+        return told
+
+    try:
+        first = start_until_ready()
+        second = start_until_ready()
+    finally:
+        sock.close()
+    assert [p for p in path.parent.glob("ledger.sqlite.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    extend = [m for m in first if m.startswith("EXTEND_TIMEOUT_USEC=")]
+    assert len(extend) == 1 and first.index(extend[0]) < len(first) - 1, first
+    assert int(extend[0].split("\n")[0].split("=")[1]) >= 60_000_000 and "STATUS=recovering" in extend[0]
+    assert not [m for m in second if "EXTEND_TIMEOUT_USEC" in m], second
+
+
 # -- what is recovered, and what is refused and kept as it is ----------------------------------------------------
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -134,17 +134,18 @@ class Ledger:
     # -- opening ------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path) -> Ledger:
+    def open(cls, path: Path, recovering: Callable[[], object] | None = None) -> Ledger:
         """Open or create the ledger, every record validated. A record (or a value of a GPU's record) that fails
         validation is set aside (the ``set_aside`` table) and the rest kept; a file SQLite cannot read whole is
-        recovered (:func:`recover`: what can still be read, in a new ledger; the damaged file kept beside it).
+        recovered (:func:`recover`: what can still be read, in a new ledger; the damaged file kept beside it),
+        ``recovering`` called first (the daemon tells systemd it needs longer to start).
         Raises :class:`LedgerRefusedError` for a file that is not to be written (:class:`LedgerTooNewError`: a
         ledger of a newer gpuwear; trouble that is not damage SQLite reports), LedgerError for a symbolic link,
         OSError / sqlite3.Error when the directory or the disk stands in the way."""
         private_folder(path.parent)
         finish_recovery(path)  # one a kill interrupted
         _private_file(path)
-        db, recovered, bad = cls._open_examined(path)
+        db, recovered, bad = cls._open_examined(path, recovering)
         db.execute("PRAGMA wal_autocheckpoint=1000")
         if bad:
             what, why = bad[0].what, bad[0].reason
@@ -155,7 +156,8 @@ class Ledger:
         return cls(path, db, recovered, len(bad))
 
     @classmethod
-    def _open_examined(cls, path: Path) -> tuple[sqlite3.Connection, Path | None, list[Any]]:
+    def _open_examined(cls, path: Path, recovering: Callable[[], object] | None,
+                       ) -> tuple[sqlite3.Connection, Path | None, list[Any]]:
         """The read-write connection of a ledger examined, migrated and audited, recovered first where damaged:
         (connection, where the damaged file was kept or None, the records set aside)."""
         recovered: Path | None = None
@@ -186,6 +188,8 @@ class Ledger:
                     why = "still damaged once recovered" if attempt else "not recovered (not damage SQLite reports)"
                     raise LedgerRefusedError(f"{path}: {printable(str(exc))[:300]}: {why}; the file is kept as it "
                                              "is") from exc
+                if recovering is not None:
+                    recovering()
                 recovered = recover(path, exc)
         return db, recovered, bad
 
