@@ -26,6 +26,7 @@ from gpuwear.backends.drivers import NEWEST, PROFILES
 from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import NvmlBackend, NvmlVersionMismatchError, ProcessInfoCc
 from gpuwear.backends.simulated import PRODUCTS, ScenarioError, parse_scenario, synthetic_pid
+from gpuwear.cli import main
 from gpuwear.clock import ManualClock
 from gpuwear.config import Config
 from gpuwear.metrics import DaemonInfo
@@ -129,6 +130,31 @@ def test_the_daemon_samples_every_profile_and_device_kind(driver: str, kind: str
             assert "matrix-job" in str(view), "job attribution found no job"
         if PROFILES[driver].exports("nvmlDeviceGetMemoryInfo_v2") and kind != "mig-unprivileged":
             assert sample.memory_used_bytes is not None
+
+
+def test_time_on_a_gpu_whose_processes_cannot_be_read_is_unattributed_never_idle(tmp_path: Path) -> None:
+    """MIG on and the daemon not root (the shipped unit): NVML answers NO_PERMISSION for the processes, and the A100
+    trained while its time went to its idle line. Now it goes to an unattributed line that says why; the H100
+    beside it, whose processes are read, books the job."""
+    with daemon_over(scenario_doc("r550", "mig-unprivileged"), tmp_path) as (daemon, clock):
+        run(daemon, clock, 30)
+        mig, whole = (g.identity.uuid for g in daemon.source.sampler.snapshot.gpus)
+        assert daemon.source.sampler.snapshot.gpus[0].unavailable.get("processes") == "no_permission"
+        wear, beside = daemon.tracker.wear(mig), daemon.tracker.wear(whole)
+        assert wear is not None and beside is not None
+        assert set(wear.kinds) == {"unattributed"}  # neither idle nor a job
+        assert wear.kinds["unattributed"]["seconds"] == pytest.approx(wear.observed_seconds) and wear.observed_seconds
+        assert set(beside.kinds) == {"job"}
+        body = daemon.exposition.render(False).decode()
+        shown = [line for line in body.splitlines() if line.startswith("gpuwear_lifetime_attributed_seconds_total{")
+                 and 'gpu="0"' in line]
+        assert len(shown) == 1 and 'kind="unattributed"' in shown[0] and float(shown[0].split()[-1]) > 0, shown
+        daemon.persist(final=True)
+        records = daemon.ledger.jobs() if daemon.ledger is not None else []
+    lines = [r for r in records if mig in {g["uuid"] for g in r["gpus"]}]
+    assert [r["kind"] for r in lines] == ["unattributed"], lines
+    assert "no permission" in lines[0]["name"] and "MIG" in lines[0]["name"]
+    assert main(["jobs", "--simulated", "matrix", "--state-dir", str(tmp_path)]) == 0
 
 
 def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:

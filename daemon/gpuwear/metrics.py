@@ -453,13 +453,17 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   lambda v: [((j.kind, j.id, j.user or "", j.namespace or "", j.pod or "", j.container or ""), 1.0)
                              for j in v.jobs], inputs=_of("jobs")),
     MetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
-                  "kind: while a job's processes ran on the GPU (job) or not (idle).", ("kind",),
+                  "kind: while a job's processes ran on the GPU (job), while none did (idle), or while its processes "
+                  "could not be read (unattributed: MIG without root, a vGPU guest; `gpuwear jobs` says why).",
+                  ("kind",),
                   lambda v: [((k,), a[0]) for k, a in v.attributed.items()], changes=EACH_TICK),
     MetricDef("gpuwear_lifetime_attributed_energy_joules_total", "counter", "joules", "Energy split by kind "
-                  "(job / idle).", ("kind",), lambda v: [((k,), a[1]) for k, a in v.attributed.items()],
+                  "(job / idle / unattributed).", ("kind",),
+                  lambda v: [((k,), a[1]) for k, a in v.attributed.items()],
                   changes=EACH_TICK),
     MetricDef("gpuwear_attributed_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal "
-                  "aging (central band) split by kind (job / idle), as time at wear.arrhenius.reference_celsius.",
+                  "aging (central band) split by kind (job / idle / unattributed), as time at "
+                  "wear.arrhenius.reference_celsius.",
                   ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()], changes=EACH_TICK),
     MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
                   "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "

@@ -36,7 +36,7 @@ from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
-from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs
+from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
@@ -62,6 +62,14 @@ def _lead(text: str | None) -> float | None:
 # simulated time instead. Ledger saves likewise.
 MIN_WALL_INTERVAL_SECONDS = 0.02
 MIN_PERSIST_SECONDS = 1.0
+
+
+def _processes_unseen(reason: str | None) -> str:
+    """Why a GPU's processes are unknown for a tick, for its unattributed line (NVML's answer, or its absence)."""
+    return {"no_permission": "processes not readable without root (NVML: no permission; MIG on?)",
+            "not_supported": "processes not reported by this driver (NVML: not supported; a vGPU guest or WSL2?)",
+            "function_not_found": "processes not reported by this driver (NVML: function not found)",
+            }.get(reason or "", f"processes not read ({reason})" if reason else "processes not read this tick")
 
 
 def sd_notify(message: str) -> bool:
@@ -303,7 +311,8 @@ class Daemon:
             try:
                 snapshot = self.source.sampler.tick()
                 jobs = self.job_watcher.jobs(
-                    (g.identity.uuid, [pid for pid, _ in g.sample.processes or ()])
+                    (g.identity.uuid, [pid for pid, _ in g.sample.processes] if g.sample.processes is not None
+                     else Unseen(_processes_unseen(g.unavailable.get("processes"))))
                     for g in snapshot.gpus if g.sample is not None)
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
                 self._tick_failures = 0

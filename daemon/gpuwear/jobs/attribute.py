@@ -1,8 +1,10 @@
 """Attributing each GPU's wear to the jobs that ran on it, and to idle time between them.
 
 Every integrated interval of a GPU goes, whole, to somebody: shared equally by the jobs
-whose processes were on the GPU, or to the GPU's current "idle" line when there were none.
-So the jobs and idle lines of a GPU add up to its totals (closed thermal cycles included;
+whose processes were on the GPU, to the GPU's current "idle" line when there were none, or to
+its "unattributed" line, named with the reason, when its processes could not be read (MIG
+without root, a vGPU guest): a job may have run then, so that time is never idle.
+So the jobs, idle and unattributed lines of a GPU add up to its totals (closed thermal cycles included;
 the GPU's still-open rainflow residue belongs to nobody yet). No clock and no I/O here.
 """
 
@@ -12,10 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwear.jobs.resolve import Job
+from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.wear.accumulate import GpuWear, Interval
 
 IDLE = "idle"
+UNATTRIBUTED = "unattributed"
 
 
 @dataclass
@@ -42,7 +45,7 @@ class JobGpu:
 
 @dataclass
 class JobRecord:
-    """A job's whole run (or one idle period of one GPU); ``end`` is None while it runs."""
+    """A job's whole run (or one idle or unattributed period of one GPU); ``end`` is None while it runs."""
 
     record: str  # unique: the job key and its start
     kind: str
@@ -61,6 +64,11 @@ class JobRecord:
     @property
     def idle(self) -> bool:
         return self.kind == IDLE
+
+    @property
+    def per_gpu(self) -> bool:
+        """An idle or unattributed line: one GPU's, closed at a gap or a restart."""
+        return self.kind in (IDLE, UNATTRIBUTED)
 
     def to_json(self) -> dict[str, Any]:
         return {"record": self.record, "kind": self.kind, "id": self.id, "user": self.user, "name": self.name,
@@ -82,12 +90,13 @@ class JobAccounts:
         self.grace = grace_seconds
         self.active: dict[str, JobRecord] = {}  # job key -> record
         self.idle: dict[str, JobRecord] = {}  # GPU uuid -> open idle line
+        self.unseen: dict[str, JobRecord] = {}  # GPU uuid -> open unattributed line (processes not readable)
         self._dirty: dict[str, JobRecord] = {}
         self._written: dict[str, float] = {}  # running record -> its last_seen when last taken for a save
         self._last_wall: dict[str, float] = {}  # GPU uuid -> end of its last accounted interval
         for rec in running or []:
-            if rec.idle:
-                rec.end = rec.last_seen  # an idle line never spans a restart
+            if rec.per_gpu:
+                rec.end = rec.last_seen  # an idle or unattributed line never spans a restart
                 self._dirty[rec.record] = rec
             else:
                 self.active[f"{rec.kind}:{rec.id}"] = rec
@@ -107,11 +116,24 @@ class JobAccounts:
                     out.setdefault(uuid, []).append(rec)
         return out
 
-    def account(self, uuid: str, wall: float, interval: Interval, temps: dict[str, float], jobs: list[Job],
-                gpu_wear: GpuWear) -> None:
-        """Give one interval of a GPU (ending at ``wall``) to its jobs, or to idle."""
+    def account(self, uuid: str, wall: float, interval: Interval, temps: dict[str, float],
+                jobs: list[Job] | Unseen, gpu_wear: GpuWear) -> None:
+        """Give one interval of a GPU (ending at ``wall``) to its jobs, to idle, or, where its processes could not
+        be read, to its unattributed line."""
         start = wall - interval.dt
         self._last_wall[uuid] = wall
+        if isinstance(jobs, Unseen):
+            if uuid in self.idle:
+                self._close(self.idle.pop(uuid), start)
+            rec = self.unseen.get(uuid)
+            if rec is None:
+                rec = self.unseen[uuid] = JobRecord(f"{UNATTRIBUTED}:{uuid}@{start:.0f}", UNATTRIBUTED, uuid, None,
+                                                    f"unattributed: {jobs.reason}", start, wall)
+            self._give(rec, uuid, start, wall, interval, temps, 1.0, gpu_wear)
+            self._bucket(gpu_wear, UNATTRIBUTED, interval, 1.0)
+            return
+        if uuid in self.unseen:
+            self._close(self.unseen.pop(uuid), start)
         if jobs:
             if uuid in self.idle:
                 self._close(self.idle.pop(uuid), start)
@@ -147,7 +169,7 @@ class JobAccounts:
 
     @staticmethod
     def _bucket(w: GpuWear, kind: str, interval: Interval, share: float) -> None:
-        """Per-GPU totals split by kind (job / idle), for the bounded-cardinality metrics."""
+        """Per-GPU totals split by kind (job / idle / unattributed), for the bounded-cardinality metrics."""
         k = w.kinds.setdefault(kind, {"seconds": 0.0, "energy_joules": 0.0, "temperature_seconds": {}})
         k["seconds"] += interval.dt * share
         k["energy_joules"] += interval.energy_joules * share
@@ -157,19 +179,20 @@ class JobAccounts:
 
     def event(self, uuid: str, what: str) -> None:
         """Count an event (XID, memory-error change) against whoever runs on the GPU now."""
-        for rec in [*self.current(uuid), *([self.idle[uuid]] if uuid in self.idle else [])]:
+        for rec in [*self.current(uuid), *(line[uuid] for line in (self.idle, self.unseen) if uuid in line)]:
             events = rec.gpus[uuid].events if uuid in rec.gpus else None
             if events is not None:
                 events[what] = events.get(what, 0) + 1
                 self._dirty[rec.record] = rec
 
     def end_all(self) -> None:
-        """End every running job and idle line where it was last seen (a simulation that stops: its jobs end with
-        it, where a real daemon's go on running and are taken up again at its next start)."""
-        for rec in [*self.active.values(), *self.idle.values()]:
+        """End every running job, idle and unattributed line where it was last seen (a simulation that stops: its
+        jobs end with it, where a real daemon's go on running and are taken up again at its next start)."""
+        for rec in [*self.active.values(), *self.idle.values(), *self.unseen.values()]:
             self._close(rec, rec.last_seen)
         self.active.clear()
         self.idle.clear()
+        self.unseen.clear()
 
     def expire(self, wall: float) -> None:
         """End the jobs whose processes have been gone longer than the grace period (a
@@ -182,7 +205,7 @@ class JobAccounts:
     def clock_set_back(self, wall: float) -> None:
         """The wall clock was ahead and is now ``wall``: running records seen later than now come back to now (a
         job last seen "in the future" would otherwise never pass its grace period)."""
-        for rec in [*self.active.values(), *self.idle.values()]:
+        for rec in [*self.active.values(), *self.idle.values(), *self.unseen.values()]:
             if rec.last_seen > wall:
                 rec.last_seen = max(rec.start, wall)
                 for gpu in rec.gpus.values():
@@ -191,9 +214,10 @@ class JobAccounts:
             self._last_wall[uuid] = min(last, wall)
 
     def stop_gpu(self, uuid: str, wall: float) -> None:
-        """A gap on a GPU (lost, daemon stopping): its idle line ends."""
-        if uuid in self.idle:
-            self._close(self.idle.pop(uuid), wall)
+        """A gap on a GPU (lost, daemon stopping): its idle or unattributed line ends."""
+        for line in (self.idle, self.unseen):
+            if uuid in line:
+                self._close(line.pop(uuid), wall)
 
     def _close(self, rec: JobRecord, end: float) -> None:
         rec.end = max(end, rec.start)

@@ -55,7 +55,8 @@ def units(value: float, per: int) -> int:
 
 def line_name(job: dict[str, Any]) -> str:
     """A line's name in the page's "who caused its heat aging" (jobs of one name add up)."""
-    return str({"idle": "idle time", "imported": f"imported: {job['id']}"}.get(job["kind"])
+    return str({"idle": "idle time", "imported": f"imported: {job['id']}", "unattributed": "unattributed"}.get(
+               job["kind"])
                or (job["name"] or job["id"]))[:18]
 
 
@@ -65,6 +66,8 @@ def title(job: dict[str, Any]) -> str:
         return "(idle)"
     if job["kind"] == "imported":
         return f"(imported: {job['id']})"
+    if job["kind"] == "unattributed":  # named with the reason: "unattributed: processes not readable ..."
+        return f"({job['name']})"
     return f"{job['name'] or job['id']} [{job['kind']} {job['id']}]" if job["name"] != job["id"] else \
         f"{job['id']} [{job['kind']}]"
 

@@ -218,8 +218,9 @@ def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None
         return "No job, idle period or import recorded in this window.\n"
     shown = limited(doc, limit)
     lines = ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
-             "idle lines are the time between jobs and imported lines the history read from logs, so each",
-             "GPU's lines add up to 100 % and to what `gpuwear report` shows for it.", ""]
+             "idle lines are the time between jobs, unattributed lines the time a GPU's processes could not be",
+             "read (the line says why) and imported lines the history read from logs, so each GPU's lines add",
+             "up to 100 % and to what `gpuwear report` shows for it.", ""]
     header = f"{'JOB':<44} {'USER':<10} {'START':<16} {'DURATION':>9} {'GPU':>3} {'MAX °C':>6} {'ENERGY':>9} " \
              f"{'AGING':>6} {'CYCLES':>6}"
     lines.append(header)

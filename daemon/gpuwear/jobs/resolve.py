@@ -43,6 +43,15 @@ class Job:
         return f"{self.kind}:{self.id}"
 
 
+@dataclass(frozen=True)
+class Unseen:
+    """A GPU whose processes gpuwear could not read for an interval: its time is *unattributed*, with the reason
+    (never idle: a job may have run). ``reason``: the NVML answer (``no_permission``: MIG on and the daemon not
+    root; ``not_supported``: a vGPU guest, WSL2) or why the read gave nothing."""
+
+    reason: str
+
+
 def clip(text: str) -> str:
     """Printable, single-line, bounded: ids come from paths other users control."""
     cleaned = "".join(ch if ch.isprintable() and ch not in "\n\r\t" else "?" for ch in text)
@@ -165,12 +174,16 @@ class JobWatcher:
         self._pods = pods
         self._cache: dict[int, Job] = {}
 
-    def jobs(self, gpus: Iterable[tuple[str, Iterable[int]]]) -> dict[str, list[Job]]:
-        """``gpus``: (UUID, PIDs on it) pairs; returns the distinct jobs per UUID."""
-        out: dict[str, list[Job]] = {}
+    def jobs(self, gpus: Iterable[tuple[str, Iterable[int] | Unseen]]) -> dict[str, list[Job] | Unseen]:
+        """``gpus``: (UUID, PIDs on it, or :class:`Unseen` where they could not be read) pairs; returns the
+        distinct jobs per UUID (Unseen passed through)."""
+        out: dict[str, list[Job] | Unseen] = {}
         seen: set[int] = set()
         allocated = None
         for uuid, pids in gpus:
+            if isinstance(pids, Unseen):
+                out[uuid] = pids
+                continue
             found: dict[str, Job] = {}
             for pid in pids:
                 seen.add(pid)

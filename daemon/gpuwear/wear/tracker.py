@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from gpuwear.config import WearConfig
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
-from gpuwear.jobs.resolve import Job
+from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
@@ -152,7 +152,8 @@ class _Seen:
     interrupted: bool = False  # a tick without a reading since the last integrated sample
     before: tuple[float, float] | None = None  # (wall, °C) of the last die reading believed
     before_memory: tuple[float, float] | None = None  # (wall, °C) of the last memory (HBM) reading believed
-    held: tuple[GpuSample, float, list[Job]] | None = None  # a suspect sample (sample, dt, jobs): judged by the next
+    # a suspect sample (sample, dt, jobs): judged by the next
+    held: tuple[GpuSample, float, list[Job] | Unseen] | None = None
 
 
 class WearTracker:
@@ -220,7 +221,7 @@ class WearTracker:
             self._views = None
 
     def observe(self, snap: Snapshot, monotonic: float, wall: float,
-                jobs: Mapping[str, list[Job]] | None = None) -> None:
+                jobs: Mapping[str, list[Job] | Unseen] | None = None) -> None:
         """Account the GPUs of a snapshot taken at ``monotonic`` / ``wall``; ``jobs``: the jobs
         whose processes run on each GPU (by UUID) in that snapshot."""
         jobs = jobs or {}
@@ -287,7 +288,7 @@ class WearTracker:
         imported = self._imported.get(uuid)
         return w.merged(imported) if imported is not None else w
 
-    def _observe(self, status: GpuStatus, monotonic: float, wall: float, jobs: list[Job]) -> None:
+    def _observe(self, status: GpuStatus, monotonic: float, wall: float, jobs: list[Job] | Unseen) -> None:
         ident = status.identity
         w = self._wears.get(ident.uuid)
         if w is None:
@@ -368,7 +369,7 @@ class WearTracker:
                                following.timestamp, following.temperature_memory_celsius))
         self._integrate(w, seen, sample, dt, jobs, spikes)
 
-    def _integrate(self, w: GpuWear, seen: _Seen, sample: GpuSample, dt: float, jobs: list[Job],
+    def _integrate(self, w: GpuWear, seen: _Seen, sample: GpuSample, dt: float, jobs: list[Job] | Unseen,
                    spikes: tuple[bool, bool]) -> None:
         for spike, name in zip(spikes, ("temperature_gpu_celsius", "temperature_memory_celsius"), strict=True):
             if spike:
