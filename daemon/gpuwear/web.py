@@ -352,6 +352,15 @@ class _Stream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def release(self) -> None:
+        """Once the connection is served: drop OpenSSL's state for it (tens of KiB) and the references that make
+        a cycle with its task (the task's frames hold the stream; a failed handshake's exception holds them), so
+        that reference counting frees it now. Left to the cyclic collector, which the daemon runs rarely, 270
+        connections' worth were waiting after a churn of aborted handshakes, and RSS grew 18 MiB per 10,000."""
+        self._tls = None
+        self._handshake = None
+        self.task = None
+
 
 @dataclass
 class _Request:
@@ -542,6 +551,7 @@ class FrontDoor:
                 stream.close()
             else:
                 stream.abort()
+            stream.release()
 
     async def _read_request(self, reader: asyncio.StreamReader, deadline: float, first: bytes) -> _Request | None:
         """The next request, or None when the client closed before sending one. Raises _RefusedError on a
