@@ -157,6 +157,28 @@ def test_time_on_a_gpu_whose_processes_cannot_be_read_is_unattributed_never_idle
     assert main(["jobs", "--simulated", "matrix", "--state-dir", str(tmp_path)]) == 0
 
 
+def test_a_struct_version_the_library_refuses_falls_back_to_the_older_call(tmp_path: Path) -> None:
+    """A libnvidia-ml built against another nvml.h than the binding answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH for
+    a versioned struct (go-nvml #138). Every tick counted a sampling error and the die temperature and memory were
+    lost, though nvmlDeviceGetTemperature and nvmlDeviceGetMemoryInfo answer; the fan's RPM has no older call: it
+    is unavailable, with that reason, and not asked again."""
+    doc = scenario_doc("r610", "geforce")
+    doc["struct_versions"] = {"memory": 3, "temperature": 2, "fan_speed_info": 2}
+    with daemon_over(doc, tmp_path) as (daemon, clock):
+        run(daemon, clock, 25)
+        gpu = daemon.source.sampler.snapshot.gpus[0]
+        assert gpu.sample is not None
+        assert gpu.sample.temperature_gpu_celsius is not None and gpu.sample.memory_used_bytes is not None
+        assert not gpu.errors, gpu.errors
+        assert gpu.unavailable.get("fan_speed_rpm") == "version_mismatch"
+        assert "temperature" not in gpu.unavailable and "memory_used" not in gpu.unavailable
+        backend = daemon.source.sampler.backend
+        assert isinstance(backend, NvmlBackend) and backend.api is not None
+        assert backend.api.refused == {"temperature_v", "memory_v2"}
+        body = daemon.exposition.render(False).decode()
+        assert not series(body, "gpuwear_sample_errors_total", "0")
+
+
 def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:
     drivers = {p.values[0] for p in MATRIX}  # type: ignore[index]
     assert {"r470", NEWEST} <= drivers and len(drivers) == len(PROFILES)

@@ -429,7 +429,7 @@ class SimulatedDriver:
     def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, memory: Any) -> int:
         """v2 (nvmlMemory_v2_t, R510+): reserved apart, used is what processes allocated (nvidia-smi's)."""
         mem = _as(memory, MemoryV2)
-        if mem.version != struct_version(MemoryV2, 2):
+        if mem.version != struct_version(MemoryV2, self.simulation.struct_versions["memory"]):
             return ERROR_ARGUMENT_VERSION_MISMATCH
         total, reserved, allocated = self._memory(handle)
         mem.total, mem.reserved, mem.used = total, reserved, allocated
@@ -460,7 +460,7 @@ class SimulatedDriver:
     def nvmlDeviceGetTemperatureV(self, handle: Any, temperature: Any) -> int:
         """The successor of nvmlDeviceGetTemperature (565.57.01+): a versioned nvmlTemperature_v1_t."""
         out = _as(temperature, TemperatureV1)
-        if out.version != struct_version(TemperatureV1, 1):
+        if out.version != struct_version(TemperatureV1, self.simulation.struct_versions["temperature"]):
             return ERROR_ARGUMENT_VERSION_MISMATCH
         value = ctypes.c_uint()
         ret = self.nvmlDeviceGetTemperature(handle, out.sensorType, ctypes.byref(value))
@@ -511,7 +511,7 @@ class SimulatedDriver:
     def nvmlDeviceGetFanSpeedRPM(self, handle: Any, info: Any) -> int:
         gpu = self._gpu(handle, "fan_rpm")
         fan_info = _as(info, FanSpeedInfoV1)
-        if fan_info.version != struct_version(FanSpeedInfoV1, 1):
+        if fan_info.version != struct_version(FanSpeedInfoV1, self.simulation.struct_versions["fan_speed_info"]):
             return ERROR_ARGUMENT_VERSION_MISMATCH
         if gpu.product.fan_max_rpm is None:
             raise _UnsupportedError()

@@ -55,17 +55,26 @@ ERROR_KINDS = {
     pynvml.NVML_ERROR_INSUFFICIENT_SIZE: "insufficient_size",
     pynvml.NVML_ERROR_UNKNOWN: "unknown",
 }
+# NVML_ERROR_ARGUMENT_VERSION_MISMATCH (nvml.h; older bindings lack the constant): the library takes another version
+# of the struct passed, one built against another nvml.h than the binding (go-nvml #138; GPUd treats it as not
+# supported). The call it succeeds is asked instead where there is one (nvmlDeviceGetTemperature,
+# nvmlDeviceGetMemoryInfo); otherwise the reading is unavailable for good.
+ARGUMENT_VERSION_MISMATCH = getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
+VERSION_MISMATCH = "version_mismatch"
 # NVML return codes that make a reading unavailable (not an error), by reason label.
 UNAVAILABLE_REASONS = {
     pynvml.NVML_ERROR_NOT_SUPPORTED: "not_supported",
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function_not_found",
     pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+    ARGUMENT_VERSION_MISMATCH: VERSION_MISMATCH,
 }
 UNKNOWN_FIELD = "unknown_field"  # nvmlFieldValue_t.nvmlReturn INVALID_ARGUMENT: a field id newer than the driver
 BINDING_ERROR = "binding_error"  # the binding raised something other than NVMLError (a bug, or a mismatch)
 MODULE_SCOPE = "module_scope"  # a Grace superchip's energy counter counts the module (CPU included), not the GPU
-PERMANENT_REASONS = frozenset({"function_not_found", MODULE_SCOPE})  # what the loaded library can never change
-REASONS = ("not_supported", "no_permission", "function_not_found", UNKNOWN_FIELD, BINDING_ERROR, MODULE_SCOPE)
+# what the loaded library can never change
+PERMANENT_REASONS = frozenset({"function_not_found", MODULE_SCOPE, VERSION_MISMATCH})
+REASONS = ("not_supported", "no_permission", "function_not_found", UNKNOWN_FIELD, BINDING_ERROR, MODULE_SCOPE,
+           VERSION_MISMATCH)
 # Grace superchips (GH200, GB200): NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION is the module's, the Grace CPU's draw
 # included, while nvmlDeviceGetPowerUsage is the GPU's; their GPU energy is integrated from power instead.
 _MODULE_ENERGY = re.compile(r"\bG[BH]\d{3}\b")
@@ -201,6 +210,9 @@ class Api:
     memory_v2: bool  # nvmlDeviceGetMemoryInfo_v2 ("used" without the driver's reserved memory, as nvidia-smi)
     processes: str  # the newest nvmlDeviceGetComputeRunningProcesses variant exported
     process_layout: type[ctypes.Structure]
+    # the versioned calls the library answered ARGUMENT_VERSION_MISMATCH ("temperature_v", "memory_v2"): their
+    # older call is asked from then on
+    refused: set[str] = field(default_factory=set, compare=False)
 
     @classmethod
     def resolve(cls, driver_version: str) -> Api:
@@ -222,9 +234,29 @@ class Api:
 # -- readers: (handle, api) -> {sample field: value in base units} -------------------------
 
 
+def _versioned(api: Api, name: str, new: Callable[[], float], old: Callable[[], float]) -> float:
+    """``new()``, a call with a versioned struct, unless the library refused its version (then, and from then on,
+    ``old()``, the call it succeeds)."""
+    if name not in api.refused:
+        try:
+            return new()
+        except pynvml.NVMLError as exc:
+            if exc.value != ARGUMENT_VERSION_MISMATCH:
+                raise
+            api.refused.add(name)
+            log.warning("NVML refused the struct version of the %s call (argument version mismatch): asking its "
+                        "predecessor instead", name)
+    return old()
+
+
 def _temperature(h: Any, api: Api) -> Values:
-    read = pynvml.nvmlDeviceGetTemperatureV if api.temperature_v else pynvml.nvmlDeviceGetTemperature
-    return {"temperature_gpu_celsius": float(read(h, pynvml.NVML_TEMPERATURE_GPU))}
+    sensor = pynvml.NVML_TEMPERATURE_GPU
+    if api.temperature_v:
+        value = _versioned(api, "temperature_v", lambda: pynvml.nvmlDeviceGetTemperatureV(h, sensor),
+                           lambda: pynvml.nvmlDeviceGetTemperature(h, sensor))
+    else:
+        value = pynvml.nvmlDeviceGetTemperature(h, sensor)
+    return {"temperature_gpu_celsius": float(value)}
 
 
 def _threshold(kind: int, name: str) -> Callable[[Any, Api], Values]:
@@ -282,7 +314,9 @@ def _utilization(h: Any, api: Api) -> Values:
 
 def _memory_used(h: Any, api: Api) -> Values:
     if api.memory_v2:  # nvidia-smi's "memory.used": without the memory the driver reserves for itself
-        return {"memory_used_bytes": float(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used)}
+        return {"memory_used_bytes": float(_versioned(
+            api, "memory_v2", lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used,
+            lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used))}
     return {"memory_used_bytes": float(pynvml.nvmlDeviceGetMemoryInfo(h).used)}
 
 

@@ -417,6 +417,9 @@ class Simulation:
         self.driver_upgraded = False  # the kernel module was replaced by another version (driver_upgrade fault)
         self.driver = "r610"  # the driver profile (backends.drivers.PROFILES) the fake library answers as
         self.privileged = True  # the NVML client runs as root (False: an unprivileged daemon, DynamicUser=)
+        # the version of each versioned struct the library takes (a library built against another nvml.h than the
+        # binding's answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH: go-nvml #138)
+        self.struct_versions: dict[str, int] = dict(STRUCTS)
 
     def next_fault_at(self) -> float:
         """Simulated time of the next scripted fault (infinity when none is left)."""
@@ -522,12 +525,17 @@ def _job_name(value: Any, where: str) -> str | None:
     return value
 
 
+# The versioned structs the fake library takes, and the version nvml.h gives each (nvmlMemory_v2_t,
+# nvmlTemperature_v1_t, nvmlFanSpeedInfo_t); a scenario's struct_versions makes the library take another.
+STRUCTS = {"memory": 2, "temperature": 1, "fan_speed_info": 1}
+
+
 def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
     """Validate a scenario document (see ``scenarios/demo.yaml``) and build the simulation."""
     if not isinstance(doc, dict):
         raise ScenarioError(f"scenario {name}: expected a mapping at the top level")
     for key in doc:
-        if key not in {"description", "ambient_celsius", "gpus", "faults", "driver", "privileged"}:
+        if key not in {"description", "ambient_celsius", "gpus", "faults", "driver", "privileged", "struct_versions"}:
             raise ScenarioError(f"scenario {name}: {key}: unknown key")
     from gpuwear.backends.drivers import NEWEST, PROFILES
     from gpuwear.backends.nvml_symbols import BRANCHES
@@ -539,6 +547,11 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
     privileged = doc.get("privileged", True)
     if not isinstance(privileged, bool):
         raise ScenarioError(f"scenario {name}: privileged: expected true or false, got {short_repr(privileged)}")
+    struct_versions = doc.get("struct_versions", {}) or {}
+    if not isinstance(struct_versions, dict) or any(k not in STRUCTS for k in struct_versions):
+        raise ScenarioError(f"scenario {name}: struct_versions: expected a mapping of {', '.join(STRUCTS)} to "
+                            f"versions, got {short_repr(struct_versions)}")
+    accepts = {k: int(_number(v, f"scenario {name}: struct_versions.{k}", 1, 255)) for k, v in struct_versions.items()}
     ambient = _number(doc.get("ambient_celsius", 25), f"scenario {name}: ambient_celsius", -20, 60)
     gpu_specs = doc.get("gpus")
     if not isinstance(gpu_specs, list) or not gpu_specs:
@@ -584,4 +597,5 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         faults.append(Fault(_number(spec.get("at"), f"{where}.at"), gpu_index, spec["kind"], params))
     simulation = Simulation(gpus, faults, name)
     simulation.driver, simulation.privileged = driver, privileged
+    simulation.struct_versions.update(accepts)
     return simulation
