@@ -568,6 +568,19 @@ def test_doctor_says_a_jetson_yields_nothing(tmp_path: Path) -> None:
     assert re.search(r"True GPU 1 NVIDIA H100 80GB HBM3 .*fields read", text)
 
 
+def test_doctor_says_what_makes_a_mig_gpus_processes_readable(tmp_path: Path) -> None:
+    from gpuwear.doctor import Doctor
+
+    simulation = parse_scenario(scenario_doc("r550", "mig-unprivileged"), "mig")
+    doctor = Doctor(Config(state_dir=str(tmp_path)), NvmlBackend(FakeNvmlLibrary(simulation, ManualClock())),
+                    tmp_path / "ledger.sqlite", dev=tmp_path)
+    findings = doctor.run()
+    unseen = [f for f in findings if "processes cannot be read" in f.what]
+    assert len(unseen) == 1 and not unseen[0].ok, findings  # the A100 with MIG, not the H100 beside it
+    assert "GPU 0" in unseen[0].what and "no permission" in unseen[0].what and "unattributed" in unseen[0].what
+    assert "root" in unseen[0].fix
+
+
 def test_docs_tell_operators_to_stop_gpuwear_before_a_gpu_reset() -> None:
     for path in [*(REPO / "docs").glob("*.md"), REPO / "README.md"]:
         for paragraph in path.read_text().split("\n\n"):

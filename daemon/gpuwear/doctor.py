@@ -14,6 +14,15 @@ from gpuwear.config import Config
 from gpuwear.ledger import Ledger, LedgerError, printable
 
 
+# What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
+PROCESS_FIXES = {
+    "no_permission": "with MIG on, NVML lists a GPU's processes to root only: run gpuwear as root (a drop-in with "
+                     "DynamicUser=no and User=root; docs/deployment.md), or accept unattributed time on MIG GPUs",
+    "not_supported": "this driver does not list processes (a vGPU guest, WSL2): jobs cannot be attributed here",
+    "function_not_found": "this driver is too old to list processes: upgrade it to attribute jobs",
+}
+
+
 @dataclass
 class Finding:
     ok: bool
@@ -78,6 +87,12 @@ class Doctor:
                 continue
             self.check(not reading.errors, f"{where}: {len(supported)} fields read{unavailable}",
                        f"NVML errors while reading: {', '.join(sorted(set(reading.errors)))}")
+            why = reading.unavailable.get("processes")
+            if why is not None:
+                self.check(False, f"{where}: its processes cannot be read ({why.replace('_', ' ')}): its time is "
+                           "booked as unattributed, not to jobs",
+                           PROCESS_FIXES.get(why, "NVML does not list this GPU's processes here: jobs on it cannot "
+                                                  "be told apart"))
 
         self.backend.close()
 
