@@ -226,8 +226,13 @@ def two_jobs(driver: str) -> dict[str, Any]:
     return sim_doc
 
 
-def test_the_32_byte_process_struct_of_535_54_reads_every_pid(tmp_path: Path) -> None:
+@pytest.mark.parametrize("windows", [None, "536.25"])
+def test_the_32_byte_process_struct_of_535_54_reads_every_pid(windows: str | None, tmp_path: Path) -> None:
+    """Under WSL2 (``windows``) the library built as 535.54.03 says the Windows driver's version, 536.25: the layout
+    chosen from that string read the PIDs [4242, 0, 4294967295]; told by the library's exports, it reads them."""
     doc = scenario_doc("r535.54", "datacenter")
+    if windows:
+        doc["windows_driver"] = windows
     rig = make_rig(doc)
     try:
         gpu = rig.simulation.gpus[0]
@@ -238,6 +243,7 @@ def test_the_32_byte_process_struct_of_535_54_reads_every_pid(tmp_path: Path) ->
         assert sample is not None
         assert [p for p, _ in sample.processes or ()] == [4242, 4343, 4444]
         assert rig.backend.api is not None and rig.backend.api.process_layout is ProcessInfoCc
+        assert rig.backend.system_info().driver_version == (windows or "535.54.03")
         if ctypes.sizeof(pynvml.c_nvmlProcessInfo_t) == 24:  # every binding but 12.535.77, which read 32 bytes
             # what pynvml's own wrapper makes of the same answer: its 24-byte stride reads garbage after the first
             h = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -13,7 +13,6 @@ from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableErro
 from gpuwear.config import Config
 from gpuwear.ledger import Ledger, LedgerError, printable
 
-
 # What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
 PROCESS_FIXES = {
     "no_permission": "with MIG on, NVML lists a GPU's processes to root only: run gpuwear as root (a drop-in with "

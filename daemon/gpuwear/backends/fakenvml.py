@@ -336,7 +336,9 @@ class SimulatedDriver:
         return _ERROR_STRINGS.get(_in(result), b"Unknown Error")
 
     def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
-        buf.value = self.profile.driver_version.encode()
+        # under WSL2 the Windows driver's version (536.25 beside a library built as 535.54.03: nvidia-smi there
+        # shows "NVIDIA-SMI 535.54.03  Driver Version: 536.25"), not the library's own
+        buf.value = (self.simulation.windows_driver or self.profile.driver_version).encode()
         return SUCCESS
 
     def nvmlSystemGetNVMLVersion(self, buf: Any, size: Any) -> int:

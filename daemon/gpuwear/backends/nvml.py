@@ -144,14 +144,6 @@ def exports(name: str) -> bool:
     return True
 
 
-def parse_driver_version(text: str) -> tuple[int, ...]:
-    """``"535.54.03"`` -> (535, 54, 3); () when it is not a dotted version."""
-    try:
-        return tuple(int(part) for part in text.split("."))
-    except ValueError:
-        return ()
-
-
 # -- process info layouts ------------------------------------------------------------------
 
 
@@ -177,16 +169,18 @@ class ProcessInfoCc(ctypes.Structure):
                 ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
 
 
-CC_PROCESS_INFO_DRIVERS = ((535, 43), (535, 98))  # [first, end) driver versions that fill ProcessInfoCc
-
-
-def process_layout(function: str, driver_version: str) -> type[ctypes.Structure]:
-    """The struct a driver fills for a process-list function: by the function's version and the driver."""
+def process_layout(function: str, exported: Callable[[str], bool]) -> type[ctypes.Structure]:
+    """The struct a library fills for a process-list function, told by what it exports, never by a version string
+    (under WSL2 nvmlSystemGetDriverVersion answers the Windows driver's: 536.25 beside a 535.54 library). The 32-byte
+    layout is 535.43 to 535.86's: a library with the R535 names (nvmlDeviceGetCurrentClocksEventReasons, from
+    535.43.02) and the _v3 functions (535.98 alone dropped them) but not nvmlDeviceGetRunningProcessDetailList
+    (from 535.104.05 on, with every later branch); R510 to R530 have _v3 without the R535 names (nvml_symbols)."""
     if not function.endswith(("_v2", "_v3")):
         return ProcessInfoV1
-    version = parse_driver_version(driver_version)[:2]
-    first, end = CC_PROCESS_INFO_DRIVERS
-    return ProcessInfoCc if function.endswith("_v3") and first <= version < end else ProcessInfoV2
+    if (function.endswith("_v3") and exported("nvmlDeviceGetCurrentClocksEventReasons")
+            and not exported("nvmlDeviceGetRunningProcessDetailList")):
+        return ProcessInfoCc
+    return ProcessInfoV2
 
 
 class FanSpeedInfo(ctypes.Structure):
@@ -215,7 +209,7 @@ class Api:
     refused: set[str] = field(default_factory=set, compare=False)
 
     @classmethod
-    def resolve(cls, driver_version: str) -> Api:
+    def resolve(cls) -> Api:
         processes = next((name for name in ("nvmlDeviceGetComputeRunningProcesses_v3",
                                             "nvmlDeviceGetComputeRunningProcesses_v2")
                           if exports(name)), "nvmlDeviceGetComputeRunningProcesses")
@@ -227,7 +221,7 @@ class Api:
             fan_v2=exports("nvmlDeviceGetFanSpeed_v2"),
             memory_v2=exports("nvmlDeviceGetMemoryInfo_v2") and hasattr(pynvml, "nvmlMemory_v2"),
             processes=processes,
-            process_layout=process_layout(processes, driver_version),
+            process_layout=process_layout(processes, exports),
         )
 
 
@@ -554,7 +548,7 @@ class NvmlBackend:
                 raise NvmlVersionMismatchError(str(exc)) from None
             raise NvmlUnavailableError(f"NVML initialisation failed: {exc}; check that the NVIDIA "
                                        "driver is loaded (`nvidia-smi` should list the GPUs)") from None
-        self.api = api = Api.resolve(self.system_info().driver_version)
+        self.api = api = Api.resolve()
         readers = READERS if api.violation else tuple(r for r in READERS if r.key not in _VIOLATION_READERS)
         fields = FIELD_VALUES if api.violation else FIELD_VALUES + VIOLATION_FIELDS
         self._devices = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import zlib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -420,6 +421,8 @@ class Simulation:
         # the version of each versioned struct the library takes (a library built against another nvml.h than the
         # binding's answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH: go-nvml #138)
         self.struct_versions: dict[str, int] = dict(STRUCTS)
+        # WSL2: nvmlSystemGetDriverVersion answers the Windows driver's version, not the library's (None: Linux)
+        self.windows_driver: str | None = None
 
     def next_fault_at(self) -> float:
         """Simulated time of the next scripted fault (infinity when none is left)."""
@@ -535,7 +538,8 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
     if not isinstance(doc, dict):
         raise ScenarioError(f"scenario {name}: expected a mapping at the top level")
     for key in doc:
-        if key not in {"description", "ambient_celsius", "gpus", "faults", "driver", "privileged", "struct_versions"}:
+        if key not in {"description", "ambient_celsius", "gpus", "faults", "driver", "privileged", "struct_versions",
+                       "windows_driver"}:
             raise ScenarioError(f"scenario {name}: {key}: unknown key")
     from gpuwear.backends.drivers import NEWEST, PROFILES
     from gpuwear.backends.nvml_symbols import BRANCHES
@@ -552,6 +556,10 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         raise ScenarioError(f"scenario {name}: struct_versions: expected a mapping of {', '.join(STRUCTS)} to "
                             f"versions, got {short_repr(struct_versions)}")
     accepts = {k: int(_number(v, f"scenario {name}: struct_versions.{k}", 1, 255)) for k, v in struct_versions.items()}
+    windows = doc.get("windows_driver")
+    if windows is not None and not (isinstance(windows, str) and re.fullmatch(r"\d{3}\.\d{2}", windows)):
+        raise ScenarioError(f"scenario {name}: windows_driver: expected a Windows driver version such as 536.25, "
+                            f"got {short_repr(windows)}")
     ambient = _number(doc.get("ambient_celsius", 25), f"scenario {name}: ambient_celsius", -20, 60)
     gpu_specs = doc.get("gpus")
     if not isinstance(gpu_specs, list) or not gpu_specs:
@@ -598,4 +606,5 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
     simulation = Simulation(gpus, faults, name)
     simulation.driver, simulation.privileged = driver, privileged
     simulation.struct_versions.update(accepts)
+    simulation.windows_driver = windows
     return simulation
