@@ -179,6 +179,35 @@ def test_a_struct_version_the_library_refuses_falls_back_to_the_older_call(tmp_p
         assert not series(body, "gpuwear_sample_errors_total", "0")
 
 
+def test_a_gpu_refused_at_start_joins_once_it_answers(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU whose handle NVML refuses at start (lost: GPU_IS_LOST; a cgroup: NO_PERMISSION) was left out until the
+    daemon restarted. It is asked again every slow interval and joins, its history under its UUID, after the GPUs
+    already read; its refusal is logged once, not at every try."""
+    doc = scenario_doc("r610", "datacenter")
+    doc["faults"] = [{"at": 40, "gpu": 1, "kind": "recover"}]
+    simulation = parse_scenario(doc, "join")
+    simulation.gpus[1].state.lost = True  # fallen off the bus before gpuwear started
+    clock = ManualClock()
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+    sampler = _sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
+    sampler.slow_interval = 10.0
+    sampler.open()
+    daemon = Daemon(config, Source(sampler, clock, DaemonInfo("test", "3", "simulated", "join"), 1.0, simulation))
+    try:
+        with caplog.at_level("ERROR", logger="gpuwear.backends.nvml"):
+            run(daemon, clock, 35)
+        assert [g.identity.index for g in sampler.snapshot.gpus] == [0]
+        assert len([r for r in caplog.records if "GPU 1 cannot be opened" in r.getMessage()]) == 1
+        run(daemon, clock, 25)  # recovered at 40 s, asked again at the next slow interval
+        gpus = sampler.snapshot.gpus
+        assert [(g.identity.index, g.sample is not None) for g in gpus] == [(0, True), (1, True)]
+        assert gpus[1].identity.uuid.endswith("000000000001")
+        body = daemon.exposition.render(False).decode()
+        assert series(body, "gpuwear_temperature_celsius", "1")
+    finally:
+        daemon.stop()
+
+
 def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:
     drivers = {p.values[0] for p in MATRIX}  # type: ignore[index]
     assert {"r470", NEWEST} <= drivers and len(drivers) == len(PROFILES)

@@ -8,6 +8,7 @@ counted. The snapshot is replaced atomically; readers (the collector) never wait
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -35,6 +36,8 @@ class Backend(Protocol):
     def read(self, index: int, slow: bool) -> Any: ...
 
     def reopen(self) -> list[GpuIdentity]: ...
+
+    def join(self) -> list[GpuIdentity]: ...
 
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None: ...
 
@@ -213,6 +216,7 @@ class Sampler:
         self.fatal_errors = fatal_errors  # raised out of tick(): only a new process can recover (driver upgrade)
         self._driver_gone = False
         self._next_reopen = 0.0
+        self._next_join = math.inf  # monotonic (the sampler's clock): when to ask for GPUs not read yet
         self.reopen_interval = 5.0  # seconds between tries to get the driver back
         self._active = 0  # the first this many GPUs are the backend's; the rest are gone
         self._reader: _Reader | None = None
@@ -229,6 +233,7 @@ class Sampler:
             self._active = len(self._gpus)
             self._system = self.backend.system_info()
             self._opened = True
+            self._next_join = self.clock.monotonic() + self.slow_interval
             self._publish()
 
     def wait_for_driver(self, reason: str) -> None:
@@ -265,6 +270,9 @@ class Sampler:
         now = self.clock.monotonic()
         if self._driver_gone:
             self._reopen()
+        elif now >= self._next_join:  # every slow interval: GPUs refused at start, or new, join
+            self._next_join = now + self.slow_interval
+            self._join()
         if self._driver_gone:
             pass  # every GPU stays marked by the error that revealed it
         elif self.deadline <= 0:
@@ -320,6 +328,23 @@ class Sampler:
                 self._stall(self._gpus[index])
             items = items[position + 1:]
 
+    def _join(self) -> None:
+        """GPUs NVML lists that are not read yet (refused at start: lost, a cgroup; or new) join, after the GPUs
+        read now; one that was read before (by UUID) takes its place back."""
+        joined = self.backend.join()
+        if not joined:
+            return
+        with self._lock:
+            gone = {g.identity.uuid: g for g in self._gpus[self._active:]}
+            for identity in joined:
+                gpu = gone.pop(identity.uuid, None)
+                if gpu is not None:
+                    self._gpus.remove(gpu)
+                    gpu.identity, gpu.last_slow, gpu.energy_reset_expected = identity, None, True
+                self._gpus.insert(self._active, gpu or _Gpu(identity))
+                self._active += 1
+            self._publish()
+
     def _slow_due(self, gpu: _Gpu, now: float) -> bool:
         return gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
 
@@ -359,6 +384,7 @@ class Sampler:
             self._active = len(back)
             self._stuck.clear()
             self._driver_gone, self._opened, self.waiting = False, True, None
+            self._next_join = self.clock.monotonic() + self.slow_interval
         log.warning("NVML is back: %d GPU(s) (%s)", len(back), ", ".join(g.identity.uuid for g in back))
 
     def _stall(self, gpu: _Gpu) -> None:

@@ -524,6 +524,7 @@ class NvmlBackend:
         self._on_xid: Callable[[int, int], None] | None = None
         self._wait_ms = 500
         self._logged_bugs: set[tuple[int, str]] = set()
+        self._refused: dict[int, int] = {}  # NVML index -> the error its handle answered (logged once per change)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -548,23 +549,54 @@ class NvmlBackend:
                 raise NvmlVersionMismatchError(str(exc)) from None
             raise NvmlUnavailableError(f"NVML initialisation failed: {exc}; check that the NVIDIA "
                                        "driver is loaded (`nvidia-smi` should list the GPUs)") from None
-        self.api = api = Api.resolve()
+        self.api = Api.resolve()
+        self._devices = []
+        self._refused = {}
+        for index in range(count):
+            self._open_device(index)
+        return [d.identity for d in self._devices]
+
+    def _open_device(self, index: int) -> _Device | None:
+        """Open the GPU at NVML index ``index`` and read it from now on; None (logged once per answer) when NVML
+        refuses its handle: lost (GPU_IS_LOST), kept from this process by a cgroup (NO_PERMISSION)..."""
+        api = self.api
+        assert api is not None
         readers = READERS if api.violation else tuple(r for r in READERS if r.key not in _VIOLATION_READERS)
         fields = FIELD_VALUES if api.violation else FIELD_VALUES + VIOLATION_FIELDS
-        self._devices = []
-        for index in range(count):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                device = _Device(handle, self._identity(index, handle), readers, fields)
-                if _MODULE_ENERGY.search(device.identity.name):
-                    device.mark("energy_joules", MODULE_SCOPE)
-                    log.info("GPU %d (%s): %s counts the module's energy (Grace CPU included); the GPU's energy "
-                             "is integrated from its power instead", index, device.identity.uuid,
-                             device.identity.name)
-                self._devices.append(device)
-            except pynvml.NVMLError as exc:
-                log.error("GPU %d cannot be opened (%s); it is left out until the next start", index, exc)
-        return [d.identity for d in self._devices]
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            device = _Device(handle, self._identity(index, handle), readers, fields)
+        except pynvml.NVMLError as exc:
+            if self._refused.get(index) != exc.value:
+                log.error("GPU %d cannot be opened (%s); it is asked again every slow interval", index, exc)
+            self._refused[index] = exc.value
+            return None
+        self._refused.pop(index, None)
+        if _MODULE_ENERGY.search(device.identity.name):
+            device.mark("energy_joules", MODULE_SCOPE)
+            log.info("GPU %d (%s): %s counts the module's energy (Grace CPU included); the GPU's energy "
+                     "is integrated from its power instead", index, device.identity.uuid, device.identity.name)
+        self._devices.append(device)
+        return device
+
+    def join(self) -> list[GpuIdentity]:
+        """The GPUs NVML lists now that are not read yet (one that could not be opened at start, one that came
+        later), opened and read from now on after the others: their identities, in that order (the reader's
+        positions go on from the GPUs it had). The XID listener is started again to take them in."""
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            log.debug("nvmlDeviceGetCount: %s", exc)
+            return []
+        opened = {d.identity.index for d in self._devices}
+        joined = [d.identity for index in range(count) if index not in opened
+                  if (d := self._open_device(index)) is not None]
+        if joined:
+            log.warning("GPU(s) joined: %s", ", ".join(f"{g.index} ({g.uuid})" for g in joined))
+            if self._on_xid is not None and self._events_thread is not None:
+                self._stop_events()
+                self.start_events(self._on_xid, self._wait_ms)
+        return joined
 
     def reopen(self) -> list[GpuIdentity]:
         """After the driver came back (reload): initialise NVML again, acquire new handles and
