@@ -13,7 +13,8 @@ the same machine:
   after start, after the page at / and after ``--run`` seconds of running (simulated minutes at x60), and the
   bytes the process wrote per GPU per simulated day (/proc/PID/io write_bytes);
 - ``gpuwear report``, ``report --html``, ``jobs``, ``jobs --all`` as processes (wall seconds, peak RSS), and the
-  page at / fetched from the running daemon (after the first save, when it renders afresh);
+  page at / fetched from the running daemon (after the first save, when it renders afresh), and from the daemon
+  at x1 as users run it (its sampler reading each GPU once a second, not 50 times: median of 3 starts);
 - the ledger's size.
 
 Prints a Markdown table, each figure beside the 1-day one and their ratio (the goals: issue 26).
@@ -26,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -189,6 +191,19 @@ def measure(work: Path, name: str, scenario: Path, gpus: dict[str, dict[str, Any
         out["page_later_s"] = rendered[0] if rendered else float("nan")
     finally:
         stop(proc)
+    # as a user meets it: the daemon at x1 (one read of each GPU a second, not 50 as at x60), the page fetched
+    # once it has started (rendered afresh, as after each save); the median of 3 starts
+    pages: list[float] = []
+    for _ in range(3):
+        proc, port, _ = start_daemon(state, scenario, 1.0)
+        try:
+            time.sleep(1.0)
+            started = time.perf_counter()
+            status, _ = get(f"http://127.0.0.1:{port}/")
+            pages.append(time.perf_counter() - started if status == 200 else float("nan"))
+        finally:
+            stop(proc)
+    out["page_x1_s"] = statistics.median(pages)
     # the same ledger with 30 bytes flipped in its rows (past its first quarter: the schema and meta stay readable):
     # the daemon recovers it before it serves
     damaged = work / f"{name}-damaged"
@@ -214,6 +229,7 @@ LABELS = {"ledger_mib": "ledger file (MiB)", "first_metrics_s": "start → first
           "rss_start_mib": "daemon RSS after start (MiB)", "rss_after_page_mib": "daemon RSS after the page (MiB)",
           "rss_after_run_mib": "daemon RSS after running (MiB)", "page_s": "page at /, after the first save (s)",
           "page_later_s": "page at /, after running, a scrape beside it (s)",
+          "page_x1_s": "page at /, the daemon at x1, median of 3 starts (s)",
           "writes_mb_per_gpu_day": "daemon writes (MB per GPU per day)", "report_s": "`report` (s)",
           "report_peak_mib": "`report` peak RSS (MiB)", "report_html_s": "`report --html` (s)",
           "report_html_peak_mib": "`report --html` peak RSS (MiB)", "jobs_s": "`jobs` (s)",

@@ -1,0 +1,151 @@
+"""What a real scrape costs the daemon, measured from outside on its own CPU clock, beside nvitop-exporter.
+
+    python bench/scrape_outside.py [--gpus 8,64] [--scrapes 20] [--every 2]
+
+For each GPU count, gpuwear (``gpuwear run --simulate SCENARIO``) and nvitop-exporter (over the fake NVML library:
+``python -m gpuwear.backends.fakenvml --scenario SCENARIO nvitop-exporter``) run side by side on the same scenario
+(bench/gen.py's), both sampling once a second. Each is scraped ``--scrapes`` times, ``--every`` wall seconds apart,
+the two in turn, as Prometheus scrapes: its Accept header and ``Accept-Encoding: gzip``, a new connection each time.
+At 2 s, as at Prometheus' default 15 s, every scrape follows new samples: none is served from a cache.
+
+- **CPU per scrape**: the process's CPU clock (``clock_gettime`` on its CPUCLOCK_SCHED, in ns, every thread) read
+  just before and just after each scrape, less what the process spends unscraped in as much wall time (its rate
+  over the quiet gaps between its scrapes). Median, min and max over the scrapes.
+- **Whole process**: the same clock over the whole window, per wall second (scrapes included).
+
+The in-process figures (bench/scrape_bench.py) are a diagnostic; these are what a user's Prometheus meets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gen
+from common import PYTHON, _die_with_parent, free_port, gpuwear
+
+ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+          "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+def cpu_ns(pid: int) -> int:
+    """The process's CPU time, all its threads, in ns (its CPUCLOCK_SCHED clock: ((~pid) << 3) | 2)."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)
+
+
+def scrape(port: int) -> int:
+    """One scrape as Prometheus makes it; the body's size once decompressed (0: failed)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics", headers={"Accept": ACCEPT, "Accept-Encoding": "gzip",
+                                                 "User-Agent": "Prometheus/2.53.0"})
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            return 0
+        return len(gzip.decompress(body) if response.getheader("Content-Encoding") == "gzip" else body)
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+def start(tool: str, scenario: Path, work: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    if tool == "gpuwear":
+        argv = gpuwear("run", "--simulate", str(scenario), "--listen", f"127.0.0.1:{port}", "--state-dir",
+                       str(work / "state"))
+    else:
+        exe = shutil.which("nvitop-exporter", path=str(Path(PYTHON).parent)) or "nvitop-exporter"
+        argv = [PYTHON, "-m", "gpuwear.backends.fakenvml", "--scenario", str(scenario), exe, "--bind-address",
+                "127.0.0.1", "--port", str(port), "--interval", "1.0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    deadline = time.monotonic() + 120
+    while not scrape(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{tool} did not answer /metrics")
+        time.sleep(0.2)
+    return proc, port
+
+
+def measure(gpus: int, scrapes: int, every: float) -> dict[str, dict[str, float]]:
+    with tempfile.TemporaryDirectory(prefix="gpuwear-outside-") as folder:
+        work = Path(folder)
+        scenario = gen.scenario(gpus, work)
+        procs = {tool: start(tool, scenario, work) for tool in ("gpuwear", "nvitop-exporter")}
+        try:
+            time.sleep(5.0)  # past start-up
+            per: dict[str, list[float]] = {tool: [] for tool in procs}
+            size: dict[str, int] = {}
+            last: dict[str, tuple[float, int]] = {}  # tool -> (wall, cpu) after its previous scrape
+            idle_rate: dict[str, list[float]] = {tool: [] for tool in procs}
+            began = {tool: (time.monotonic(), cpu_ns(p.pid)) for tool, (p, _) in procs.items()}
+            for i in range(scrapes):
+                for k, (tool, (proc, port)) in enumerate(procs.items()):
+                    time.sleep(max(0.0, began[tool][0] + i * every + k * every / 2 - time.monotonic()))
+                    wall0, cpu0 = time.monotonic(), cpu_ns(proc.pid)
+                    if tool in last:  # the quiet gap since its last scrape: what it spends unscraped
+                        idle_rate[tool].append((cpu0 - last[tool][1]) / (wall0 - last[tool][0]))
+                    size[tool] = scrape(port)
+                    wall1, cpu1 = time.monotonic(), cpu_ns(proc.pid)
+                    last[tool] = (wall1, cpu1)
+                    per[tool].append((cpu1 - cpu0, wall1 - wall0))
+            ended = {tool: (time.monotonic(), cpu_ns(p.pid)) for tool, (p, _) in procs.items()}
+        finally:
+            for proc, _ in procs.values():
+                proc.terminate()
+                proc.wait(timeout=60)
+    out: dict[str, dict[str, float]] = {}
+    for tool in procs:
+        rate = statistics.median(idle_rate[tool])  # ns of CPU per wall second, unscraped
+        costs = [(cpu - rate * wall) / 1e6 for cpu, wall in per[tool]]
+        out[tool] = {"median_ms": statistics.median(costs), "min_ms": min(costs), "max_ms": max(costs),
+                     "wall_ms": statistics.median(w for _, w in per[tool]) * 1e3,
+                     "whole_share": (ended[tool][1] - began[tool][1]) / 1e9 / (ended[tool][0] - began[tool][0]),
+                     "idle_share": rate / 1e9, "body_bytes": size[tool]}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", default="8,64")
+    parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--every", type=float, default=2.0, help="wall seconds between two scrapes of one tool")
+    args = parser.parse_args()
+    rows = []
+    for n in (int(x) for x in args.gpus.split(",")):
+        r = measure(n, args.scrapes, args.every)
+        g, v = r["gpuwear"], r["nvitop-exporter"]
+        for label, key, fmt in (("CPU per scrape, median (ms)", "median_ms", "{:.2f}"),
+                                ("CPU per scrape, min to max (ms)", None, ""),
+                                ("scrape wall time, median (ms)", "wall_ms", "{:.1f}"),
+                                ("whole process, share of one core", "whole_share", "{:.2%}"),
+                                ("unscraped, share of one core", "idle_share", "{:.2%}"),
+                                ("body, uncompressed (bytes)", "body_bytes", "{:.0f}")):
+            if key is None:
+                rows.append(f"| {n} | {label} | {g['min_ms']:.2f} to {g['max_ms']:.2f} | "
+                            f"{v['min_ms']:.2f} to {v['max_ms']:.2f} | |")
+            else:
+                ratio = g[key] / v[key] if v[key] else float("nan")
+                rows.append(f"| {n} | {label} | {fmt.format(g[key])} | {fmt.format(v[key])} | {ratio:.2f} × |")
+    print(f"# A real scrape, measured from outside (gpuwear against nvitop-exporter)\n\n"
+          f"`python bench/scrape_outside.py --gpus {args.gpus} --scrapes {args.scrapes} --every {args.every:g}`, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+          "| GPUs | figure | gpuwear | nvitop-exporter | gpuwear / nvitop-exporter |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
