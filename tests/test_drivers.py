@@ -208,6 +208,46 @@ def test_a_gpu_refused_at_start_joins_once_it_answers(tmp_path: Path, caplog: py
         daemon.stop()
 
 
+def test_pids_of_another_namespace_are_never_looked_up_here(tmp_path: Path) -> None:
+    """In a container without the host's PID namespace (or under WSL2) NVML names processes by PIDs that are not
+    this process's: a local process bearing the number was named as the job. The time of a GPU with processes is
+    unattributed, with the reason; a GPU without any stays idle."""
+    from gpuwear.jobs.resolve import PROC_PID_INIT_INO, foreign_pids
+
+    (tmp_path / "proc/self/ns").mkdir(parents=True)
+    (tmp_path / "proc/self/ns/pid").write_text("")  # an inode that is not the initial namespace's
+    assert (tmp_path / "proc/self/ns/pid").stat().st_ino != PROC_PID_INIT_INO
+    reason = foreign_pids(tmp_path / "proc")
+    assert reason is not None and "hostPID" in reason and "--pid=host" in reason
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("5.15.153.1-microsoft-standard-WSL2\n")
+    assert (foreign_pids(tmp_path / "proc") or "").startswith("WSL2")
+    assert foreign_pids(tmp_path / "nothing") is None  # no way to tell: taken as this namespace's
+
+    doc = scenario_doc("r610", "datacenter")
+    doc["gpus"][1]["schedule"] = [{"kind": "idle", "seconds": 3600}]
+    simulation = parse_scenario(doc, "pidns")
+    clock = ManualClock()
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path / "state"))
+    sampler = _sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
+    sampler.open()
+    daemon = Daemon(config, Source(sampler, clock, DaemonInfo("test", "3", "simulated", "pidns"), 1.0, simulation,
+                                   foreign_pids=reason))
+    try:
+        run(daemon, clock, 30)
+        training, idle = (g.identity.uuid for g in sampler.snapshot.gpus)
+        assert sampler.snapshot.gpus[0].sample is not None and sampler.snapshot.gpus[0].sample.processes
+        wear, quiet = daemon.tracker.wear(training), daemon.tracker.wear(idle)
+        assert wear is not None and quiet is not None
+        assert set(wear.kinds) == {"unattributed"} and set(quiet.kinds) == {"idle"}
+        daemon.persist(final=True)
+        assert daemon.ledger is not None
+        names = {r["name"] for r in daemon.ledger.jobs() if r["kind"] == "unattributed"}
+        assert names == {f"unattributed: {reason}"}
+    finally:
+        daemon.stop()
+
+
 def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:
     drivers = {p.values[0] for p in MATRIX}  # type: ignore[index]
     assert {"r470", NEWEST} <= drivers and len(drivers) == len(PROFILES)

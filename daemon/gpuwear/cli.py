@@ -372,7 +372,8 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         backend = NvmlBackend()
     simulated = args.simulated or (Path(args.simulate).stem if args.simulate else None)
-    findings = Doctor(config, backend, ledger_path(config, simulated)).run()
+    findings = Doctor(config, backend, ledger_path(config, simulated),
+                      proc=None if args.simulate else Path("/proc")).run()
     return 0 if render(findings, _show) else EXIT_FAILURE
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
 from gpuwear.config import Config
+from gpuwear.jobs.resolve import foreign_pids
 from gpuwear.ledger import Ledger, LedgerError, printable
 
 # What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
@@ -37,6 +38,7 @@ class Doctor:
     backend: NvmlBackend
     ledger_file: Path
     dev: Path = Path("/dev")
+    proc: Path | None = Path("/proc")  # None: simulated GPUs, whose processes are the simulation's
     findings: list[Finding] = field(default_factory=list)
 
     def check(self, ok: bool, what: str, fix: str = "") -> None:
@@ -59,6 +61,11 @@ class Doctor:
                          f"CUDA {info.cuda_driver_version}")
         self.check(bool(gpus), f"{len(gpus)} GPU(s) found", "NVML lists no GPU: check `nvidia-smi` and the driver")
         self._devices()
+        if self.proc is not None:
+            foreign = foreign_pids(self.proc)
+            self.check(foreign is None, "job attribution: NVML's process IDs are this process's" if foreign is None
+                       else f"job attribution: {foreign}", "GPU time with processes is booked as unattributed until "
+                       "then")
         for i, gpu in enumerate(gpus):
             persistent = self.backend.persistence_mode(i)
             self.check(persistent is not False, f"GPU {gpu.index} {gpu.name}: persistence mode "

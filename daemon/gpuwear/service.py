@@ -36,7 +36,7 @@ from gpuwear.config import Config, ConfigError, WearConfig, load_config
 from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
-from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen
+from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen, foreign_pids
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
@@ -146,6 +146,9 @@ class Source:
     info: DaemonInfo
     speed: float
     simulation: Simulation | None = None  # the simulated GPUs, when not real ones
+    # why the PIDs NVML names are not this process's to look up (jobs.resolve.foreign_pids), None when they are:
+    # a GPU with processes is then booked as unattributed, with this reason
+    foreign_pids: str | None = None
 
 
 def _info(backend: str, scenario: str) -> DaemonInfo:
@@ -196,7 +199,7 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
         sampler = _sampler(NvmlBackend(library), clock, config)
         try:
             _open_waiting(sampler, config.sampling.driver_wait_seconds, 0.0 if simulate_if_no_gpu else None)
-            return Source(sampler, clock, _info("nvml", ""), 1.0)
+            return Source(sampler, clock, _info("nvml", ""), 1.0, foreign_pids=foreign_pids())
         except NvmlUnavailableError as exc:
             if not simulate_if_no_gpu:
                 raise
@@ -264,6 +267,9 @@ class Daemon:
         self.tracker = WearTracker(wears, self._wear_params(config), imported, running,
                                    config.jobs.end_grace_seconds, config.jobs.user_in_metrics)
         resolver = ProcessResolver(show_users=config.jobs.record_users).resolve
+        if source.foreign_pids:
+            log.warning("job attribution: NVML's process IDs are not this process's to look up (%s): the time of a "
+                        "GPU with processes is booked as unattributed", source.foreign_pids)
         if source.simulation is not None:
             resolver = SimulatedJobs(source.simulation.jobs, resolver).resolve
         # pod names from the kubelet once its socket exists (a Kubernetes node; grpc is imported only then)
@@ -310,9 +316,11 @@ class Daemon:
             self._tick_started = time.monotonic()
             try:
                 snapshot = self.source.sampler.tick()
+                foreign = self.source.foreign_pids
                 jobs = self.job_watcher.jobs(
-                    (g.identity.uuid, [pid for pid, _ in g.sample.processes] if g.sample.processes is not None
-                     else Unseen(_processes_unseen(g.unavailable.get("processes"))))
+                    (g.identity.uuid, Unseen(_processes_unseen(g.unavailable.get("processes")))
+                     if g.sample.processes is None else Unseen(foreign) if foreign and g.sample.processes
+                     else [pid for pid, _ in g.sample.processes])
                     for g in snapshot.gpus if g.sample is not None)
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
                 self._tick_failures = 0

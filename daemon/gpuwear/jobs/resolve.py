@@ -52,6 +52,29 @@ class Unseen:
     reason: str
 
 
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the initial PID namespace's inode number (linux/proc_ns.h), since Linux 3.8
+
+
+def foreign_pids(proc: Path = Path("/proc")) -> str | None:
+    """Why the PIDs NVML names cannot be looked up in this process's /proc (None: they can). NVML names a GPU's
+    processes by their PIDs in the host's (initial) PID namespace, and under WSL2 by their Windows PIDs
+    (nvidia-docker #1483, #1458): a local process that happens to bear the number would be taken for the job."""
+    try:
+        release = (proc / "sys/kernel/osrelease").read_text(errors="replace").lower()
+    except OSError:
+        release = ""
+    if "microsoft" in release:
+        return "WSL2: NVML names processes by their Windows PIDs"
+    try:
+        namespace = (proc / "self/ns/pid").stat().st_ino
+    except OSError:
+        return None  # no way to tell (an old kernel): the PIDs are taken as this namespace's
+    if namespace != PROC_PID_INIT_INO:
+        return ("PIDs of the host's namespace (gpuwear runs in a PID namespace of its own: give its container "
+                "--pid=host, or hostPID: true)")
+    return None
+
+
 def clip(text: str) -> str:
     """Printable, single-line, bounded: ids come from paths other users control."""
     cleaned = "".join(ch if ch.isprintable() and ch not in "\n\r\t" else "?" for ch in text)
