@@ -249,6 +249,25 @@ def test_pids_of_another_namespace_are_never_looked_up_here(tmp_path: Path) -> N
         daemon.stop()
 
 
+def test_a_gpu_of_the_last_run_that_nvml_no_longer_lists_is_reported_missing(tmp_path: Path) -> None:
+    """A GPU present in one run and absent in the next (the same state directory): /healthz said nothing, as if the
+    host never had it. It is named missing until it comes back (or is forgotten)."""
+    two = scenario_doc("r610", "datacenter")
+    one = {**two, "gpus": two["gpus"][:1]}
+    with daemon_over(two, tmp_path) as (daemon, clock):
+        run(daemon, clock, 5)
+        assert daemon.health_problem() is None
+        gone = daemon.source.sampler.snapshot.gpus[1].identity.uuid
+    with daemon_over(one, tmp_path) as (daemon, clock):
+        run(daemon, clock, 5)
+        problem = daemon.health_problem()
+        assert problem is not None and f"GPU {gone} (NVIDIA H100 80GB HBM3) is missing" in problem, problem
+        assert f"gpuwear forget {gone}" in problem and problem.count("is missing") == 1
+    with daemon_over(two, tmp_path) as (daemon, clock):
+        run(daemon, clock, 5)
+        assert daemon.health_problem() is None
+
+
 def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:
     drivers = {p.values[0] for p in MATRIX}  # type: ignore[index]
     assert {"r470", NEWEST} <= drivers and len(drivers) == len(PROFILES)

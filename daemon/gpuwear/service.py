@@ -37,7 +37,7 @@ from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen, foreign_pids
-from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path
+from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
 from gpuwear.sampler import Sampler
 from gpuwear.wear.tracker import WearTracker
@@ -363,11 +363,22 @@ class Daemon:
             return problem
         if self.source.sampler.waiting is not None:
             return f"no GPU: {self.source.sampler.waiting}"
+        snapshot = self.source.sampler.snapshot
         silent = [f"GPU {g.identity.index} ({g.identity.uuid}) "
                   + ("is lost" if not g.up else "gave no sample (stalled, or the driver is gone)" if g.sample is None
                      else "yields no readings" + (" (every reading unavailable)" if g.unavailable else ""))
-                  for g in self.source.sampler.snapshot.gpus if not g.up or g.sample is None or g.readings == 0]
-        return "; ".join(silent) or None
+                  for g in snapshot.gpus if not g.up or g.sample is None or g.readings == 0]
+        return "; ".join(silent + self.missing_gpus()) or None
+
+    def missing_gpus(self) -> list[str]:
+        """The GPUs this host's ledger holds that NVML does not list now (one fallen off the bus before the start,
+        one a cgroup keeps away, one taken out), each named with when it was last seen: they stay missing until
+        they come back or are forgotten (`gpuwear forget`)."""
+        listed = {g.identity.uuid for g in self.source.sampler.snapshot.gpus}
+        return [f"GPU {uuid} ({printable(name)}) is missing: this host's ledger has it (last seen "
+                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(seen)) if seen else 'never'}) but NVML does not "
+                f"list it; `gpuwear forget {uuid}` if it was taken out on purpose"
+                for uuid, (name, seen) in sorted(self.tracker.known().items()) if uuid not in listed]
 
     def _watchdog(self) -> None:
         """Ping systemd's watchdog while the sampling loop is alive; a stuck loop stops the pings."""
