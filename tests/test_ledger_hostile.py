@@ -242,8 +242,9 @@ def test_a_bad_record_costs_only_itself_and_the_daemon_serves(case: str, tmp_pat
         assert "gpuwear_ledger_moved_aside 0.0" in body
         assert ("gpuwear_ledger_set_aside_records 0.0" in body) == (cost == "table")
         assert "NaN" not in body and "+Inf" not in body.replace('le="+Inf"', "")
-        status, _ = fetch(f"http://127.0.0.1:{port}/healthz")
-        assert status == 200
+        status, text = fetch(f"http://127.0.0.1:{port}/healthz")
+        # healthy but for the history's own GPUs, which the demo scenario does not have: named missing
+        assert status == 200 or all(" is missing: " in part for part in text.strip().split("; ")), text
     finally:
         proc.send_signal(signal.SIGTERM)
         _, log = proc.communicate(timeout=20)

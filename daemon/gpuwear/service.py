@@ -377,7 +377,7 @@ class Daemon:
         listed = {g.identity.uuid for g in self.source.sampler.snapshot.gpus}
         return [f"GPU {uuid} ({printable(name)}) is missing: this host's ledger has it (last seen "
                 f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(seen)) if seen else 'never'}) but NVML does not "
-                f"list it; `gpuwear forget {uuid}` if it was taken out on purpose"
+                f"list it (`gpuwear forget {uuid}` if it was taken out on purpose)"
                 for uuid, (name, seen) in sorted(self.tracker.known().items()) if uuid not in listed]
 
     def _watchdog(self) -> None:
