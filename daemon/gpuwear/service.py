@@ -316,12 +316,9 @@ class Daemon:
             self._tick_started = time.monotonic()
             try:
                 snapshot = self.source.sampler.tick()
-                foreign = self.source.foreign_pids
-                jobs = self.job_watcher.jobs(
-                    (g.identity.uuid, Unseen(_processes_unseen(g.unavailable.get("processes")))
-                     if g.sample.processes is None else Unseen(foreign) if foreign and g.sample.processes
-                     else [pid for pid, _ in g.sample.processes])
-                    for g in snapshot.gpus if g.sample is not None)
+                jobs = self.job_watcher.jobs((g.identity.uuid, self._pids(g.sample.processes,
+                                                                          g.unavailable.get("processes")))
+                                             for g in snapshot.gpus if g.sample is not None)
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
                 self._tick_failures = 0
             except NvmlVersionMismatchError as exc:  # only a restart loads the new library: exit non-zero
@@ -333,6 +330,15 @@ class Daemon:
                 self._tick_failures += 1
                 self._tick_failure = f"{type(exc).__name__}: {exc}"
             self._tick_done, self._tick_started = time.monotonic(), None
+
+    def _pids(self, processes: tuple[tuple[int, float | None], ...] | None, why: str | None) -> list[int] | Unseen:
+        """A GPU's PIDs for the job watcher, or why its jobs cannot be seen: its processes not read (NVML's answer
+        ``why``), or PIDs that are not this process's to look up (Source.foreign_pids)."""
+        if processes is None:
+            return Unseen(_processes_unseen(why))
+        if processes and self.source.foreign_pids:
+            return Unseen(self.source.foreign_pids)
+        return [pid for pid, _ in processes]
 
     def sampling_problem(self) -> str | None:
         """Why the sampling loop looks stuck (for the watchdog and /healthz), or None.

@@ -89,8 +89,7 @@ class JobAccounts:
     def __init__(self, grace_seconds: float, running: list[JobRecord] | None = None) -> None:
         self.grace = grace_seconds
         self.active: dict[str, JobRecord] = {}  # job key -> record
-        self.idle: dict[str, JobRecord] = {}  # GPU uuid -> open idle line
-        self.unseen: dict[str, JobRecord] = {}  # GPU uuid -> open unattributed line (processes not readable)
+        self.lines: dict[str, JobRecord] = {}  # GPU uuid -> its open idle or unattributed line
         self._dirty: dict[str, JobRecord] = {}
         self._written: dict[str, float] = {}  # running record -> its last_seen when last taken for a save
         self._last_wall: dict[str, float] = {}  # GPU uuid -> end of its last accounted interval
@@ -122,21 +121,19 @@ class JobAccounts:
         be read, to its unattributed line."""
         start = wall - interval.dt
         self._last_wall[uuid] = wall
-        if isinstance(jobs, Unseen):
-            if uuid in self.idle:
-                self._close(self.idle.pop(uuid), start)
-            rec = self.unseen.get(uuid)
+        if isinstance(jobs, Unseen) or not jobs:
+            kind, name = (UNATTRIBUTED, f"unattributed: {jobs.reason}") if isinstance(jobs, Unseen) else (IDLE, IDLE)
+            rec = self.lines.get(uuid)
+            if rec is not None and rec.kind != kind:
+                self._close(self.lines.pop(uuid), start)
+                rec = None
             if rec is None:
-                rec = self.unseen[uuid] = JobRecord(f"{UNATTRIBUTED}:{uuid}@{start:.0f}", UNATTRIBUTED, uuid, None,
-                                                    f"unattributed: {jobs.reason}", start, wall)
+                rec = self.lines[uuid] = JobRecord(f"{kind}:{uuid}@{start:.0f}", kind, uuid, None, name, start, wall)
             self._give(rec, uuid, start, wall, interval, temps, 1.0, gpu_wear)
-            self._bucket(gpu_wear, UNATTRIBUTED, interval, 1.0)
-            return
-        if uuid in self.unseen:
-            self._close(self.unseen.pop(uuid), start)
-        if jobs:
-            if uuid in self.idle:
-                self._close(self.idle.pop(uuid), start)
+            self._bucket(gpu_wear, kind, interval, 1.0)
+        else:
+            if uuid in self.lines:
+                self._close(self.lines.pop(uuid), start)
             share = 1.0 / len(jobs)
             for job in jobs:
                 rec = self.active.get(job.key)
@@ -148,12 +145,6 @@ class JobAccounts:
                     rec.name, rec.namespace, rec.pod = job.name, job.namespace, job.pod
                     rec.gpus[uuid].container = job.container
                 self._bucket(gpu_wear, "job", interval, share)
-        else:
-            rec = self.idle.get(uuid)
-            if rec is None:
-                rec = self.idle[uuid] = JobRecord(f"{IDLE}:{uuid}@{start:.0f}", IDLE, uuid, None, "idle", start, wall)
-            self._give(rec, uuid, start, wall, interval, temps, 1.0, gpu_wear)
-            self._bucket(gpu_wear, IDLE, interval, 1.0)
 
     def _give(self, rec: JobRecord, uuid: str, start: float, wall: float, interval: Interval,
               temps: dict[str, float], share: float, gpu_wear: GpuWear) -> None:
@@ -179,7 +170,7 @@ class JobAccounts:
 
     def event(self, uuid: str, what: str) -> None:
         """Count an event (XID, memory-error change) against whoever runs on the GPU now."""
-        for rec in [*self.current(uuid), *(line[uuid] for line in (self.idle, self.unseen) if uuid in line)]:
+        for rec in [*self.current(uuid), *([self.lines[uuid]] if uuid in self.lines else [])]:
             events = rec.gpus[uuid].events if uuid in rec.gpus else None
             if events is not None:
                 events[what] = events.get(what, 0) + 1
@@ -188,11 +179,10 @@ class JobAccounts:
     def end_all(self) -> None:
         """End every running job, idle and unattributed line where it was last seen (a simulation that stops: its
         jobs end with it, where a real daemon's go on running and are taken up again at its next start)."""
-        for rec in [*self.active.values(), *self.idle.values(), *self.unseen.values()]:
+        for rec in [*self.active.values(), *self.lines.values()]:
             self._close(rec, rec.last_seen)
         self.active.clear()
-        self.idle.clear()
-        self.unseen.clear()
+        self.lines.clear()
 
     def expire(self, wall: float) -> None:
         """End the jobs whose processes have been gone longer than the grace period (a
@@ -205,7 +195,7 @@ class JobAccounts:
     def clock_set_back(self, wall: float) -> None:
         """The wall clock was ahead and is now ``wall``: running records seen later than now come back to now (a
         job last seen "in the future" would otherwise never pass its grace period)."""
-        for rec in [*self.active.values(), *self.idle.values(), *self.unseen.values()]:
+        for rec in [*self.active.values(), *self.lines.values()]:
             if rec.last_seen > wall:
                 rec.last_seen = max(rec.start, wall)
                 for gpu in rec.gpus.values():
@@ -215,9 +205,8 @@ class JobAccounts:
 
     def stop_gpu(self, uuid: str, wall: float) -> None:
         """A gap on a GPU (lost, daemon stopping): its idle or unattributed line ends."""
-        for line in (self.idle, self.unseen):
-            if uuid in line:
-                self._close(line.pop(uuid), wall)
+        if uuid in self.lines:
+            self._close(self.lines.pop(uuid), wall)
 
     def _close(self, rec: JobRecord, end: float) -> None:
         rec.end = max(end, rec.start)
