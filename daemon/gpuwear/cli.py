@@ -9,7 +9,7 @@ import os
 import sqlite3
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -339,20 +339,38 @@ def _jobs(args: argparse.Namespace) -> int:
                 if first is None:
                     return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
                 doc = jobreport.document([first], gpus, config.wear, since, wanted, shown=limit)
-            else:  # the lines shown are read whole; the totals and shares come from the lines the ledger keeps
-                doc = jobreport.ledger_document(ledger, gpus, config.wear, since, wanted, shown=limit)
-            left_out = ledger.left_out_note()
+                _write_jobs(args.json, doc, iter(doc["jobs"]), gpu_indexes(every.values()), limit)
+                _say_left_out(ledger)
+            else:  # the totals and shares from the lines the ledger keeps; the jobs shown read and written one by one
+                with ledger.reading():
+                    head, listed = jobreport.ledger_listing(ledger, gpus, config.wear, since, wanted)
+                    _write_jobs(args.json, head, listed, gpu_indexes(every.values()), limit)
+                    _say_left_out(ledger)
         finally:
             ledger.close()
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    return 0
+
+
+def _say_left_out(ledger: Ledger) -> None:
+    left_out = ledger.left_out_note()
     if left_out:
         _say(left_out)
-    if args.json:
-        print(json.dumps(jobreport.limited(doc, limit), indent=2))
+
+
+def _write_jobs(as_json: bool, head: dict[str, Any], jobs: Iterator[dict[str, Any]], index_of: dict[str, int],
+                limit: int | None) -> None:
+    """A listing written as its jobs are read (``jobs --all`` on a busy box's months: 45,000, never all in memory)."""
+    from gpuwear.jobs import report as jobreport
+
+    if as_json:
+        for chunk in jobreport.json_chunks(head, jobs, limit):
+            sys.stdout.write(chunk)
+        sys.stdout.write("\n")
     else:
-        _show(jobreport.text(doc, gpu_indexes(every.values()), limit), end="")
-    return 0
+        for line in jobreport.text_lines(head, jobs, index_of, limit):
+            _show(line)
 
 
 def _doctor(args: argparse.Namespace) -> int:

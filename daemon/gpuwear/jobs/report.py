@@ -8,8 +8,11 @@ lines of a GPU add up to 100 % of what was observed in the window.
 from __future__ import annotations
 
 import datetime
+import itertools
+import json
 import re
-from collections.abc import Iterable
+import textwrap
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpuwear.config import WearConfig
@@ -21,7 +24,8 @@ from gpuwear.wear.models import BANDS
 if TYPE_CHECKING:
     from gpuwear.ledger import Ledger
 
-__all__ = ["document", "ledger_document", "limited", "line_name", "parse_duration", "text"]
+__all__ = ["document", "json_chunks", "ledger_document", "ledger_listing", "limited", "line_name", "parse_duration",
+           "text", "text_lines"]
 
 SHARES_SHOWN = 10  # labels the text's share of all GPUs' thermal aging names; the rest are added up
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -106,19 +110,23 @@ class _Tally:
         self.records += found
         return found
 
+    def share(self, job: dict[str, Any]) -> dict[str, Any]:
+        """The job with each of its lines' shares of its GPU's totals (the totals added up first)."""
+        for s in job["gpus"]:
+            t = self.totals[s["uuid"]]
+            s["share"] = {
+                "observed_time": _ratio(units(s["observed_seconds"], MILLI), t[0]),
+                "energy": _ratio(units(s["energy_joules"], MILLI), t[1]),
+                "thermal_aging": _ratio(units(s["thermal_aging_equivalent_hours"]["central"], NANO), t[2]),
+                "cycle_fatigue": _ratio(units(s["cycle_fatigue_equivalent_cycles"]["central"], NANO), t[3]),
+            }
+        return job
+
     def document(self, since: float | None, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The listing's document: ``jobs`` (shared already, :meth:`share`) under its totals and shares."""
         totals = {uuid: {"observed_seconds": t[0] / MILLI, "energy_joules": t[1] / MILLI,
                          "thermal_aging_equivalent_hours": t[2] / NANO, "cycle_fatigue_equivalent_cycles": t[3] / NANO}
                   for uuid, t in sorted(self.totals.items())}
-        for job in jobs:
-            for s in job["gpus"]:
-                t = self.totals[s["uuid"]]
-                s["share"] = {
-                    "observed_time": _ratio(units(s["observed_seconds"], MILLI), t[0]),
-                    "energy": _ratio(units(s["energy_joules"], MILLI), t[1]),
-                    "thermal_aging": _ratio(units(s["thermal_aging_equivalent_hours"]["central"], NANO), t[2]),
-                    "cycle_fatigue": _ratio(units(s["cycle_fatigue_equivalent_cycles"]["central"], NANO), t[3]),
-                }
         shares = {uuid: {name: _ratio(v, self.totals[uuid][2]) for name, v in sorted(names.items())}
                   for uuid, names in sorted(self.by_name.items())}
         hottest = self.hottest
@@ -156,7 +164,7 @@ def document(records: Iterable[dict[str, Any]], gpus: dict[str, GpuWear], p: Wea
             job = _whole(rec, gpus, p, gpu)
             assert job is not None
             jobs.append(job)
-    return tally.document(since, jobs)
+    return tally.document(since, [tally.share(job) for job in jobs])
 
 
 def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
@@ -165,31 +173,40 @@ def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, sin
     totals, shares and hottest from the lines the ledger keeps (:meth:`Ledger.line_sums`, summed by SQLite), the
     records without kept lines counted from themselves, and only the ``shown`` newest records read whole.
     ``by_label``: the text's share by label (a key per job: the page does without, None)."""
+    with ledger.reading():
+        head, jobs = ledger_listing(ledger, gpus, p, since, gpu, by_label)
+        head["jobs"] = list(itertools.islice(jobs, shown))
+    return head
+
+
+def ledger_listing(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
+                   gpu: str | None = None, by_label: bool = True) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """:func:`ledger_document` as a stream, for a listing of every job (a busy box's 90 days hold 45,000): the
+    document with its ``jobs`` empty, and the jobs newest first, each read whole when the iterator reaches it and
+    dropped by the caller once written. Call it, and walk the jobs, inside one ``ledger.reading()``."""
     key = lines_key(p)
     tally = _Tally(by_label)
-    jobs: list[dict[str, Any]] = []
-    with ledger.reading():
-        sums = ledger.line_sums(key, since, gpu, by_label)
-        for uuid, name, observed, energy, aging, fatigue in sums.by_line:
-            tally.add(uuid, name, observed, energy, aging, fatigue)
-        for label, aging in sums.by_label or ():
-            tally.add_label(label, aging)
-        tally.records = sums.records
-        if sums.hottest is not None:
-            tally.candidate(*sums.hottest)
-        for rec in ledger.unsummarised(key, since, sums.records if gpu is None else None):
-            tally.record(rec, p, gpu)
-        imports = ledger.import_periods(since)
-        for rec in imports:
-            tally.record(rec, p, gpu)
-        if shown is None or shown > 0:
-            for rec in ledger.periods(since, imports):
-                job = _whole(rec, gpus, p, gpu)
-                if job is not None:
-                    jobs.append(job)
-                    if shown is not None and len(jobs) >= shown:
-                        break
-    return tally.document(since, jobs)
+    sums = ledger.line_sums(key, since, gpu, by_label)
+    for uuid, name, observed, energy, aging, fatigue in sums.by_line:
+        tally.add(uuid, name, observed, energy, aging, fatigue)
+    for line_label, aging in sums.by_label or ():
+        tally.add_label(line_label, aging)
+    tally.records = sums.records
+    if sums.hottest is not None:
+        tally.candidate(*sums.hottest)
+    for rec in ledger.unsummarised(key, since, sums.records if gpu is None else None):
+        tally.record(rec, p, gpu)
+    imports = ledger.import_periods(since)
+    for rec in imports:
+        tally.record(rec, p, gpu)
+
+    def jobs() -> Iterator[dict[str, Any]]:
+        for rec in ledger.periods(since, imports):
+            job = _whole(rec, gpus, p, gpu)
+            if job is not None:
+                yield tally.share(job)
+
+    return tally.document(since, []), jobs()
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -214,17 +231,25 @@ def limited(doc: dict[str, Any], limit: int | None) -> dict[str, Any]:
 def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None) -> str:
     """The jobs as a table a person reads, with who caused what share of each GPU's wear: the newest ``limit``
     (all: None), and how many more there are."""
-    if not doc["jobs_in_window"]:
-        return "No job, idle period or import recorded in this window.\n"
-    shown = limited(doc, limit)
-    lines = ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
-             "idle lines are the time between jobs, unattributed lines the time a GPU's processes could not be",
-             "read (the line says why) and imported lines the history read from logs, so each GPU's lines add",
-             "up to 100 % and to what `gpuwear report` shows for it.", ""]
-    header = f"{'JOB':<44} {'USER':<10} {'START':<16} {'DURATION':>9} {'GPU':>3} {'MAX °C':>6} {'ENERGY':>9} " \
-             f"{'AGING':>6} {'CYCLES':>6}"
-    lines.append(header)
-    for job in shown["jobs"]:
+    return "".join(line + "\n" for line in text_lines(doc, doc["jobs"], index_of, limit))
+
+
+def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: dict[str, int],
+               limit: int | None = None) -> Iterator[str]:
+    """:func:`text` a line at a time (no newline), ``jobs`` read as they come: ``head`` is the document (its own
+    jobs not read), ``jobs`` the jobs newest first (:func:`ledger_listing`)."""
+    if not head["jobs_in_window"]:
+        yield "No job, idle period or import recorded in this window."
+        return
+    yield from ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
+                "idle lines are the time between jobs, unattributed lines the time a GPU's processes could not be",
+                "read (the line says why) and imported lines the history read from logs, so each GPU's lines add",
+                "up to 100 % and to what `gpuwear report` shows for it.", ""]
+    yield f"{'JOB':<44} {'USER':<10} {'START':<16} {'DURATION':>9} {'GPU':>3} {'MAX °C':>6} {'ENERGY':>9} " \
+          f"{'AGING':>6} {'CYCLES':>6}"
+    written = 0
+    for job in itertools.islice(jobs, limit):
+        written += 1
         first = True
         for s in job["gpus"]:
             label = (title(job) + (" (running)" if job["running"] else ""))[:44] if first else ""
@@ -232,25 +257,38 @@ def text(doc: dict[str, Any], index_of: dict[str, int], limit: int | None = None
             start = _when(job["start"]) if first else ""
             duration = f"{job['duration_seconds'] / 3600:.2f} h" if first else ""
             gpu = str(index_of.get(s["uuid"], "-"))
-            lines.append(f"{label:<44} {user:<10} {start:<16} {duration:>9} {gpu:>3} "
-                         f"{s['max_celsius'].get('gpu', float('nan')):>6.0f} {s['energy_joules'] / 3.6e6:>6.2f} kWh "
-                         f"{_pct(s['share']['thermal_aging']):>6} {_pct(s['share']['cycle_fatigue']):>6}")
+            yield (f"{label:<44} {user:<10} {start:<16} {duration:>9} {gpu:>3} "
+                   f"{s['max_celsius'].get('gpu', float('nan')):>6.0f} {s['energy_joules'] / 3.6e6:>6.2f} kWh "
+                   f"{_pct(s['share']['thermal_aging']):>6} {_pct(s['share']['cycle_fatigue']):>6}")
             first = False
-    more = doc["jobs_in_window"] - len(shown["jobs"])
+    more = head["jobs_in_window"] - written
     if more:
-        lines.append(f"... and {more} older line(s) in this window: `gpuwear jobs --all`, `--limit N` or `--since`")
-    lines.append("")
-    hottest = doc["hottest"]
+        yield f"... and {more} older line(s) in this window: `gpuwear jobs --all`, `--limit N` or `--since`"
+    yield ""
+    hottest = head["hottest"]
     if hottest:
-        lines.append(f"Hottest: {doc['hottest_label']} ran GPU {index_of.get(hottest['uuid'], hottest['uuid'])} up "
-                     f"to {hottest['max_celsius']:.0f} °C.")
-    by_job = doc["thermal_aging_by_line"]
-    total = sum(t["thermal_aging_equivalent_hours"] for t in doc["totals"].values())
+        yield (f"Hottest: {head['hottest_label']} ran GPU {index_of.get(hottest['uuid'], hottest['uuid'])} up "
+               f"to {hottest['max_celsius']:.0f} °C.")
+    by_job = head["thermal_aging_by_line"]
+    total = sum(t["thermal_aging_equivalent_hours"] for t in head["totals"].values())
     if total > 0:  # the largest shares: a busy box's months hold a label per job
         ranked = sorted(by_job.items(), key=lambda kv: (-kv[1], kv[0]))
         parts = [f"{name} {100 * v / total:.0f} %" for name, v in ranked[:SHARES_SHOWN]]
         if len(ranked) > SHARES_SHOWN:
             rest = sum(v for _, v in ranked[SHARES_SHOWN:])
             parts.append(f"{len(ranked) - SHARES_SHOWN} other line(s) {100 * rest / total:.0f} %")
-        lines.append("Share of all GPUs' thermal aging in this window: " + "; ".join(parts))
-    return "\n".join(lines) + "\n"
+        yield "Share of all GPUs' thermal aging in this window: " + "; ".join(parts)
+
+
+def json_chunks(head: dict[str, Any], jobs: Iterable[dict[str, Any]], limit: int | None = None) -> Iterator[str]:
+    """``json.dumps(doc, indent=2)`` of the document whose jobs are the newest ``limit`` of ``jobs`` (all: None),
+    in pieces, the jobs written as they come: the same bytes (tests compare them), without every job in memory."""
+    mark = "\x00jobs\x00"
+    before, after = json.dumps({**head, "jobs": mark}, indent=2).split(json.dumps(mark), 1)
+    yield before
+    count = 0
+    for job in itertools.islice(jobs, limit):
+        yield ("[\n" if count == 0 else ",\n") + textwrap.indent(json.dumps(job, indent=2), "    ")
+        count += 1
+    yield "\n  ]" if count else "[]"
+    yield after
