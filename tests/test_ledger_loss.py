@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import json
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -16,11 +17,13 @@ import zlib
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuwear.cli import main
 from gpuwear.ledger import SCHEMA_VERSION, Event, Ledger
+from gpuwear.ledger.recovery import recover
 from helpers import free_port, wait_for
 from test_ledger_hostile import T0, UUID, ledger_with_history, observed, wear_doc
 
@@ -401,6 +404,60 @@ def test_kill_9_at_any_step_of_a_recovery_leaves_the_damaged_ledger_or_the_recov
         assert not list(folder.glob("*.recovering")) or not (folder / "ledger.sqlite.recovered").exists()
 
 
+RECOVERY_KILLED_IN_MID_COPY = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {daemon!r})
+from gpuwear.ledger import recovery
+commits = []
+def progress(rows):  # each commit: killed at the {kill_at}th, in the middle of the events
+    commits.append(rows)
+    print(rows, flush=True)
+    if len(commits) == {kill_at}:
+        os.kill(os.getpid(), 9)
+recovery.recover(Path({path!r}), RuntimeError("damaged"), progress=progress, commit_seconds=0.0)
+"""
+
+
+def _rows(path: Path) -> dict[str, list[Any]]:
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        db.text_factory = bytes
+        return {t: db.execute(f"SELECT rowid, * FROM {t} ORDER BY rowid").fetchall() for t in tables
+                if t != "meta"} | {"meta": db.execute("SELECT * FROM meta WHERE key != 'recovered_from' "
+                                                       "ORDER BY key").fetchall()}
+
+
+@pytest.mark.parametrize("between", ["nothing", "the damaged file changed"])
+def test_a_recovery_killed_in_mid_copy_resumes_where_it_stopped(between: str, tmp_path: Path) -> None:
+    """Recovery wrote each pass in one transaction: a kill (systemd's, when a start outlasts its timeout) threw the
+    pass away, and the next start began it again. Each pass now commits as it goes, and goes on from its last commit,
+    only over the same damaged bytes; the ledger it makes is the one an uninterrupted recovery makes."""
+    path = _busy_ledger(tmp_path)
+    _flip(path, 0, 30)
+    script = RECOVERY_KILLED_IN_MID_COPY.format(daemon=str(Path(__file__).parent.parent / "daemon"), path=str(path),
+                                                kill_at=6)
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    committed = int(killed.stdout.split()[-1])  # rows the killed pass had committed
+    assert committed > 200 and list(tmp_path.glob("ledger.sqlite.recovering-0")), killed.stdout
+    if between != "nothing":
+        _flip(path, 1, 1)
+    oracle = tmp_path / "oracle"
+    oracle.mkdir()
+    shutil.copyfile(path, oracle / "ledger.sqlite")
+    recover(oracle / "ledger.sqlite", RuntimeError("damaged"))
+
+    seen: list[int] = []
+    recover(path, RuntimeError("damaged"), progress=seen.append, commit_seconds=0.0)
+    if between == "nothing":
+        assert seen[0] >= committed, (seen[:3], committed)  # went on from the killed pass's rows
+    else:
+        assert seen[0] < committed, (seen[:3], committed)  # other bytes: begun again
+    assert _rows(path) == _rows(oracle / "ledger.sqlite") and "recovery_state" not in _rows(path)
+    assert not [p.name for p in tmp_path.iterdir() if "recover" in p.name]
+
+
 # -- export --output ----------------------------------------------------------------------------------------------
 
 def test_export_never_replaces_the_ledger_a_link_or_a_foreign_file(tmp_path: Path,
@@ -551,6 +608,7 @@ from pathlib import Path
 sys.path.insert(0, {daemon!r})
 sys.path.insert(0, {tests!r})
 from gpuwear.ledger import SCHEMA_VERSION, Event, Ledger
+from gpuwear.ledger.recovery import recover
 from test_ledger_hostile import T0, UUID, wear_doc
 ledger = Ledger.open(Path({path!r}))
 held = ledger.load(2.0).get(UUID)

@@ -2,17 +2,21 @@
 text) is recovered: every row SQLite can still read goes into a new ledger, rowid by rowid past damage, the pass
 that keeps every GPU's lifetime record preferred; the damaged file and its WAL are kept beside it byte for byte
 (they are examined read-only: a read-write connection would checkpoint the WAL into them). A kill at any instant
-leaves the damaged ledger or the new one (:func:`finish_recovery`); a full disk leaves the damaged one as it was.
-Anything else (:func:`damaged` is False) is never recovered, and a ledger of a newer schema never rewritten.
+leaves the damaged ledger or the new one (:func:`finish_recovery`), and a kill in mid-copy is resumed where the
+last commit left it (each pass commits its rows as it goes, with its progress, under a digest of the damaged files:
+a pass of other files is begun again); a full disk leaves the damaged one as it was. Anything else
+(:func:`damaged` is False) is never recovered, and a ledger of a newer schema never rewritten.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -31,44 +35,43 @@ RECOVERED = ".recovered"  # the new ledger complete, waiting to replace the dama
 SCRATCH = ".scratch"  # a copy of the damaged file whose table definitions are put right before it is read
 
 
-def recover(path: Path, exc: BaseException) -> Path:
+def recover(path: Path, exc: BaseException, progress: Callable[[int], object] | None = None,
+            commit_seconds: float = 1.0) -> Path:
     """Copy what SQLite can still read of a damaged ledger, row by row, into a new ledger that replaces it; the
     damaged file (and its WAL) is kept beside it, named ``ledger.sqlite.damaged-TIME``, which is returned. A kill
-    at any instant leaves the damaged ledger in place (recovered again at the next open) or the new one complete
-    (:func:`finish_recovery` ends an interrupted swap)."""
+    at any instant leaves the damaged ledger in place (recovered again at the next open, each pass resumed from its
+    last commit) or the new one complete (:func:`finish_recovery` ends an interrupted swap). ``progress``: called
+    with the rows the pass holds at each commit (every ``commit_seconds``)."""
     kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
     work = path.with_name(path.name + RECOVERING)
     scratch = path.with_name(path.name + SCRATCH)
+    trials = [path.with_name(f"{path.name}{RECOVERING}-{n}") for n in (0, 1)]
     for leftover in (work, Path(f"{work}-journal"), *(Path(f"{scratch}{x}") for x in ("", "-wal", "-shm"))):
-        leftover.unlink(missing_ok=True)
+        leftover.unlink(missing_ok=True)  # (work: the name a recovery before resumable passes wrote under)
     try:
+        digest = _digest(path)
         _schema_repaired_copy(path, scratch)
         if (version := _readable_version(scratch)) is not None and version > SCHEMA_VERSION:
             raise LedgerTooNewError(f"{path}: damaged, and written by a newer gpuwear (ledger schema {version}); "
                                     f"this gpuwear {__version__} reads schema {SCHEMA_VERSION} and older: upgrade "
                                     "gpuwear (the ledger is kept as it is, never replaced)")
-        best: dict[str, int] | None = None
-        for lenient in (False, True):  # the reading that keeps more rows
-            trial = path.with_name(f"{path.name}{RECOVERING}-{int(lenient)}")
-            trial.unlink(missing_ok=True)
-            counts = _copy_readable(scratch, trial, kept.name, lenient)
-            if best is None or _kept_more(counts, best):
-                best = counts
-                os.replace(trial, work)
-            else:
-                trial.unlink()
-        assert best is not None
-        counts = best
-    except BaseException:  # a full disk, say: the damaged ledger stays as it was, recovered at a later start
-        for leftover in (work, *(path.with_name(f"{path.name}{RECOVERING}-{n}") for n in (0, 1))):
+        passes = [_copy_readable(scratch, trial, kept.name, lenient, f"{digest}:{int(lenient)}", commit_seconds,
+                                 progress) for lenient, trial in zip((False, True), trials, strict=True)]
+        best = 1 if _kept_more(passes[1], passes[0]) else 0  # the reading that keeps more rows; the first, in a tie
+        counts = passes[best]
+        with closing(sqlite3.connect(trials[best], isolation_level=None)) as db:
+            db.execute("DROP TABLE IF EXISTS recovery_state")
+    except BaseException:  # a full disk, say: the damaged ledger stays as it was, recovered afresh at a later start
+        for leftover in (work, *trials):
             for suffix in ("", "-journal"):
                 Path(f"{leftover}{suffix}").unlink(missing_ok=True)
         raise
     finally:
         for leftover in (Path(f"{scratch}{x}") for x in ("", "-wal", "-shm")):
             leftover.unlink(missing_ok=True)
-    _fsync(work)
-    os.replace(work, path.with_name(path.name + RECOVERED))
+    _fsync(trials[best])
+    os.replace(trials[best], path.with_name(path.name + RECOVERED))
+    trials[1 - best].unlink(missing_ok=True)
     _fsync(path.parent)
     finish_recovery(path)
     log.error("ledger %s is damaged (%s): recovered what SQLite could still read into a new ledger (%s) and kept "
@@ -77,6 +80,21 @@ def recover(path: Path, exc: BaseException) -> Path:
               if any(counts.values()) else "nothing readable",
               kept)
     return kept
+
+
+def _digest(path: Path) -> str:
+    """What a recovery pass is of: a digest of the damaged file and its WAL (a pass of other bytes is not resumed; no
+    WAL reads as an empty one, which SQLite deletes when its last connection closes)."""
+    h = hashlib.blake2b(digest_size=16)
+    for suffix in ("", "-wal"):
+        h.update(suffix.encode() + b"\0")
+        try:
+            with open(f"{path}{suffix}", "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except FileNotFoundError:
+            pass
+    return h.hexdigest()
 
 
 def _examine(path: Path) -> None:
@@ -167,54 +185,120 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _copy_readable(src: Path, dst: Path, kept: str, lenient: bool) -> dict[str, int]:
+class _Pass:
+    """A recovery pass's writes to its new ledger, committed as they go (every ``seconds``) with what is done, so a
+    kill costs the rows since the last commit, not the pass."""
+
+    def __init__(self, out: sqlite3.Connection, seconds: float, progress: Callable[[int], object] | None) -> None:
+        self.out, self.seconds, self.progress = out, seconds, progress
+        self.rows = 0
+        self.since = time.monotonic()
+
+    def wrote(self, rows: int) -> None:
+        self.rows += rows
+        if time.monotonic() - self.since >= self.seconds:
+            self.commit()
+
+    def commit(self, done: str | None = None) -> None:
+        if done is not None:
+            self.out.execute("INSERT OR REPLACE INTO recovery_state VALUES ('done:' || ?, '1')", (done,))
+        self.out.execute("COMMIT")
+        self.out.execute("BEGIN")
+        self.since = time.monotonic()
+        if self.progress is not None:
+            self.progress(self.rows)
+
+
+def _copy_readable(src: Path, dst: Path, kept: str, lenient: bool, of: str = "", commit_seconds: float = 1.0,
+                   progress: Callable[[int], object] | None = None) -> dict[str, int]:
     """Every row SQLite can still read of the known tables of ``src`` into a new ledger at ``dst``, rowids kept
     (events and wear log rows are read in id order); rows it cannot read are stepped over. ``lenient``: the schema
     read with ``writable_schema`` (a damaged entry passed over rather than failing every query; some damage reads
-    better one way, some the other)."""
-    out = sqlite3.connect(dst, isolation_level=None)
+    better one way, some the other). ``of``: what the pass copies (:func:`_digest`): a ``dst`` left by a pass of the
+    same, killed, is resumed after its last commit (each table done is skipped; the one it was in goes on after its
+    greatest rowid); any other ``dst`` is begun again. Returns the rows each table holds in ``dst``."""
+    if _state(dst).get("of") != of:
+        for suffix in ("", "-journal"):
+            Path(f"{dst}{suffix}").unlink(missing_ok=True)
+    out = sqlite3.connect(dst, isolation_level=None)  # (a journal left by a kill is rolled back here)
     counts: dict[str, int] = {}
     try:
         out.execute(f"PRAGMA page_size={PAGE_SIZE}")
         out.execute("PRAGMA auto_vacuum=INCREMENTAL")
         out.executescript(_SCHEMA)
-        out.execute("BEGIN")
-        try:
-            source: sqlite3.Connection | None = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=10.0)
-        except sqlite3.Error:
-            source = None
-        if source is not None:
-            source.text_factory = _text
-            if lenient:
-                try:
-                    source.execute("PRAGMA writable_schema=ON")  # schema entries that do not parse are passed over
-                except (sqlite3.DatabaseError, UnicodeDecodeError):
-                    pass
-            try:
-                try:
-                    present = {name for (name,) in source.execute("SELECT name FROM sqlite_master WHERE type = "
-                                                                  "'table'")}
-                except (sqlite3.DatabaseError, UnicodeDecodeError):  # its pages damaged: each table is tried
-                    present = set(_tables())
-                for table, (_, columns) in _tables().items():
-                    if table in present and table not in DERIVED:  # computed again from what is recovered
-                        try:  # a ledger of an older schema lacks some (the checksums: read as none)
-                            have = {row[1] for row in source.execute(f"PRAGMA table_info({table})")}
-                        except (sqlite3.DatabaseError, UnicodeDecodeError):
-                            have = set(columns)
-                        counts[table] = _copy_rows(source, out, table, tuple(c for c in columns if c in have))
-            finally:
-                source.close()
-        out.execute("DELETE FROM meta WHERE key IN ('schema_version', 'recovered_from')")
-        out.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        out.execute("INSERT INTO meta VALUES ('recovered_from', ?)", (kept,))
-        out.execute("COMMIT")
+        out.execute("CREATE TABLE IF NOT EXISTS recovery_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        out.execute("INSERT OR REPLACE INTO recovery_state VALUES ('of', ?)", (of,))
+        state = dict(out.execute("SELECT key, value FROM recovery_state").fetchall())
+        tables = [t for t in _tables() if t not in DERIVED]  # derived ones are computed again from what is recovered
+        if "done:pass" not in state:
+            writes = _Pass(out, commit_seconds, progress)
+            writes.rows = sum(out.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables)  # resumed
+            out.execute("BEGIN")
+            _copy_tables(src, out, tables, lenient, state, writes)
+            out.execute("DELETE FROM meta WHERE key IN ('schema_version', 'recovered_from')")
+            out.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            out.execute("INSERT INTO meta VALUES ('recovered_from', ?)", (kept,))
+            writes.commit("pass")
+            out.execute("COMMIT")
+        # what was read: not the two rows of meta a recovery writes
+        counts = {t: out.execute(f"SELECT count(*) FROM {t}" + (" WHERE key NOT IN ('schema_version', "
+                                 "'recovered_from')" if t == "meta" else "")).fetchone()[0] for t in tables}
     finally:
         out.close()
     return counts
 
 
-def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> int:
+def _state(dst: Path) -> dict[str, str]:
+    """What a pass left in ``dst`` (nothing: none, or not a pass's file)."""
+    if not dst.exists():
+        return {}
+    try:
+        with closing(sqlite3.connect(f"file:{dst}?mode=ro", uri=True)) as db:
+            return dict(db.execute("SELECT key, value FROM recovery_state").fetchall())
+    except sqlite3.Error:  # (a hot journal needs a write to roll back: the read-write open does it, if resumed)
+        try:
+            with closing(sqlite3.connect(dst)) as db:
+                return dict(db.execute("SELECT key, value FROM recovery_state").fetchall())
+        except sqlite3.Error:
+            return {}
+
+
+def _copy_tables(src: Path, out: sqlite3.Connection, tables: list[str], lenient: bool, state: dict[str, str],
+                 writes: _Pass) -> None:
+    try:
+        source: sqlite3.Connection | None = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error:
+        source = None
+    if source is None:
+        return
+    source.text_factory = _text
+    if lenient:
+        try:
+            source.execute("PRAGMA writable_schema=ON")  # schema entries that do not parse are passed over
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
+            pass
+    try:
+        try:
+            present = {name for (name,) in source.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except (sqlite3.DatabaseError, UnicodeDecodeError):  # its pages damaged: each table is tried
+            present = set(_tables())
+        for table in tables:
+            if table in present and f"done:{table}" not in state:
+                columns = _tables()[table][1]
+                try:  # a ledger of an older schema lacks some (the checksums: read as none)
+                    have = {row[1] for row in source.execute(f"PRAGMA table_info({table})")}
+                except (sqlite3.DatabaseError, UnicodeDecodeError):
+                    have = set(columns)
+                after = out.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]  # resumed: past what it holds
+                _copy_rows(source, out, table, tuple(c for c in columns if c in have), writes,
+                           after if isinstance(after, int) else -(1 << 63))
+            writes.commit(table)
+    finally:
+        source.close()
+
+
+def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, columns: tuple[str, ...],
+               writes: _Pass, after: int) -> int:
     """Copy a table's readable rows in rowid order: in batches while SQLite reads them; past damage, rowid by rowid
     (a point lookup reaches a row whose neighbours' pages are damaged), then by growing steps where nothing reads."""
     try:
@@ -229,7 +313,7 @@ def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, 
         last = source.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]
     except (sqlite3.DatabaseError, UnicodeDecodeError):
         last = None
-    after, copied, step, seen = -(1 << 63), 0, 1, 0
+    copied, step, seen = 0, 1, max(0, after)
     for _ in range(100_000):  # bounded: a damaged b-tree may answer errors wherever it is asked
         if after >= (last if isinstance(last, int) else seen + (1 << 20)):
             break
@@ -250,11 +334,15 @@ def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, 
                     copied += _insert(out, insert, row)
                     found, seen = found + 1, rowid
             after = start + POINT_LOOKUPS
+            writes.wrote(found)
             if not found:  # nothing readable in that stretch: step further each time
                 after, step = min(after + step, (1 << 63) - 1), min(step * 2, 1 << 40)
             continue
+        written = 0
         for row in rows:
-            copied += _insert(out, insert, row)
+            written += _insert(out, insert, row)
+        copied += written
+        writes.wrote(written)
         after, step = rows[-1][0], 1
         seen = max(seen, after)
     return copied
