@@ -4,7 +4,7 @@
     python bench/import_bench.py csv FILE     # iterate the stdlib csv.reader over the same file
     python bench/import_bench.py floats FILE  # csv.reader, and float() of the numeric columns (units cut off)
     python bench/import_bench.py rows FILE    # backfill.import_rows into a fresh ledger: the row path, whole
-    python bench/import_bench.py columns FILE # backfill.import_file (the columnar path), whole
+    python bench/import_bench.py columns FILE # reader.import_file (the columnar path), whole
 
 Prints one JSON object: rows, problems, wall and CPU seconds, rows per second.
 """
@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from gpuwear.config import Config
-from gpuwear.imports.backfill import import_file, import_rows
+from gpuwear.imports.backfill import import_rows
 from gpuwear.imports.parse import RowProblem, read_telemetry_csv
+from gpuwear.imports.reader import import_file
 from gpuwear.ledger import Ledger
 
 

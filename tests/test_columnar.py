@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from gpuwear.config import Config
 from gpuwear.imports import columnar
-from gpuwear.imports.backfill import FileResult, import_file, import_rows
+from gpuwear.imports.backfill import FileResult, import_rows
+from gpuwear.imports.reader import import_file
 from gpuwear.ledger import Ledger
 from gpuwear.wear.batch import turning_points
 from gpuwear.wear.rainflow import RainflowCounter

@@ -13,8 +13,9 @@ import pytest
 
 from gpuwear.config import Config
 from gpuwear.imports import columnar
-from gpuwear.imports.backfill import FileResult, gap_threshold, import_file, import_rows
+from gpuwear.imports.backfill import FileResult, gap_threshold, import_rows
 from gpuwear.imports.parse import ImportFormatError
+from gpuwear.imports.reader import import_file
 from gpuwear.ledger import Ledger
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.plausibility import SpikeFilter

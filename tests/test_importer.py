@@ -660,3 +660,54 @@ def test_the_fast_cell_path_agrees_with_the_strict_parser(cells: list[str]) -> N
                 assert not importer._missing(text), (name, cell)
                 assert not (column.minus_one_na and text == "-1"), (name, cell)
                 assert got == strict(text), (name, unit, cell)
+
+
+WITHOUT_FAST_IMPORT = """
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):  # numpy and pyarrow not installed: the fast-import extra left out
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("numpy", "pyarrow"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name.partition(".")[0])
+        return None
+sys.meta_path.insert(0, Absent())
+from gpuwear.cli import main
+code = main(sys.argv[1:])
+assert "numpy" not in sys.modules and "pyarrow" not in sys.modules
+sys.exit(code)
+"""
+
+
+def test_without_the_fast_import_extra_logs_are_read_row_by_row_to_the_same_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """numpy and pyarrow (~60 MB) were required by every install, though only `import nvidia-smi`'s columnar reader
+    uses them; they are now the `fast-import` extra, and an install without them imports the same log row by row,
+    says so, and gets the same ledger."""
+    import json
+    import sqlite3
+    import subprocess
+    import sys
+    from contextlib import closing
+
+    import tomllib
+
+    from gpuwear.cli import main
+    from logs import random_log
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith(("numpy", "pyarrow"))]
+    assert sorted(d.partition(">")[0] for d in project["optional-dependencies"]["fast-import"]) == ["numpy", "pyarrow"]
+    log = random_log(tmp_path / "smi.csv", 4, 1.0, 3000)
+    states = {"with": tmp_path / "with", "without": tmp_path / "without"}
+    assert main(["import", "nvidia-smi", str(log), "--timezone", "UTC", "--state-dir", str(states["with"])]) == 0
+    assert "row by row" not in capsys.readouterr().out  # by columns, where numpy and pyarrow are installed
+    run = subprocess.run([sys.executable, "-c", WITHOUT_FAST_IMPORT, "import", "nvidia-smi", str(log), "--timezone",
+                          "UTC", "--state-dir", str(states["without"])], capture_output=True, text=True, timeout=300,
+                         cwd=REPO, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "read row by row, more slowly (numpy is not installed: pip install 'gpuwear[fast-import]'" in run.stdout
+
+    def imported(state: Path) -> list[tuple[object, ...]]:
+        with closing(sqlite3.connect(state / "ledger.sqlite")) as db:
+            return [(uuid, json.loads(wear), first, last, rows) for uuid, wear, first, last, rows in
+                    db.execute("SELECT uuid, wear, first, last, rows FROM imports ORDER BY uuid")]
+    assert imported(states["without"]) == imported(states["with"]) != []

@@ -56,7 +56,7 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
 def test_an_impossible_timestamp_is_refused_and_the_rest_imported(odd: str, reader: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     from gpuwear.config import WearConfig
-    from gpuwear.imports.backfill import import_file
+    from gpuwear.imports.reader import import_file
 
     state = tmp_path / "state"
     log = _smi(tmp_path / "log.csv", [odd, *_stamps(T0, 120)])

@@ -546,8 +546,8 @@ class _Progress:
 def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     import zoneinfo
 
-    from gpuwear.imports.backfill import import_file
     from gpuwear.imports.parse import ImportFormatError
+    from gpuwear.imports.reader import import_file
 
     if args.format == "nvidia-smi" and args.max_gap is not None and not 0 < args.max_gap <= 86400:
         return _fail(f"--max-gap: expected seconds between 0 and 86400, got {args.max_gap:g}", EXIT_USAGE)
@@ -620,7 +620,7 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
                 print(f"{path}: {result.problems} bad row(s) skipped, {result.dropped} out-of-range reading(s) "
                       "dropped")
             if result.reader.startswith("rows: ") and result.reader != "rows: rows only":
-                print(f"{path}: read row by row, more slowly ({result.reader[6:]}); the figures are the same")
+                _show(f"{path}: read row by row, more slowly ({result.reader[6:]}); the figures are the same")
     finally:
         ledger.close()
     return EXIT_FAILURE if failed else 0

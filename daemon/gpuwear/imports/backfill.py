@@ -229,40 +229,11 @@ def _settle(g: _Gpu) -> None:
         _feed(g, r)
 
 
-def import_file(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | None = None,
-                columns: list[str] | None = None, tz: datetime.tzinfo | None = None, max_gap: float | None = None,
-                say: Callable[[str], None] = print, progress: Callable[[int], None] | None = None,
-                rows_only: bool = False, latest: float | None = None) -> FileResult:
-    """Import one file into ``ledger`` (one transaction). Raises ``ImportFormatError`` when
-    the file as a whole cannot be used; a bad row is reported through ``say`` and skipped.
-
-    The file is read by columns (:mod:`gpuwear.imports.columnar`, numpy and pyarrow: ~15x faster) unless ``rows_only``
-    or that path cannot reproduce the row path exactly for this file (it says why in FileResult.reader, having
-    written and said nothing); then row by row (:func:`import_rows`). Both give the same ledger.
-    """
-    why = "rows only"
-    if not rows_only:
-        try:
-            from gpuwear.imports import columnar
-        except ImportError as exc:  # numpy or pyarrow not installed: the row path needs neither
-            why = f"no columnar reader ({exc})"
-        else:
-            try:
-                return columnar.import_file(path, ledger, params, gpu=gpu, columns=columns, tz=tz, max_gap=max_gap,
-                                            say=say, progress=progress, latest=latest)
-            except columnar.ColumnarError as exc:
-                why = str(exc)
-    result = import_rows(path, ledger, params, gpu=gpu, columns=columns, tz=tz, max_gap=max_gap, say=say,
-                         progress=progress, latest=latest)
-    result.reader = f"rows: {why}"
-    return result
-
-
 def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | None = None,
                 columns: list[str] | None = None, tz: datetime.tzinfo | None = None, max_gap: float | None = None,
                 say: Callable[[str], None] = print, progress: Callable[[int], None] | None = None,
                 progress_every: int = 65536, latest: float | None = None) -> FileResult:
-    """:func:`import_file`, row by row: the reference the columnar path is held to.
+    """:func:`gpuwear.imports.reader.import_file`, row by row: the reference the columnar path is held to.
 
     Rows whose time no reading can have (before 2000, or past ``latest``: by default a day after this machine's
     clock) are refused as problems. Rows go through, per GPU: the ledger's coverage (time already observed is
