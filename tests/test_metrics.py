@@ -258,18 +258,25 @@ def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> N
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 1e6, math.nan, math.inf, 2.5]) | st.floats(), max_size=12))
-def test_a_series_line_follows_its_value(values: list[float]) -> None:
-    """A family writes a series' line again from its last one only when the value is the same, alike (0.0 and -0.0
-    compare equal and are written apart; nan equals nothing)."""
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", 'q"\\\n', "x" * 40]), st.sampled_from(
+    [0.0, -0.0, 1.0, 1e6, math.nan, math.inf, 2.5]) | st.floats()), max_size=12))
+def test_a_series_line_is_its_labels_and_value_whatever_came_before(series: list[tuple[str, float]]) -> None:
+    """The one cache of the encoder, each series' ``name{labels} `` kept by its label values, never hands one
+    series' prefix to another nor an old value: each line is what prometheus_client writes for it, also when the
+    cache is full and starts again."""
     from prometheus_client.utils import floatToGoString
 
-    from gpuwear.collector import _Family
+    from gpuwear.collector import _ESCAPED, _PREFIXES, _Family
     from gpuwear.metrics import MetricDef
 
     family = _Family.of(MetricDef("x", "gauge", "", "x", ("k",), lambda v: [(("a",), v)]), ("gpu",))
-    for value in values:
-        assert family._lines([(("a",), value)], ("0",)) == f'x{{gpu="0",k="a"}} {floatToGoString(value)}\n'
+    for k in range(_PREFIXES - 2):  # nearly full: the series below fill it, and it is cleared
+        family.write([], [((f"filler{k}",), 1.0)], ("0",))
+    for label, value in series:
+        out: list[str] = []
+        family.write(out, [((label,), value)], ("0",))
+        assert out == [f'x{{gpu="0",k="{label.translate(_ESCAPED)}"}} {floatToGoString(value)}\n']
+    assert len(family.prefixes[("0",)]) <= _PREFIXES
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -316,47 +323,22 @@ def test_a_reload_switches_detail_at_the_next_render(demo: Rig) -> None:
     assert exposition.render(False) != detail and b"gpuwear_clock_max_hertz" not in exposition.render(False)
 
 
-def test_families_that_did_not_change_give_the_same_bytes(demo: Rig) -> None:
-    """encode_parts hands back a family's bytes object of the last render while none of its lines changed (GzipParts
-    then reuses its deflated form), and new bytes as soon as one did; per format."""
-    from gpuwear.collector import encode_parts
+def test_an_encoder_kept_across_states_writes_what_a_new_one_writes() -> None:
+    """The encoder the daemon keeps (its series prefixes made once) against a new one for every state, both formats,
+    across ticks where GPUs are lost and come back, jobs start and end, and detail is switched."""
+    from gpuwear.collector import Encoder, encode
 
-    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
+    rig = make_rig(str(REPO / "tests" / "scenarios" / "faults.yaml"))  # a GPU lost, memory errors, XIDs
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="x")
     tracker = WearTracker({}, WearConfig())
-
-    def parts(openmetrics: bool) -> dict[bytes, bytes]:
-        demo.run(1)
-        tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
-        out = encode_parts(Published(demo.sampler.snapshot, tracker.views, None, info), openmetrics)
-        return {p.split(b"\n", 1)[0]: p for p in out if p.startswith(b"# HELP")}
-
-    for openmetrics in (False, True, False):
-        before, after = parts(openmetrics), parts(openmetrics)
-        info_family = next(k for k in before if b"gpuwear_gpu_info" in k)
-        observed = next(k for k in before if b"gpuwear_lifetime_observed_seconds" in k)
-        assert after[info_family] is before[info_family]
-        assert after[observed] is not before[observed] and after[observed] != before[observed]
-        assert sum(after[k] is before[k] for k in before) > len(before) / 2
-
-
-@settings(max_examples=examples(300), deadline=None)
-@given(st.lists(st.lists(st.tuples(st.integers(0, 5), st.binary(max_size=3000)), max_size=12), min_size=1,
-                max_size=6), st.sampled_from([1, 100, 16384, 1 << 30]))
-def test_gzip_of_parts_is_gzip_of_their_body(renders: list[list[tuple[int, bytes]]], run_bytes: int) -> None:
-    """Each output of GzipParts is a gzip stream of the parts joined, whatever was reused from the call before: parts
-    kept as the same objects (a family that did not change), replaced by equal or other bytes, added or removed."""
-    import zlib
-
-    from gpuwear.collector import GzipParts
-
-    gz = GzipParts(run_bytes)
-    last: list[bytes] = []
-    for render in renders:
-        parts = [last[i] if keep < 3 and i < len(last) else data for i, (keep, data) in enumerate(render)]
-        body = gz.compress(parts)
-        assert gzip.decompress(body) == b"".join(parts)
-        assert zlib.decompress(body, 31) == b"".join(parts)  # one member, its CRC and size checked
-        last = parts
+    kept = Encoder()
+    for tick in range(300):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        pub = Published(rig.sampler.snapshot, tracker.views, None, info)
+        detail = tick % 7 == 3
+        for openmetrics in (False, True):
+            assert kept.encode(pub, openmetrics, b"x", detail) == encode(pub, openmetrics, b"x", detail), tick
 
 
 def _fake_proc(root: Path, fds: int) -> Path:

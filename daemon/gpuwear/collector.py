@@ -4,22 +4,19 @@ No NVML call and no lock wait happens here: the sampler snapshot and the wear vi
 immutable objects, each read with one reference load.
 
 ``GpuwearCollector`` is the prometheus_client custom collector (metric families for any
-registry); ``encode`` writes the same families' text directly, byte for byte what
+registry); ``Encoder`` writes the same families' text directly, byte for byte what
 prometheus_client's encoders write for them (tested), at a fraction of the cost: it is what
-/metrics serves.
+/metrics serves, through ``Exposition`` (one body per published state and format). Across
+scrapes the encoder keeps only each series' ``name{labels} `` prefix: every line is written
+from the state it serves.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
-import math
-import operator
+import gzip
 import os
 import resource
-import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,36 +80,13 @@ def _number(value: float) -> str:
 
 _TEXT_HELP = str.maketrans({"\\": r"\\", "\n": r"\n"})
 _ESCAPED = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r'\"'})  # label values; OpenMetrics help too
-_PREFIXES = 4096  # series lines a family keeps (GPUs x label values; jobs come and go)
-_UNSEEN = object()  # a source's inputs before its first render: equal to nothing
-
-
-@dataclass(slots=True)
-class _Line:
-    """One series' ``name{labels} ``, made once, and its line as last written: a series whose value is the same
-    (attributed idle time while a job runs, a steady clock) gets the same line without formatting its number."""
-
-    prefix: str
-    value: float = math.nan  # equal to nothing
-    text: str = ""
-
-
-@dataclass
-class _Rendered:
-    """What a family wrote at its last render, per source in order: the base label values, the series, their lines,
-    and the objects the series came from (MetricDef.inputs)."""
-
-    bases: tuple[tuple[str, ...], ...] = ()
-    series: list[list[tuple[tuple[str, ...], float]]] = field(default_factory=list)  # [] before the first: no lines
-    lines: list[str] = field(default_factory=list)
-    stamps: list[object] = field(default_factory=list)  # _UNSEEN before the first render
-    chunks: dict[bool, bytes] = field(default_factory=dict)  # openmetrics -> the family's header and lines, encoded
+_PREFIXES = 4096  # series prefixes a family keeps per GPU (label values: jobs come and go)
 
 
 @dataclass(frozen=True)
 class _Family:
-    """What a metric definition writes, computed once: its headers in both formats, the name of its samples,
-    and its label names in the order the encoders write them (sorted)."""
+    """What a metric definition writes, computed once: its headers in both formats, the name of its samples, its
+    label names in the order the encoders write them (sorted), and each series' ``name{labels} `` as first made."""
 
     metric: MetricDef[Any]
     text_head: str
@@ -120,12 +94,8 @@ class _Family:
     sample: str
     keys: tuple[str, ...]  # 'name="' per label, in definition order (the GPU labels first)
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
-    # (base label values) -> (the series' own label values) -> its line as last written (bounded: cleared when full)
-    written: dict[tuple[str, ...], dict[tuple[str, ...], _Line]] = field(default_factory=dict, compare=False)
-    # the last render's sources, position by position: a GPU whose series did not change since (identity, limits,
-    # counts, most of a slow-changing state) gets its lines again as they were; a family with inputs, without asking
-    # its series while those are the same
-    last: _Rendered = field(default_factory=_Rendered, compare=False)
+    # (base label values) -> (the series' own label values) -> its prefix (bounded: cleared when full)
+    prefixes: dict[tuple[str, ...], dict[tuple[str, ...], str]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, m: MetricDef[Any], base: Sequence[str]) -> _Family:
@@ -141,71 +111,20 @@ class _Family:
                    f"# HELP {name} {m.help.translate(_ESCAPED)}\n# TYPE {name} {kind}\n{unit}", sample,
                    tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)))
 
-    def chunk(self, sources: list[Any], bases: tuple[tuple[str, ...], ...], openmetrics: bool,
-              asked: dict[object, list[object]]) -> bytes:
-        """The family's header and sample lines, encoded: the same bytes object as at the last render in this format
-        while no line changed since (the gzip encoder then reuses its compressed form). ``asked``: the inputs of
-        ``sources`` already asked at this render, by MetricDef.inputs (families of slow reads share one)."""
-        last = self.last
-        if self.write(sources, bases, asked):
-            last.chunks.clear()
-        chunk = last.chunks.get(openmetrics)
-        if chunk is None:
-            head = self.openmetrics_head if openmetrics else self.text_head
-            chunk = last.chunks[openmetrics] = (head + "".join(last.lines)).encode()
-        return chunk
-
-    def write(self, sources: list[Any], bases: tuple[tuple[str, ...], ...], asked: dict[object, list[object]]) -> bool:
-        """Bring ``last.lines`` up to date with every source (with its escaped base label values, in the same order);
-        whether a line changed. Compared with the last render's source at the same place (the same GPUs in the same
-        order: else all are written afresh): one whose series are the same keeps its lines, without asking for them
-        while the objects they come from compare equal (MetricDef.inputs); else each series' line is looked up (_Line)
-        and its number formatted again only when its value changed."""
-        last, values, inputs = self.last, self.metric.values, self.metric.inputs
-        changed = last.bases != bases
-        if changed:
-            last.bases, last.lines = bases, [""] * len(bases)
-            last.series, last.stamps = [[] for _ in bases], [_UNSEEN] * len(bases)
-        series, lines = last.series, last.lines
-        if inputs is not None:
-            stamps = asked.get(inputs)
-            if stamps is None:
-                stamps = asked[inputs] = list(map(inputs, sources))
-            if not changed and stamps == last.stamps:  # most families at most scrapes: one comparison in C
-                return False
-            for i in itertools.compress(range(len(stamps)), map(operator.ne, stamps, last.stamps)):
-                new = values(sources[i])
-                if new != series[i]:
-                    series[i], lines[i] = new, self._lines(new, bases[i])
-                    changed = True
-            last.stamps = stamps
-        else:
-            fresh = list(map(values, sources))
-            for i in itertools.compress(range(len(fresh)), map(operator.ne, fresh, series)):
-                lines[i] = self._lines(fresh[i], bases[i])
-                changed = True
-            last.series = fresh
-        return changed
-
-    def _lines(self, series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> str:
-        written = self.written.get(base)
-        if written is None:
-            if len(self.written) >= _PREFIXES:
-                self.written.clear()
-            written = self.written[base] = {}
-        out = []
+    def write(self, out: list[str], series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> None:
+        """Append the sample lines of ``series`` of one source (``base``: its escaped GPU label values)."""
+        prefixes = self.prefixes.get(base)
+        if prefixes is None:
+            if len(self.prefixes) >= _PREFIXES:
+                self.prefixes.clear()
+            prefixes = self.prefixes[base] = {}
         for labels, value in series:
-            line = written.get(labels)
-            if line is None:
-                if len(written) >= _PREFIXES:
-                    written.clear()
-                line = written[labels] = _Line(self._prefix(base, labels))
-            elif line.value == value and value:  # a series that did not change (0.0 and -0.0 are equal, not alike)
-                out.append(line.text)
-                continue
-            line.value, line.text = value, f"{line.prefix}{_number(value)}\n"
-            out.append(line.text)
-        return "".join(out)
+            prefix = prefixes.get(labels)
+            if prefix is None:
+                if len(prefixes) >= _PREFIXES:
+                    prefixes.clear()
+                prefix = prefixes[labels] = self._prefix(base, labels)
+            out.append(f"{prefix}{_number(value)}\n")
 
     def _prefix(self, base: tuple[str, ...], labels: tuple[str, ...]) -> str:
         """``name{label="value",...} `` of a series, its labels sorted by name (as the encoders write them)."""
@@ -217,104 +136,42 @@ class _Family:
         return f"{self.sample}{{{pairs}}} "
 
 
-@functools.cache
-def _families(detail: bool) -> tuple[tuple[str, _Family], ...]:
-    """The families of one catalog with their sources ("daemon", "gpu", "wear"), in order, each made once."""
-    return tuple((source, _Family.of(m, () if source == "daemon" else GPU_LABELS))
-                 for source, m in catalog(detail).in_order())
+class Encoder:
+    """Writes published states as Prometheus text 0.0.4 or OpenMetrics 1.0.0, byte for byte what prometheus_client
+    writes for :class:`GpuwearCollector`'s families (tested). Its only state: each family's headers and series
+    prefixes, made once (per catalog: with and without ``metrics.detail``). Not thread-safe: one per
+    :class:`Exposition`, which calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._catalogs: dict[bool, tuple[tuple[str, _Family], ...]] = {}
+
+    def encode(self, pub: Published, openmetrics: bool, extra: bytes = b"", detail: bool = False) -> bytes:
+        """The exposition of one published state, then ``extra`` (families encoded elsewhere, the process metrics,
+        in the same format), then OpenMetrics' EOF. ``detail``: ``metrics.detail`` (every family, every label
+        value)."""
+        families = self._catalogs.get(detail)
+        if families is None:
+            families = self._catalogs[detail] = tuple(
+                (source, _Family.of(m, () if source == "daemon" else GPU_LABELS))
+                for source, m in catalog(detail).in_order())
+        statuses = list(pub.snapshot.gpus)
+        bases = [(str(s.identity.index).translate(_ESCAPED), s.identity.uuid.translate(_ESCAPED)) for s in statuses]
+        sources: dict[str, list[tuple[Any, tuple[str, ...]]]] = {
+            "daemon": [(pub, ())], "gpu": list(zip(statuses, bases, strict=True)),
+            "wear": [(pub.wear[s.identity.uuid], base) for s, base in zip(statuses, bases, strict=True)
+                     if s.identity.uuid in pub.wear]}
+        out: list[str] = []
+        for source, family in families:
+            out.append(family.openmetrics_head if openmetrics else family.text_head)
+            values = family.metric.values
+            for item, base in sources[source]:
+                family.write(out, values(item), base)
+        return "".join(out).encode() + extra + (b"# EOF\n" if openmetrics else b"")
 
 
 def encode(pub: Published, openmetrics: bool, extra: bytes = b"", detail: bool = False) -> bytes:
-    """The exposition of one published state: Prometheus text 0.0.4, or OpenMetrics 1.0.0 (:func:`encode_parts`)."""
-    return b"".join(encode_parts(pub, openmetrics, extra, detail))
-
-
-def encode_parts(pub: Published, openmetrics: bool, extra: bytes = b"", detail: bool = False) -> list[bytes]:
-    """The exposition of one published state in parts: each family's header and lines (the same bytes object as at
-    its last render in this format while none of its lines changed), then ``extra`` (families encoded elsewhere, the
-    process metrics, in the same format), then OpenMetrics' EOF. Encoded family by family: the lines of the whole
-    body at once (about 6,000 at 64 GPUs) took four times its size at the peak. ``detail``: ``metrics.detail``
-    (every family, every label value)."""
-    with _ENCODING:  # the families keep their last render: one encoder at a time in a process
-        return _encode(pub, openmetrics, extra, detail)
-
-
-_ENCODING = threading.Lock()
-
-
-@functools.lru_cache(maxsize=1024)
-def _base(index: int, uuid: str) -> tuple[str, str]:
-    """A GPU's escaped ``gpu`` and ``uuid`` label values: the same tuple at every scrape (each family compares its
-    sources' with the last render's: the same objects compare at once)."""
-    return str(index).translate(_ESCAPED), uuid.translate(_ESCAPED)
-
-
-def _encode(pub: Published, openmetrics: bool, extra: bytes, detail: bool) -> list[bytes]:
-    statuses = list(pub.snapshot.gpus)
-    bases = tuple([_base(s.identity.index, s.identity.uuid) for s in statuses])
-    shown = [i for i, s in enumerate(statuses) if s.identity.uuid in pub.wear]
-    views = [pub.wear[statuses[i].identity.uuid] for i in shown]
-    sources: dict[str, tuple[list[Any], tuple[tuple[str, ...], ...]]] = {
-        "daemon": ([pub], ((),)), "gpu": (statuses, bases), "wear": (views, tuple(bases[i] for i in shown))}
-    asked: dict[str, dict[object, list[object]]] = {source: {} for source in sources}
-    parts = [family.chunk(*sources[source], openmetrics, asked[source]) for source, family in _families(detail)]
-    parts.append(extra)
-    if openmetrics:
-        parts.append(b"# EOF\n")
-    return parts
-
-
-# gzip's header as gzip.compress(data, compresslevel=1, mtime=0) writes it: no name, no time, XFL 4 (fastest), OS
-# unknown
-_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"
-_FINAL_BLOCK = zlib.compressobj(1, zlib.DEFLATED, -zlib.MAX_WBITS).flush()  # an empty last block: the deflate end
-
-
-class GzipParts:
-    """gzip (level 1) of a body made of parts, deflating again only the runs of parts that changed since the last call.
-
-    Consecutive parts are deflated together in runs of at least ``run_bytes``, each run ended by a full flush: its
-    compressed bytes start on a byte boundary and refer to nothing before them, so those of a run whose parts are
-    the same objects (or equal bytes) as at the last call are put in the stream again as they were (zlib's restart
-    points; pigz and gzjoin join deflate data the same way). The exposition writes the steady families first
-    (identity, limits, memory errors, cycles, the verdict), then those that change at some ticks, then those that
-    change at each (Catalog.in_order): a scrape then deflates again the end of the body, about 30 % of it at 8 GPUs
-    (16 of 56 kB) and 45 % at 64 (with more GPUs, more of the families of some ticks change at each), and the runs
-    before it cost a comparison. Each run keeps the CRC-32 before and after it: an unchanged run after unchanged
-    ones adds its CRC without reading its bytes. Runs of 8 kB and a 16 kB hash table (memLevel 6: a full flush
-    clears it): bench/README.md has the figures. Not thread-safe (Exposition calls it under its lock)."""
-
-    def __init__(self, run_bytes: int = 8192) -> None:
-        self._run_bytes = run_bytes
-        # level 1: a third of level 6's CPU for a body about a fifth larger (a 680 kB exposition: 2.5 against 8.4 ms,
-        # 125 against 102 kB)
-        self._deflate = zlib.compressobj(1, zlib.DEFLATED, -zlib.MAX_WBITS, 6)
-        # (first, end) -> (parts, deflated, the CRC-32 before the run, after it)
-        self._runs: dict[tuple[int, int], tuple[tuple[bytes, ...], bytes, int, int]] = {}
-
-    def compress(self, parts: list[bytes]) -> bytes:
-        deflate, last, runs = self._deflate, self._runs, {}
-        out = [_GZIP_HEADER]
-        crc = size = start = run = 0
-        for i, part in enumerate(parts, 1):
-            run += len(part)
-            if run >= self._run_bytes or i == len(parts):
-                these = tuple(parts[start:i])
-                kept = last.get((start, i))
-                if kept is None or kept[0] != these:  # a tuple compares its items by identity first
-                    data = b"".join(these)
-                    deflated = deflate.compress(data) + deflate.flush(zlib.Z_FULL_FLUSH)
-                    kept = (these, deflated, crc, zlib.crc32(data, crc))
-                elif kept[2] != crc:  # the same run after a changed one: its deflate data holds, not its CRC
-                    kept = (these, kept[1], crc, zlib.crc32(b"".join(these), crc))
-                runs[(start, i)] = kept
-                out.append(kept[1])
-                crc = kept[3]
-                size += run
-                start, run = i, 0
-        self._runs = runs
-        out.append(_FINAL_BLOCK + struct.pack("<II", crc, size & 0xFFFFFFFF))
-        return b"".join(out)
+    """:meth:`Encoder.encode` by a new encoder (its prefixes made afresh)."""
+    return Encoder().encode(pub, openmetrics, extra, detail)
 
 
 class ProcessMetrics:
@@ -362,12 +219,12 @@ class ProcessMetrics:
         reading = self.read()
         if reading is None:
             return b""
-        out = []
+        out: list[str] = []
         for family in self._families:
             series = family.metric.values(reading)
             if series:
                 out.append(family.openmetrics_head if openmetrics else family.text_head)
-                out.append(family._lines(series, ()))
+                family.write(out, series, ())
         return "".join(out).encode()
 
 
@@ -388,10 +245,9 @@ class Exposition:
         self._published = published
         self.detail = detail
         self._lock = threading.Lock()
+        self._encoder = Encoder()
         # (openmetrics, gzip) -> (state, body)
         self._cache: dict[tuple[bool, bool], tuple[tuple[object, ...], bytes]] = {}
-        self._parts: dict[bool, list[bytes]] = {}  # openmetrics -> the parts of the body cached
-        self._gzip = {True: GzipParts(), False: GzipParts()}
         self._process = ProcessMetrics() if process else None
         self.renders = 0
 
@@ -409,12 +265,11 @@ class Exposition:
         if cached is not None and _same(cached[0], key):
             return cached[1]
         if gzipped:
-            self._render(pub, key, openmetrics, False)
-            body = self._gzip[openmetrics].compress(self._parts[openmetrics])
+            # level 1: a third of level 6's CPU for a body about a fifth larger; no name and no time in the header
+            body = gzip.compress(self._render(pub, key, openmetrics, False), compresslevel=1, mtime=0)
         else:
             process = self._process.encode(openmetrics) if self._process is not None else b""
-            parts = self._parts[openmetrics] = encode_parts(pub, openmetrics, process, self.detail)
-            body = b"".join(parts)
+            body = self._encoder.encode(pub, openmetrics, process, self.detail)
             self.renders += 1
         self._cache[(openmetrics, gzipped)] = (key, body)
         return body

@@ -24,11 +24,6 @@ from gpuwear.wear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LAB
 Series = list[tuple[tuple[str, ...], float]]
 T = TypeVar("T")
 GPU_LABELS = ("gpu", "uuid")
-# how often a family's series change (MetricDef.changes), over all GPUs: seldom (identity, limits, rare events,
-# cycles, the verdict); at some ticks (clocks, utilization, throttling, an estimate that moves with the state); at
-# each tick with a reading (time, energy, the tick count, a read's duration, aging, and the die temperature and power
-# of one GPU or another)
-STEADY, SOME_TICKS, EACH_TICK = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -36,10 +31,7 @@ class MetricDef(Generic[T]):
     """One metric family. ``kind``: gauge, counter or info (a gauge of value 1). ``values``
     reads the series from a source: the daemon's published state, a GPU's status, or a
     GPU's wear view; per-GPU series get the ``gpu`` and ``uuid`` labels first. ``detail``:
-    exported only with ``metrics.detail``; ``basic``: without it, only these label values.
-    ``inputs``: what the series come from, an object or a tuple of them (the encoder writes
-    the same lines again while it compares equal: the same objects at once). ``changes``: how
-    often its series change, the order of the exposition (:meth:`Catalog.in_order`)."""
+    exported only with ``metrics.detail``; ``basic``: without it, only these label values."""
 
     name: str
     kind: str
@@ -49,10 +41,6 @@ class MetricDef(Generic[T]):
     values: Callable[[T], Series]
     detail: bool = False
     basic: frozenset[tuple[str, ...]] | None = None
-    # the objects the series are computed from: while they are the same objects as at the last render (or equal ones),
-    # the encoder writes the same lines again without asking for the series
-    inputs: Callable[[T], object] | None = None
-    changes: int = STEADY
 
     def selected(self, detail: bool) -> MetricDef[T] | None:
         """This family as exported with or without ``metrics.detail`` (None: not exported)."""
@@ -97,26 +85,6 @@ class Published:
     info: DaemonInfo
 
 
-
-
-# What a family of identity and slow-read fields comes from: the GPU's identity and its last slow read (the sampler
-# keeps the object until the next, every sampling.slow_interval_seconds; None while there is no sample). Getters in C:
-# an input is asked of every GPU for every family at each scrape.
-_slow = operator.attrgetter("identity", "slow_values")
-
-
-def _reads(*fields: str) -> Callable[[GpuStatus], object]:
-    """A family of fields of the GPU's sample: the same readings give the same series (a steady clock, utilization,
-    fan), whatever else the new sample holds (no sample: no series, as for readings of None)."""
-    get = operator.attrgetter(*fields)
-    return lambda status: get(status.sample) if status.sample is not None else None
-
-
-def _of(attr: str) -> Callable[[object], object]:
-    """A family of one field of its source: of a GPU's status (up, the last XID, the last read's success, a count:
-    the sampler keeps a count's mapping object while its counts are the same), or of a wear view (a part that most
-    ticks leave as it was: cycles, time above a threshold, throttling, the jobs; compared by value)."""
-    return operator.attrgetter(attr)
 
 
 def _only(*values: str) -> frozenset[tuple[str, ...]]:
@@ -193,66 +161,59 @@ def _counts(attr: str) -> Callable[[GpuStatus], Series]:
 GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_gpu_info", "info", "", "GPU identity (nvmlDeviceGetName, GetSerial, GetPciInfo, "
        "GetArchitecture, GetCudaComputeCapability); value 1.",
-       ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info, inputs=_slow),
+       ("name", "serial", "pci_bus_id", "architecture", "cuda_capability"), _info),
     MetricDef("gpuwear_gpu_up", "gauge", "", "1 when the GPU answered the last read, 0 once it is lost "
-       "(NVML_ERROR_GPU_IS_LOST).", (), _value(lambda s: 1.0 if s.up else 0.0), inputs=_of("up")),
+       "(NVML_ERROR_GPU_IS_LOST).", (), _value(lambda s: 1.0 if s.up else 0.0)),
     MetricDef("gpuwear_memory_total_bytes", "gauge", "bytes", "Total framebuffer memory "
-       "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes), inputs=_slow),
+       "(nvmlDeviceGetMemoryInfo total).", (), _value(lambda s: s.identity.memory_total_bytes)),
     MetricDef("gpuwear_fans", "gauge", "", "Number of fans (nvmlDeviceGetNumFans); 0 on passive cards.", (),
-       _value(lambda s: s.identity.fan_count), detail=True, inputs=_slow),
+       _value(lambda s: s.identity.fan_count), detail=True),
     MetricDef("gpuwear_temperature_celsius", "gauge", "celsius", "Temperature by sensor: gpu "
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
-       _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius"))),
-       inputs=_reads("temperature_gpu_celsius", "temperature_memory_celsius"), changes=EACH_TICK),
+       _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
     MetricDef("gpuwear_temperature_threshold_celsius", "gauge", "celsius", "The device's own temperature "
        "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
                   ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius"))),
-       basic=_only("slowdown", "gpu_max", "memory_max"), inputs=_slow),
+       basic=_only("slowdown", "gpu_max", "memory_max")),
     MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
-       _sample_field("power_watts"), inputs=_reads("power_watts"), changes=EACH_TICK),
+       _sample_field("power_watts")),
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
-       "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts"), inputs=_slow),
+       "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts")),
     MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
-       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts"), detail=True,
-       inputs=_slow),
+       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts"), detail=True),
     MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets (by default, "
        "gpuwear_lifetime_energy_joules_total counts the same energy).", (),
-       _value(lambda s: s.energy_joules_total if s.sample else None), detail=True, changes=EACH_TICK),
+       _value(lambda s: s.energy_joules_total if s.sample else None), detail=True),
     MetricDef("gpuwear_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum "
        "(nvmlDeviceGetFanSpeed_v2 / 100); may exceed 1 on some boards.", ("fan",),
-       _per_fan("fan_speed_ratio"), inputs=_reads("fan_speed_ratio"), changes=SOME_TICKS),
+       _per_fan("fan_speed_ratio")),
     MetricDef("gpuwear_fan_speed_rpm", "gauge", "rpm", "Fan speed in revolutions per minute "
-       "(nvmlDeviceGetFanSpeedRPM).", ("fan",), _per_fan("fan_speed_rpm"),
-       inputs=_reads("fan_speed_rpm"), changes=SOME_TICKS),
+       "(nvmlDeviceGetFanSpeedRPM).", ("fan",), _per_fan("fan_speed_rpm")),
     MetricDef("gpuwear_clock_hertz", "gauge", "hertz", "Current clock (nvmlDeviceGetClockInfo).", ("clock",),
        _labelled((("graphics", "clock_graphics_hz"), ("sm", "clock_sm_hz"), ("memory", "clock_memory_hz"))),
-       basic=_only("sm", "memory"), inputs=_reads("clock_graphics_hz", "clock_sm_hz", "clock_memory_hz"),
-       changes=SOME_TICKS),
+       basic=_only("sm", "memory")),
     MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
-                             ("memory", "clock_memory_max_hz"))), detail=True, inputs=_slow),
+                             ("memory", "clock_memory_max_hz"))), detail=True),
     MetricDef("gpuwear_performance_state", "gauge", "", "Performance state, 0 (P0, maximum) to 15 "
        "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state"), detail=True),
     MetricDef("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
        "(nvmlDeviceGetCurrentClocksEventReasons); thermal and power reasons are the card "
-       "protecting itself.", ("reason",), _reasons, basic=PROTECTING,
-       inputs=_reads("clock_event_reasons")),
+       "protecting itself.", ("reason",), _reasons, basic=PROTECTING),
     MetricDef("gpuwear_violation_seconds_total", "counter", "seconds", "Time the clocks were held below "
        "the requested ones by a policy (nvmlDeviceGetViolationStatus).", ("policy",),
        _labelled((("power", "violation_power_seconds"), ("thermal", "violation_thermal_seconds"))), detail=True),
     MetricDef("gpuwear_utilization_ratio", "gauge", "ratio", "Share of the last sample period the GPU "
        "(kernels) or memory (reads/writes) was busy (nvmlDeviceGetUtilizationRates).", ("resource",),
-       _labelled((("gpu", "utilization_gpu_ratio"), ("memory", "utilization_memory_ratio"))),
-       inputs=_reads("utilization_gpu_ratio", "utilization_memory_ratio"), changes=SOME_TICKS),
+       _labelled((("gpu", "utilization_gpu_ratio"), ("memory", "utilization_memory_ratio")))),
     MetricDef("gpuwear_memory_used_bytes", "gauge", "bytes", "Framebuffer memory used "
-       "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes"),
-       inputs=_reads("memory_used_bytes"), changes=SOME_TICKS),
+       "(nvmlDeviceGetMemoryInfo used).", (), _sample_field("memory_used_bytes")),
     MetricDef("gpuwear_mig_enabled", "gauge", "", "1 when MIG mode is enabled (nvmlDeviceGetMigMode).", (),
-       _sample_field("mig_enabled"), detail=True, inputs=_slow),
+       _sample_field("mig_enabled"), detail=True),
     MetricDef("gpuwear_ecc_enabled", "gauge", "", "1 when ECC is enabled (nvmlDeviceGetEccMode).", (),
-       _sample_field("ecc_enabled"), detail=True, inputs=_slow),
+       _sample_field("ecc_enabled"), detail=True),
     MetricDef("gpuwear_ecc_errors_total", "counter", "", "ECC errors (fields NVML_FI_DEV_ECC_{SBE,DBE}_"
        "{VOL,AGG}_TOTAL); volatile counts reset on driver reload, aggregate ones persist.",
        ("error", "counter"),
@@ -262,51 +223,46 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
            ("corrected", "aggregate", s.sample.ecc_corrected_aggregate if s.sample else None),
            ("uncorrected", "aggregate", s.sample.ecc_uncorrected_aggregate if s.sample else None))
            if v is not None],
-       basic=frozenset({("uncorrected", "volatile"), ("corrected", "aggregate"), ("uncorrected", "aggregate")}),
-       inputs=_slow),
+       basic=frozenset({("uncorrected", "volatile"), ("corrected", "aggregate"), ("uncorrected", "aggregate")})),
     MetricDef("gpuwear_retired_pages", "gauge", "", "Retired framebuffer pages by cause "
        "(nvmlDeviceGetRetiredPages; pre-Ampere).", ("cause",),
        _labelled((("single_bit_ecc", "retired_pages_single_bit"),
-                  ("double_bit_ecc", "retired_pages_double_bit"))), inputs=_slow),
+                  ("double_bit_ecc", "retired_pages_double_bit")))),
     MetricDef("gpuwear_retired_pages_pending", "gauge", "", "1 when a page retirement waits for the next "
-       "driver reload (nvmlDeviceGetRetiredPagesPendingStatus).", (), _sample_field("retired_pages_pending"),
-       inputs=_slow),
+       "driver reload (nvmlDeviceGetRetiredPagesPendingStatus).", (), _sample_field("retired_pages_pending")),
     MetricDef("gpuwear_remapped_rows", "gauge", "", "Remapped memory rows by error type "
        "(nvmlDeviceGetRemappedRows; Ampere+).", ("error",),
-       _labelled((("corrected", "remapped_rows_corrected"), ("uncorrected", "remapped_rows_uncorrected"))),
-       inputs=_slow),
+       _labelled((("corrected", "remapped_rows_corrected"), ("uncorrected", "remapped_rows_uncorrected")))),
     MetricDef("gpuwear_remapped_rows_pending", "gauge", "", "1 when a row remap waits for a GPU reset "
-       "(nvmlDeviceGetRemappedRows isPending).", (), _sample_field("remapped_rows_pending"), inputs=_slow),
+       "(nvmlDeviceGetRemappedRows isPending).", (), _sample_field("remapped_rows_pending")),
     MetricDef("gpuwear_remapped_rows_failure", "gauge", "", "1 when a row remap failed: the GPU needs "
-       "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure"),
-       inputs=_slow),
+       "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure")),
     MetricDef("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
-       "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays"), inputs=_slow),
+       "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays")),
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
-       (), _sample_field("recovery_action"), inputs=_slow),
+       (), _sample_field("recovery_action")),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
-       "NVML event set, since the daemon started.", ("xid",), _counts("xids"), inputs=_of("xids")),
+       "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
-       _value(lambda s: s.last_xid), inputs=_of("last_xid")),
+       _value(lambda s: s.last_xid)),
     MetricDef("gpuwear_sample_success", "gauge", "", "1 when the last read of the GPU had no error and gave "
        "at least one reading; 0 when it failed or the GPU yields nothing.", (),
-       _value(lambda s: 1.0 if s.last_success else 0.0), inputs=_of("last_success")),
+       _value(lambda s: 1.0 if s.last_success else 0.0)),
     MetricDef("gpuwear_readings_unavailable", "gauge", "", "Readings the GPU cannot give, by reason: "
        "not_supported, no_permission (an unprivileged daemon), function_not_found (an older driver), "
        "unknown_field (a field id the driver does not know), binding_error (nvidia-ml-py does not fit this "
        "driver), module_scope (a Grace superchip's module energy counter: power is integrated instead). Not a "
-       "sampling failure.", ("reason",), _unavailable, inputs=_of("unavailable")),
+       "sampling failure.", ("reason",), _unavailable),
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
-       "took.", (), _value(lambda s: s.last_duration_seconds), changes=EACH_TICK),
+       "took.", (), _value(lambda s: s.last_duration_seconds)),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
-       "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None), detail=True,
-       changes=EACH_TICK),
+       "sample of the GPU.", (), _value(lambda s: s.sample.timestamp if s.sample else None), detail=True),
     MetricDef("gpuwear_sample_errors_total", "counter", "", "Failed NVML reads by error kind.", ("kind",),
-       _counts("errors"), inputs=_of("errors")),
+       _counts("errors")),
     MetricDef("gpuwear_readings_dropped_total", "counter", "", "Readings dropped as outside the physical "
-       "range, by sample field.", ("field",), _counts("dropped"), inputs=_of("dropped")),
+       "range, by sample field.", ("field",), _counts("dropped")),
 )
 
 
@@ -321,40 +277,33 @@ def _ledger(value: Callable[[LedgerStatus], float | None]) -> Callable[[Publishe
 DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
     MetricDef("gpuwear_build_info", "info", "", "gpuwear build; value 1.",
                     ("version", "python_version"),
-                    lambda pub: [((pub.info.version, pub.info.python_version), 1.0)], inputs=_of("info")),
+                    lambda pub: [((pub.info.version, pub.info.python_version), 1.0)]),
     MetricDef("gpuwear_backend_info", "info", "", "Where the samples come from: backend "
                     "\"nvml\" (real GPUs) or \"simulated\" (simulated GPUs, not real hardware); value 1.",
-                    ("backend", "scenario"), lambda pub: [((pub.info.backend, pub.info.scenario), 1.0)],
-                    inputs=_of("info")),
+                    ("backend", "scenario"), lambda pub: [((pub.info.backend, pub.info.scenario), 1.0)]),
     MetricDef("gpuwear_driver_info", "info", "", "NVIDIA driver, NVML and CUDA driver versions "
                     "(nvmlSystemGetDriverVersion, GetNVMLVersion, GetCudaDriverVersion); value 1.",
                     ("driver_version", "nvml_version", "cuda_driver_version"),
                     lambda pub: [((pub.snapshot.system.driver_version, pub.snapshot.system.nvml_version,
-                                   pub.snapshot.system.cuda_driver_version), 1.0)] if pub.snapshot.system else [],
-                    inputs=lambda pub: pub.snapshot.system),
+                                   pub.snapshot.system.cuda_driver_version), 1.0)] if pub.snapshot.system else []),
     MetricDef("gpuwear_gpus", "gauge", "", "GPUs the daemon knows.", (),
-                    lambda pub: [((), float(len(pub.snapshot.gpus)))], inputs=lambda pub: len(pub.snapshot.gpus)),
+                    lambda pub: [((), float(len(pub.snapshot.gpus)))]),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
-                    lambda pub: [((), float(pub.snapshot.ticks))], changes=EACH_TICK),
+                    lambda pub: [((), float(pub.snapshot.ticks))]),
     MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "
                     "succeeded, 0 when it failed (disk full, read-only state directory); absent before the first.",
-                    (), _ledger(lambda st: None if st.last_success is None else float(st.last_success)),
-                    inputs=_of("ledger")),
+                    (), _ledger(lambda st: None if st.last_success is None else float(st.last_success))),
     MetricDef("gpuwear_ledger_last_persist_timestamp_seconds", "gauge", "seconds", "Unix time of the last "
-                    "successful save of the wear ledger.", (), _ledger(lambda st: st.last_success_wall),
-                    inputs=_of("ledger")),
+                    "successful save of the wear ledger.", (), _ledger(lambda st: st.last_success_wall)),
     MetricDef("gpuwear_ledger_persist_failures_total", "counter", "", "Failed saves of the wear ledger "
-                    "since start.", (), _ledger(lambda st: st.failures),
-                    inputs=_of("ledger")),
+                    "since start.", (), _ledger(lambda st: st.failures)),
     MetricDef("gpuwear_ledger_moved_aside", "gauge", "", "1 when the ledger found at start was damaged: what "
                     "SQLite could still read was recovered into a new ledger, the damaged file moved aside beside it "
                     "(ledger.sqlite.damaged-TIME).", (),
-                    _ledger(lambda st: float(st.moved_aside)),
-                    inputs=_of("ledger")),
+                    _ledger(lambda st: float(st.moved_aside))),
     MetricDef("gpuwear_ledger_set_aside_records", "gauge", "", "Records of the ledger (or values of a GPU's "
                     "record) that failed validation at start and were set aside (its set_aside table), the rest of "
-                    "the history kept.", (), _ledger(lambda st: float(st.set_aside)),
-                    inputs=_of("ledger")),
+                    "the history kept.", (), _ledger(lambda st: float(st.set_aside))),
 )
 
 
@@ -399,79 +348,74 @@ def _reasons_active(v: WearView) -> Series:
 WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_lifetime_observed_seconds_total", "counter", "seconds", "Time the GPU was observed "
                   "(integrated samples), over its whole life in the ledger.", (),
-                  _value(lambda v: v.observed_seconds), changes=EACH_TICK),
+                  _value(lambda v: v.observed_seconds)),
     MetricDef("gpuwear_lifetime_busy_seconds_total", "counter", "seconds", "Observed time with GPU utilization "
-                  "at or above wear.busy_utilization_ratio.", (), _value(lambda v: v.busy_seconds), detail=True,
-                  changes=SOME_TICKS),
+                  "at or above wear.busy_utilization_ratio.", (), _value(lambda v: v.busy_seconds), detail=True),
     MetricDef("gpuwear_lifetime_down_seconds_total", "counter", "seconds", "Time the GPU was lost (off the bus) "
                   "while the daemon ran.", (), _value(lambda v: v.down_seconds), detail=True),
     MetricDef("gpuwear_lifetime_unobserved_seconds_total", "counter", "seconds", "Time since first seen that "
                   "was not observed (daemon stopped, sample gaps); never extrapolated.", (),
                   _value(lambda v: v.gap_seconds), detail=True),
     MetricDef("gpuwear_lifetime_coverage_ratio", "gauge", "ratio", "Observed share of the time since the GPU "
-                  "was first seen.", (), _value(lambda v: v.coverage), inputs=_of("coverage"), changes=SOME_TICKS),
+                  "was first seen.", (), _value(lambda v: v.coverage)),
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
-                  "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules),
-                  changes=EACH_TICK),
+                  "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules)),
     MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
                   "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds), detail=True),
     MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
                   "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds"),
-                  basic=PROTECTING, inputs=_of("throttle_seconds"), changes=SOME_TICKS),
+                  basic=PROTECTING),
     MetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above a temperature, by sensor (from the 1 °C time-at-temperature histogram).",
-                  ("sensor", "celsius"), _wear_map("above_celsius"), detail=True, changes=EACH_TICK),
+                  ("sensor", "celsius"), _wear_map("above_celsius"), detail=True),
     MetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
                   ("sensor", "threshold"), _wear_map("above_threshold"),
-                  basic=BASIC_THRESHOLDS, inputs=_of("above_threshold")),
+                  basic=BASIC_THRESHOLDS),
     MetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
                   "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles"),
-                  basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES), inputs=_of("cycles")),
+                  basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES)),
     MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
-                  _fans(0), inputs=_of("fans"), changes=EACH_TICK),
+                  _fans(0)),
     MetricDef("gpuwear_lifetime_fan_revolutions_total", "counter", "", "Fan revolutions (measured RPM, else "
-                  "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1), detail=True, changes=EACH_TICK),
+                  "speed ratio x wear.fan.rated_rpm).", ("fan",), _fans(1), detail=True),
     MetricDef("gpuwear_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal aging as time "
                   "at wear.arrhenius.reference_celsius (Arrhenius, JEDEC JEP122), per parameter band; an estimate, "
                   "not a measured remaining life.", ("sensor", "band"),
                   _bands("thermal_aging_equivalent_hours", 3600.0),
-                  basic=frozenset({("gpu", "central"), ("memory", "central")}), changes=EACH_TICK),
+                  basic=frozenset({("gpu", "central"), ("memory", "central")})),
     MetricDef("gpuwear_cycle_fatigue_equivalent_cycles", "gauge", "", "Estimated thermal-cycle fatigue as "
                   "reference cycles (Coffin-Manson / Norris-Landzberg, Miner's rule), per parameter band; an "
                   "estimate.", ("sensor", "band"), _bands("cycle_fatigue_equivalent_cycles"),
-                  basic=frozenset({("gpu", "central")}),
-                  inputs=lambda v: v.estimates["cycle_fatigue_equivalent_cycles"], changes=SOME_TICKS),
+                  basic=frozenset({("gpu", "central")})),
     MetricDef("gpuwear_thermal_resistance_celsius_per_watt", "gauge", "celsius_per_watt", "Die temperature "
                   "above idle per watt at steady high load, latest day (cooling-health proxy).", (),
-                  _value(lambda v: v.thermal_resistance), inputs=_of("thermal_resistance"), changes=SOME_TICKS),
+                  _value(lambda v: v.thermal_resistance)),
     MetricDef("gpuwear_job_info", "info", "", "The job running on the GPU now (kind: slurm, kubernetes, "
                   "docker, container, systemd, session, process, simulated, unknown); user only when "
                   "jobs.user_in_metrics is on; a pod's namespace, name and container when the kubelet's "
                   "pod-resources API names them (as dcgm-exporter's labels); value 1. Job history is in "
                   "`gpuwear jobs`, not here.", ("job_kind", "job_id", "user", "namespace", "pod", "container"),
                   lambda v: [((j.kind, j.id, j.user or "", j.namespace or "", j.pod or "", j.container or ""), 1.0)
-                             for j in v.jobs], inputs=_of("jobs")),
+                             for j in v.jobs]),
     MetricDef("gpuwear_lifetime_attributed_seconds_total", "counter", "seconds", "Observed time split by "
                   "kind: while a job's processes ran on the GPU (job), while none did (idle), or while its processes "
                   "could not be read (unattributed: MIG without root, a vGPU guest; `gpuwear jobs` says why).",
                   ("kind",),
-                  lambda v: [((k,), a[0]) for k, a in v.attributed.items()], changes=EACH_TICK),
+                  lambda v: [((k,), a[0]) for k, a in v.attributed.items()]),
     MetricDef("gpuwear_lifetime_attributed_energy_joules_total", "counter", "joules", "Energy split by kind "
                   "(job / idle / unattributed).", ("kind",),
-                  lambda v: [((k,), a[1]) for k, a in v.attributed.items()],
-                  changes=EACH_TICK),
+                  lambda v: [((k,), a[1]) for k, a in v.attributed.items()]),
     MetricDef("gpuwear_attributed_thermal_aging_equivalent_seconds", "gauge", "seconds", "Estimated thermal "
                   "aging (central band) split by kind (job / idle / unattributed), as time at "
                   "wear.arrhenius.reference_celsius.",
-                  ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()], changes=EACH_TICK),
+                  ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()]),
     MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
                   "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "
                   "card cannot report is a reason of severity unknown).", ("status",), _status,
-                  basic=_only("ok", "watch", "act"), inputs=lambda v: v.verdict["status"]),
+                  basic=_only("ok", "watch", "act")),
     MetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
-                  "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active,
-                  inputs=lambda v: v.verdict["reasons"]),
+                  "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active),
 )
 
 
@@ -509,13 +453,9 @@ class Catalog:
     wear: tuple[MetricDef[WearView], ...]
 
     def in_order(self) -> tuple[tuple[str, MetricDef[Any]], ...]:
-        """Every family with its source ("daemon", "gpu" or "wear") in the order of the exposition: the steady ones,
-        then those that change at some ticks, then those that change at each (MetricDef.changes). A scrape's gzip then
-        deflates again only the end of the body (collector.GzipParts): at 8 GPUs under a third of it, where families
-        that change alternate with steady ones over the whole body otherwise."""
-        groups = (("daemon", self.daemon), ("gpu", self.gpu), ("wear", self.wear))
-        return tuple((source, m) for changes in (STEADY, SOME_TICKS, EACH_TICK) for source, defs in groups
-                     for m in defs if m.changes == changes)
+        """Every family with its source ("daemon", "gpu" or "wear"), in the order of the exposition."""
+        return (*(("daemon", m) for m in self.daemon), *(("gpu", m) for m in self.gpu),
+                *(("wear", m) for m in self.wear))
 
 
 @functools.cache

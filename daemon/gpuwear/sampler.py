@@ -124,9 +124,6 @@ class GpuStatus:
     unavailable: Mapping[str, str]  # readings the GPU cannot give now -> why (backends.nvml.REASONS)
     readings: int  # readings (not None) the last read gave; 0: the GPU yields nothing
     last_xid: int | None = None  # the code of the last XID event since start
-    # the values of the slow read the sample's slow fields come from (thresholds, limits, ECC...): the same object
-    # until the next slow read, every sampling.slow_interval_seconds; None while there is no sample
-    slow_values: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +136,11 @@ class Snapshot:
 
 
 EMPTY = Snapshot(gpus=(), system=None, ticks=0)
+
+
+def _frozen(now: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """A read-only copy of a count or map, for the published status (the sampler goes on changing its own)."""
+    return MappingProxyType(dict(now))
 
 
 @dataclass
@@ -164,25 +166,15 @@ class _Gpu:
     energy_total: float | None = None
     unavailable: Mapping[str, str] = field(default_factory=dict)
     readings: int = -1  # -1 before the first read
-    published: dict[str, Mapping[Any, Any]] = field(default_factory=dict)  # the status' last read-only copies
 
     def status(self) -> GpuStatus:
         return GpuStatus(
             identity=self.identity, up=self.up, sample=self.sample, last_success=self.last_success,
-            last_duration_seconds=self.last_duration, errors=self._copy("errors", self.errors),
-            dropped=self._copy("dropped", self.dropped), xids=self._copy("xids", self.xids),
-            energy_joules_total=self.energy_total, unavailable=self._copy("unavailable", self.unavailable),
+            last_duration_seconds=self.last_duration, errors=_frozen(self.errors),
+            dropped=_frozen(self.dropped), xids=_frozen(self.xids),
+            energy_joules_total=self.energy_total, unavailable=_frozen(self.unavailable),
             readings=max(self.readings, 0), last_xid=self.last_xid,
-            slow_values=self.slow_values if self.sample is not None else None,
         )
-
-    def _copy(self, name: str, now: Mapping[Any, Any]) -> Mapping[Any, Any]:
-        """A read-only copy of a count or map; the last one again while it holds the same (the encoder then writes
-        its lines again as they were: MetricDef.inputs)."""
-        last = self.published.get(name)
-        if last is None or last != now:
-            last = self.published[name] = MappingProxyType(dict(now))
-        return last
 
 
 class Sampler:
