@@ -2,7 +2,7 @@
 
 Run it over the fake library like any pynvml program::
 
-    python -m gpuwear.backends.fakenvml --scenario SCENARIO bench/bare_nvml.py [--interval 1]
+    python -m gpuwear.sim.fakenvml --scenario SCENARIO bench/bare_nvml.py [--interval 1]
 
 Per GPU and tick it makes the calls ``gpuwear.backends.nvml.NvmlBackend.read`` makes (written
 out here in plain pynvml, independently of the daemon's code):

@@ -2,7 +2,7 @@
 ``FakeNvmlLibrary.calls`` from outside.
 
     python bench/launch.py gpuwear ARGS...     == python -m gpuwear ARGS...
-    python bench/launch.py fakenvml ARGS...    == python -m gpuwear.backends.fakenvml ARGS...
+    python bench/launch.py fakenvml ARGS...    == python -m gpuwear.sim.fakenvml ARGS...
 
 The only addition: every ``FakeNvmlLibrary`` created in the process is remembered, and on
 SIGUSR1 the sum of their ``calls`` counters is appended, as one JSON line with the monotonic
@@ -20,7 +20,7 @@ from collections import Counter
 from types import FrameType
 from typing import Any
 
-from gpuwear.backends import fakenvml
+from gpuwear.sim import fakenvml
 
 _libraries: list[fakenvml.FakeNvmlLibrary] = []
 _original_init = fakenvml.FakeNvmlLibrary.__init__

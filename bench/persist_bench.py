@@ -25,11 +25,11 @@ from pathlib import Path
 import psutil
 
 from gpuwear import service
-from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import NvmlBackend
-from gpuwear.backends.simulated import load_scenario
 from gpuwear.clock import ManualClock
 from gpuwear.config import Config
+from gpuwear.sim.fakenvml import FakeNvmlLibrary
+from gpuwear.sim.simulated import load_scenario
 
 
 def _sizes(ledger: Path) -> dict[str, int]:

@@ -15,7 +15,7 @@ import sys
 
 import psutil
 
-SHARED = ["ctypes", "yaml", "pynvml", "gpuwear.backends.simulated", "gpuwear.backends.fakenvml",
+SHARED = ["ctypes", "yaml", "pynvml", "gpuwear.sim.simulated", "gpuwear.sim.fakenvml",
           "gpuwear.backends.nvml"]
 PROGRAMS = {
     "gpuwear": ["prometheus_client", "sqlite3", "gpuwear.wear.tracker",

@@ -227,9 +227,9 @@ def command(tool: str, scenario: Path, port: int, state: Path, config: Path, rea
         exe = shutil.which("nvitop-exporter", path=str(BIN)) or str(BIN / "nvitop-exporter")
         args = ["--scenario", str(scenario), exe, "--bind-address", "127.0.0.1", "--port", str(port),
                 "--interval", "1.0"]
-        return [PY, LAUNCH, "fakenvml", *args], "python -m gpuwear.backends.fakenvml " + " ".join(args)
+        return [PY, LAUNCH, "fakenvml", *args], "python -m gpuwear.sim.fakenvml " + " ".join(args)
     args = ["--scenario", str(scenario), BARE, "--interval", "1.0", "--ready-file", str(ready)]
-    return [PY, LAUNCH, "fakenvml", *args], "python -m gpuwear.backends.fakenvml " + " ".join(args)
+    return [PY, LAUNCH, "fakenvml", *args], "python -m gpuwear.sim.fakenvml " + " ".join(args)
 
 
 # -- measurements ---------------------------------------------------------------------------------

@@ -51,11 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen
 
 from gpuwear import service
-from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import NvmlBackend
-from gpuwear.backends.simulated import load_scenario
 from gpuwear.clock import ManualClock
 from gpuwear.config import Config
+from gpuwear.sim.fakenvml import FakeNvmlLibrary
+from gpuwear.sim.simulated import load_scenario
 
 HISTORY_TICK = 300.0
 PARTS = ("views", "text", "gzip")

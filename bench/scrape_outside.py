@@ -3,7 +3,7 @@
     python bench/scrape_outside.py [--gpus 8,64] [--scrapes 20] [--every 2]
 
 For each GPU count, gpuwear (``gpuwear run --simulate SCENARIO``) and nvitop-exporter (over the fake NVML library:
-``python -m gpuwear.backends.fakenvml --scenario SCENARIO nvitop-exporter``) run side by side on the same scenario
+``python -m gpuwear.sim.fakenvml --scenario SCENARIO nvitop-exporter``) run side by side on the same scenario
 (bench/gen.py's), both sampling once a second. Each is scraped ``--scrapes`` times, ``--every`` wall seconds apart,
 the two in turn, as Prometheus scrapes: its Accept header and ``Accept-Encoding: gzip``, a new connection each time.
 At 2 s, as at Prometheus' default 15 s, every scrape follows new samples: none is served from a cache.
@@ -67,7 +67,7 @@ def start(tool: str, scenario: Path, work: Path) -> tuple[subprocess.Popen[bytes
                        str(work / "state"))
     else:
         exe = shutil.which("nvitop-exporter", path=str(Path(PYTHON).parent)) or "nvitop-exporter"
-        argv = [PYTHON, "-m", "gpuwear.backends.fakenvml", "--scenario", str(scenario), exe, "--bind-address",
+        argv = [PYTHON, "-m", "gpuwear.sim.fakenvml", "--scenario", str(scenario), exe, "--bind-address",
                 "127.0.0.1", "--port", str(port), "--interval", "1.0"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     deadline = time.monotonic() + 120

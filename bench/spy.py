@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FAKE_FILES = ("gpuwear/backends/fakenvml.py", "gpuwear/backends/simulated.py")
+FAKE_FILES = ("gpuwear/sim/fakenvml.py", "gpuwear/sim/simulated.py")
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -81,7 +81,7 @@ def read(path: Path) -> Profile:
         n = int(count)
         frames = [_split(f) for f in stack.split(";")]
         prof.total += n
-        # the launcher's main() (python -m gpuwear.backends.fakenvml PROGRAM) is not the fake library
+        # the launcher's main() (python -m gpuwear.sim.fakenvml PROGRAM) is not the fake library
         fake = any(any(x in f for x in FAKE_FILES) and not (fn == "main" and f.endswith("fakenvml.py"))
                    for fn, f in frames)
         # the component: the fake when the stack passes through it, else the deepest frame that is

@@ -8,7 +8,7 @@ to the power, a fast one (the die and its spreader) and a slow one (the heatsink
 Each step holds the power of the sample that starts it (the update the simulator uses). For fixed time constants the
 model is linear in (T_amb, R_die, R_sink): a least-squares solve per (tau_die, tau_sink) on a log grid, the best pair
 kept; then the same with one pole, for comparison. Prints the constants and the RMS error (°C) of each fit; the
-constants the simulator uses (backends/simulated.py, THERMAL_*) come from the rtx6000ada trace, whose blower fan
+constants the simulator uses (sim/simulated.py, THERMAL_*) come from the rtx6000ada trace, whose blower fan
 runs at a constant 30 % (one thermal resistance: a fixed fan), and tests/test_simulated.py holds the simulator to it.
 """
 

@@ -51,11 +51,11 @@ def interleaved(scenario: str, ticks: int, state: str, deadline: float | None = 
     import pynvml
 
     from gpuwear import service
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
-    from gpuwear.backends.simulated import load_scenario
     from gpuwear.clock import ManualClock
     from gpuwear.config import Config
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
 
     config = replace(Config(), state_dir=state)
     if deadline is not None:  # sampling.nvml_deadline_seconds (0: GPUs read one after the other)
@@ -108,10 +108,10 @@ def interleaved(scenario: str, ticks: int, state: str, deadline: float | None = 
 def events(scenario: str, seconds: float) -> dict[str, float]:
     import pynvml
 
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import install_library
-    from gpuwear.backends.simulated import load_scenario
     from gpuwear.clock import SystemClock
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
 
     install_library(FakeNvmlLibrary(load_scenario(scenario), SystemClock()))
     pynvml.nvmlInit()

@@ -28,11 +28,11 @@ import gen
 from persist_bench import logical_size
 
 from gpuwear import service
-from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import NvmlBackend
-from gpuwear.backends.simulated import load_scenario
 from gpuwear.clock import ManualClock
 from gpuwear.config import Config
+from gpuwear.sim.fakenvml import FakeNvmlLibrary
+from gpuwear.sim.simulated import load_scenario
 
 TICK = 900.0
 TICKS_PER_SAVE = 4

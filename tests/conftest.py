@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import (
     GpuLostError,
     NvmlBackend,
@@ -17,9 +16,10 @@ from gpuwear.backends.nvml import (
     NvmlUnavailableError,
     NvmlVersionMismatchError,
 )
-from gpuwear.backends.simulated import Simulation, load_scenario, parse_scenario
 from gpuwear.clock import ManualClock
 from gpuwear.sampler import Sampler, Snapshot
+from gpuwear.sim.fakenvml import FakeNvmlLibrary
+from gpuwear.sim.simulated import Simulation, load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 

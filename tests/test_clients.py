@@ -7,7 +7,7 @@ FUNCTION_NOT_FOUND for a function that real drivers export (``DRIVER_HAS``), and
 the same temperature, power, memory, fan speed and process PIDs as gpuwear's own sampler on
 the same simulated GPU at the same simulated instant (the rig's clock stands still while the
 client runs). nvitop-exporter and ``nvitop --once`` also run as the user would, through
-``python -m gpuwear.backends.fakenvml``.
+``python -m gpuwear.sim.fakenvml``.
 
 The clients are test dependencies (pyproject's ``test`` extra), pinned: their NVML calls are what
 these tests judge the fake by.
@@ -40,12 +40,12 @@ import pynvml
 import pytest
 
 from conftest import make_rig
-from gpuwear.backends.drivers import NEWEST, PROFILES
 from gpuwear.backends.nvml import install_library
+from gpuwear.sim.drivers import NEWEST, PROFILES
 
 
 def driver_has(scenario: str) -> frozenset[str]:
-    """The C functions the scenario's driver release exports (its nvml.h, backends.nvml_symbols): a client that
+    """The C functions the scenario's driver release exports (its nvml.h, sim.nvml_symbols): a client that
     meets FUNCTION_NOT_FOUND for one of these fails, because that real driver would have answered."""
     return make_rig(scenario_source(scenario)).library.profile.symbols
 
@@ -430,7 +430,7 @@ def test_gpuwear_view_is_meaningful() -> None:
     assert all(t["power_watts"] > 100 and t["pids"] and t["memory_used"] > 0 for t in truth)
 
 
-# -- as the user runs them: python -m gpuwear.backends.fakenvml PROGRAM ----------------------------
+# -- as the user runs them: python -m gpuwear.sim.fakenvml PROGRAM ----------------------------
 
 _FNF = re.compile(r"FunctionNotFound error occurred while calling nvmlQuery\(<function (\w+)")
 # nvitop's own wrappers whose names are not the C function they call
@@ -468,7 +468,7 @@ def test_nvitop_exporter_command_serves_metrics(scenario: str) -> None:
     pytest.importorskip("nvitop_exporter")
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwear.backends.fakenvml", "--scenario", scenario,
+        [sys.executable, "-m", "gpuwear.sim.fakenvml", "--scenario", scenario,
          "nvitop-exporter", "--bind-address", "127.0.0.1", "--port", str(port), "--interval", "0.5"],
         env=_console_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     text = ""
@@ -506,7 +506,7 @@ def test_nvitop_exporter_command_serves_metrics(scenario: str) -> None:
 def test_nvitop_once_prints_every_gpu(scenario: str) -> None:
     pytest.importorskip("nvitop")
     result = subprocess.run(
-        [sys.executable, "-m", "gpuwear.backends.fakenvml", "--scenario", scenario, "nvitop", "--once"],
+        [sys.executable, "-m", "gpuwear.sim.fakenvml", "--scenario", scenario, "nvitop", "--once"],
         env=_console_env(), capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     names = {"demo": ["GeForce RTX 4090", "H100 80GB HBM3"], "training": ["H100 80GB HBM3", "V100-PCIE-16GB"]}

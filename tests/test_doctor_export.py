@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import NvmlBackend
-from gpuwear.backends.simulated import load_scenario
 from gpuwear.clock import SystemClock
 from gpuwear.config import Config
 from gpuwear.doctor import Doctor
 from gpuwear.service import Daemon, open_source
+from gpuwear.sim.fakenvml import FakeNvmlLibrary
+from gpuwear.sim.simulated import load_scenario
 from helpers import free_port
 
 

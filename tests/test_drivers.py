@@ -21,16 +21,16 @@ import pytest
 import yaml
 
 from conftest import REPO, make_rig
-from gpuwear.backends import nvml_symbols
-from gpuwear.backends.drivers import NEWEST, PROFILES
-from gpuwear.backends.fakenvml import FakeNvmlLibrary
 from gpuwear.backends.nvml import NvmlBackend, NvmlVersionMismatchError, ProcessInfoCc
-from gpuwear.backends.simulated import PRODUCTS, ScenarioError, parse_scenario, synthetic_pid
 from gpuwear.cli import main
 from gpuwear.clock import ManualClock
 from gpuwear.config import Config
 from gpuwear.metrics import DaemonInfo
 from gpuwear.service import Daemon, Source, _sampler
+from gpuwear.sim import nvml_symbols
+from gpuwear.sim.drivers import NEWEST, PROFILES
+from gpuwear.sim.fakenvml import FakeNvmlLibrary
+from gpuwear.sim.simulated import PRODUCTS, ScenarioError, parse_scenario, synthetic_pid
 from helpers import free_port
 
 # Device kinds as real cards behave; (product, MIG enabled, privileged client). R470 cannot drive an Ada card.

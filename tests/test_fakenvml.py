@@ -72,7 +72,7 @@ def test_any_pynvml_program_runs_over_the_fake_unchanged(tmp_path: Path) -> None
         "    h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
         "    print(pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetPowerUsage(h) > 0, sys.argv[1])\n"
         "sys.exit(3)\n")
-    result = subprocess.run([sys.executable, "-m", "gpuwear.backends.fakenvml", "--scenario", "training",
+    result = subprocess.run([sys.executable, "-m", "gpuwear.sim.fakenvml", "--scenario", "training",
                              str(client), "hello"], capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 3, result.stderr
     assert result.stdout.splitlines() == ["NVIDIA H100 80GB HBM3 True hello", "Tesla V100-PCIE-16GB True hello"]

@@ -87,7 +87,7 @@ def test_exposition_passes_promtool(sampler: Sampler) -> None:
 
 def _branch(driver_version: str) -> str:
     """The newest profiled branch not newer than this driver (535.104.05 -> "r535")."""
-    from gpuwear.backends import nvml_symbols
+    from gpuwear.sim import nvml_symbols
 
     major = int(driver_version.split(".")[0])
     older = [b for b in nvml_symbols.BRANCHES if int(b[1:]) <= major]
@@ -99,7 +99,7 @@ def _branch(driver_version: str) -> str:
 def test_the_library_exports_what_the_profile_of_its_branch_claims(sampler: Sampler) -> None:
     import ctypes
 
-    from gpuwear.backends import nvml_symbols
+    from gpuwear.sim import nvml_symbols
 
     system = sampler.snapshot.system
     assert system is not None
@@ -118,8 +118,8 @@ def test_field_return_codes_are_what_the_fake_answers(sampler: Sampler) -> None:
     the per-field INVALID_ARGUMENT (the fake's reading of DCGM's DcgmTopology.cpp)."""
     import pynvml
 
-    from gpuwear.backends import nvml_symbols
     from gpuwear.backends.nvml import FIELD_VALUES
+    from gpuwear.sim import nvml_symbols
 
     system = sampler.snapshot.system
     assert system is not None

@@ -551,14 +551,14 @@ def test_old_job_records_are_forgotten_and_lifetime_figures_stay_whole(tmp_path:
 def test_saves_write_what_changed_and_read_back_exactly(tmp_path: Path) -> None:
     """Each save appends each GPU's changes to the wear log; every COMPACT_AFTER saves the records are rewritten
     whole and the log emptied. What a reader reads back is, at every save, exactly what the daemon holds."""
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
-    from gpuwear.backends.simulated import load_scenario
     from gpuwear.clock import ManualClock
     from gpuwear.ledger import COMPACT_AFTER
     from gpuwear.ledger.records import _compact
     from gpuwear.metrics import DaemonInfo
     from gpuwear.service import Daemon, Source, _sampler
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
 
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
     simulation = load_scenario("demo")
@@ -656,11 +656,11 @@ def test_a_log_of_time_the_daemon_sampled_counts_once_and_a_log_of_its_gap_is_ta
 
 
 def test_doctor_points_at_a_recovered_ledger_and_records_set_aside(tmp_path: Path) -> None:
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
-    from gpuwear.backends.simulated import load_scenario
     from gpuwear.clock import ManualClock
     from gpuwear.doctor import Doctor
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
 
     path = ledger_with_history(tmp_path / "state")
     _corrupt(path, "UPDATE gpus SET wear = 12")
@@ -735,12 +735,12 @@ def test_a_record_that_would_not_read_back_is_never_written_and_costs_no_other(
 
 @pytest.mark.slow
 def test_a_clock_ahead_at_start_forgets_no_job_record(tmp_path: Path) -> None:
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
-    from gpuwear.backends.simulated import load_scenario
     from gpuwear.clock import ManualClock
     from gpuwear.metrics import DaemonInfo
     from gpuwear.service import Daemon, Source, _sampler
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
 
     def daemon_at(clock: ManualClock) -> Daemon:
         config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))

@@ -510,13 +510,13 @@ def test_export_that_cannot_be_written_whole_says_so_in_one_line_and_leaves_noth
 def _simulated_run(state: Path, base: object, seconds: int, speed: float = 1.0) -> tuple[float, float, float]:
     """One run of the simulated daemon on ``base`` (a ManualClock standing for the machine's): ticks, saves, stops.
     Returns the first GPU's (last_seen, coverage, observed seconds) as saved."""
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
-    from gpuwear.backends.simulated import load_scenario
     from gpuwear.clock import ManualClock, ScaledClock
     from gpuwear.config import Config
     from gpuwear.metrics import DaemonInfo
     from gpuwear.service import Daemon, Source, _sampler
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
 
     assert isinstance(base, ManualClock)
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state))

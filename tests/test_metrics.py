@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, Rig, make_rig
-from gpuwear.backends.simulated import builtin_scenarios
 from gpuwear.collector import GpuwearCollector
 from gpuwear.config import WearConfig
 from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, WEAR_METRICS, DaemonInfo, LedgerStatus, Published
+from gpuwear.sim.simulated import builtin_scenarios
 from gpuwear.wear.tracker import WearTracker
 from helpers import examples
 

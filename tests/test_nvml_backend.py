@@ -348,11 +348,11 @@ def test_nvml_absent_at_start_and_indices_reshuffled_between_restarts() -> None:
 
 @pytest.mark.slow
 def test_start_waits_for_the_driver_when_configured(caplog: pytest.LogCaptureFixture) -> None:
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
-    from gpuwear.backends.simulated import parse_scenario
     from gpuwear.clock import SystemClock
     from gpuwear.config import Config, SamplingConfig
     from gpuwear.service import open_source
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import parse_scenario
 
     doc = scenario({"at": 0, "kind": "driver_unload"}, {"at": 1.5, "kind": "driver_load"})
     late = FakeNvmlLibrary(parse_scenario(doc, "late"), SystemClock())

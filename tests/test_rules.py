@@ -335,7 +335,7 @@ def test_metric_name_check_can_fail() -> None:
 
 
 def test_scenarios_for_the_end_to_end_tests_load() -> None:
-    from gpuwear.backends.simulated import load_scenario
+    from gpuwear.sim.simulated import load_scenario
 
     overheat = load_scenario(str(SCENARIOS / "overheat.yaml"))
     assert [g.product.key for g in overheat.gpus] == ["rtx4090", "h100-sxm"]

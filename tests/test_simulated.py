@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuwear.backends.simulated import (
+from gpuwear.sim.simulated import (
     PRODUCTS,
     REASON_GPU_IDLE,
     REASON_SW_POWER_CAP,
@@ -63,7 +63,7 @@ FITS = {"rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv": ("rtx6000ada", 24.9,
 @pytest.mark.parametrize("trace", sorted(FITS))
 def test_the_simulated_cooling_matches_the_real_traces(trace: str) -> None:
     """The simulator's own thermal step, fed each trace's measured power, gives its measured die temperature
-    within the fit error stated in backends/simulated.py (the RTX 6000 Ada's blower at its fixed 30 %: the
+    within the fit error stated in sim/simulated.py (the RTX 6000 Ada's blower at its fixed 30 %: the
     product's resistance at its lowest fan speed)."""
     key, ambient, stated = FITS[trace]
     product = PRODUCTS[key]

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from gpuwear import yamlsafe
-from gpuwear.backends.simulated import ScenarioError, load_scenario
 from gpuwear.config import Config, ConfigError, load_config, parse_config
+from gpuwear.sim.simulated import ScenarioError, load_scenario
 from gpuwear.yamlsafe import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlError, load_yaml, short_repr
 
 

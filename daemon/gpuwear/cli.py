@@ -21,7 +21,7 @@ from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError, led
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.webconfig import WebConfigError
 
-# The scenarios shipped in gpuwear/backends/scenarios/ (a test keeps the list true); named here
+# The scenarios shipped in gpuwear/sim/scenarios/ (a test keeps the list true); named here
 # so that a daemon on real GPUs never imports the simulation.
 BUILTIN_SCENARIOS = ("demo", "idle", "stress", "training")
 EXIT_USAGE = 2
@@ -153,8 +153,8 @@ def _config_problems(path: str, error: ConfigError) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuwear.backends.simulated import ScenarioError
     from gpuwear.service import Daemon, limit_malloc_arenas, open_source
+    from gpuwear.sim.simulated import ScenarioError
 
     config = load_config(args.config)
     overrides: dict[str, Any] = {}  # what the command line sets over the file, at every reload too
@@ -374,11 +374,11 @@ def _write_jobs(as_json: bool, head: dict[str, Any], jobs: Iterator[dict[str, An
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
     from gpuwear.backends.nvml import NvmlBackend
-    from gpuwear.backends.simulated import ScenarioError, load_scenario
     from gpuwear.clock import SystemClock
     from gpuwear.doctor import Doctor, render
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import ScenarioError, load_scenario
 
     config = _ledger_config(args)
     if args.simulate:

@@ -45,7 +45,7 @@ from gpuwear.web import FrontDoor, Limits
 from gpuwear.webconfig import WebConfig, WebConfigError, load_web_config
 
 if TYPE_CHECKING:
-    from gpuwear.backends.simulated import Simulation
+    from gpuwear.sim.simulated import Simulation
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +206,8 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
             log.warning("no usable NVIDIA driver here (%s)", exc)
             simulate = config.simulation.scenario
     # imported here: a daemon on real GPUs never loads the simulation (memory)
-    from gpuwear.backends.fakenvml import FakeNvmlLibrary
-    from gpuwear.backends.simulated import load_scenario
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
 
     simulation = load_scenario(simulate)
     clock = ScaledClock(speed)  # even at x1: the daemon moves it on to where the scenario's history ends

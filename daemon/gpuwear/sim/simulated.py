@@ -416,7 +416,7 @@ class Simulation:
         self.driver_loaded = True  # False between driver_unload and driver_load faults
         self.driver_generation = 0  # bumped at each unload: NVML must be initialised again
         self.driver_upgraded = False  # the kernel module was replaced by another version (driver_upgrade fault)
-        self.driver = "r610"  # the driver profile (backends.drivers.PROFILES) the fake library answers as
+        self.driver = "r610"  # the driver profile (sim.drivers.PROFILES) the fake library answers as
         self.privileged = True  # the NVML client runs as root (False: an unprivileged daemon, DynamicUser=)
         # the version of each versioned struct the library takes (a library built against another nvml.h than the
         # binding's answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH: go-nvml #138)
@@ -462,14 +462,14 @@ class Simulation:
 
 def builtin_scenarios() -> list[str]:
     """Names of the scenarios shipped with the package."""
-    folder = resources.files("gpuwear.backends") / "scenarios"
+    folder = resources.files("gpuwear.sim") / "scenarios"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
 def load_scenario(name_or_path: str, seed: int = 1) -> Simulation:
     """Build a :class:`Simulation` from a built-in scenario name or a YAML file path."""
     if name_or_path in builtin_scenarios():
-        text: str | bytes = (resources.files("gpuwear.backends") / "scenarios" / f"{name_or_path}.yaml").read_bytes()
+        text: str | bytes = (resources.files("gpuwear.sim") / "scenarios" / f"{name_or_path}.yaml").read_bytes()
         name = name_or_path
     else:
         path = Path(name_or_path)
@@ -541,8 +541,8 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         if key not in {"description", "ambient_celsius", "gpus", "faults", "driver", "privileged", "struct_versions",
                        "windows_driver"}:
             raise ScenarioError(f"scenario {name}: {key}: unknown key")
-    from gpuwear.backends.drivers import NEWEST, PROFILES
-    from gpuwear.backends.nvml_symbols import BRANCHES
+    from gpuwear.sim.drivers import NEWEST, PROFILES
+    from gpuwear.sim.nvml_symbols import BRANCHES
 
     driver = doc.get("driver", NEWEST)
     if not isinstance(driver, str) or driver not in PROFILES:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from gpuwear.backends import nvml_symbols
+from gpuwear.sim import nvml_symbols
 
 
 @dataclass(frozen=True)

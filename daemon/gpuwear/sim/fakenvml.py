@@ -4,9 +4,9 @@ The real ``pynvml`` binding looks every C function up by name on its loaded libr
 (``getattr(nvmlLib, name)``) and calls it with ctypes arguments. :class:`FakeNvmlLibrary`
 stands in for that object, so everything above the library boundary, pynvml's own
 argument marshalling and error mapping included, runs unmodified. Values come from
-:mod:`gpuwear.backends.simulated`, in NVML's units (mW, mJ, MHz, %, ns).
+:mod:`gpuwear.sim.simulated`, in NVML's units (mW, mJ, MHz, %, ns).
 
-The library answers as one driver release (:mod:`gpuwear.backends.drivers`, the scenario's
+The library answers as one driver release (:mod:`gpuwear.sim.drivers`, the scenario's
 ``driver``): a function that release does not export raises ``AttributeError`` on lookup, which
 pynvml turns into ``NVML_ERROR_FUNCTION_NOT_FOUND`` exactly as for that real driver; the
 process list is filled in the layout that release fills; a field id newer than the release
@@ -31,9 +31,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from gpuwear.backends.drivers import PROFILES, DriverProfile
-from gpuwear.backends.simulated import SimGpu, Simulation
 from gpuwear.clock import Clock
+from gpuwear.sim.drivers import PROFILES, DriverProfile
+from gpuwear.sim.simulated import SimGpu, Simulation
 
 log = logging.getLogger(__name__)
 
@@ -961,7 +961,7 @@ def _as(x: Any, struct: type[ctypes.Structure]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gpuwear.backends.fakenvml [--scenario S] [--speed N] PROGRAM [ARGS...]``:
+    """``python -m gpuwear.sim.fakenvml [--scenario S] [--speed N] PROGRAM [ARGS...]``:
     run a pynvml-based Python program (a script or a console command on PATH) over the
     simulated GPUs, without changing its code."""
     import argparse
@@ -970,10 +970,10 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from gpuwear.backends.nvml import install_library
-    from gpuwear.backends.simulated import ScenarioError, load_scenario
     from gpuwear.clock import ScaledClock
+    from gpuwear.sim.simulated import ScenarioError, load_scenario
 
-    parser = argparse.ArgumentParser(prog="python -m gpuwear.backends.fakenvml",
+    parser = argparse.ArgumentParser(prog="python -m gpuwear.sim.fakenvml",
                                      description="Run a pynvml program over simulated GPUs.")
     parser.add_argument("--scenario", default="demo", help="built-in scenario or YAML file (default demo)")
     parser.add_argument("--speed", type=float, default=1.0, help="simulated time per wall second")
