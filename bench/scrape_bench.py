@@ -115,10 +115,13 @@ def daemon_with_history(gpus: int, days: float, detail: bool,
         clock.advance(HISTORY_TICK)
         daemon._tick()
     history_s = time.monotonic() - t0
-    settle = getattr(service, "settle_collector", None)  # the collector as Daemon.start leaves it
-    if settle is not None:
-        settle()
-    else:  # an older revision's (--against)
+    try:  # the collector as Daemon.start leaves it
+        from gpuwear.runtime import settle_collector
+    except ImportError:  # an older revision's (--against): in service.py, or not there
+        settle_collector = getattr(service, "settle_collector", None)
+    if settle_collector is not None:
+        settle_collector()
+    else:
         gc.collect()
         gc.freeze()
     return daemon, clock, history_s

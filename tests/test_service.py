@@ -275,7 +275,7 @@ def test_a_reloaded_persist_interval_applies_at_once(tmp_path: Path) -> None:
 
 _ARENAS_SCRIPT = """
 import ctypes, sys, tempfile, threading
-from gpuwear.service import limit_malloc_arenas
+from gpuwear.runtime import limit_malloc_arenas
 assert limit_malloc_arenas() if sys.argv[1] == "limit" else True
 libc = ctypes.CDLL(None)
 libc.fopen.restype = ctypes.c_void_p

@@ -153,7 +153,8 @@ def _config_problems(path: str, error: ConfigError) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuwear.service import Daemon, limit_malloc_arenas, open_source
+    from gpuwear.runtime import limit_malloc_arenas
+    from gpuwear.service import Daemon, open_source
     from gpuwear.sim.simulated import ScenarioError
 
     config = load_config(args.config)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import logging
 import math
 import os
 import signal
-import socket
 import sqlite3
 import ssl
 import sys
@@ -39,6 +36,8 @@ from gpuwear.jobs.lines import Summariser
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen, foreign_pids
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
+from gpuwear.notify import sd_notify, tell_systemd_recovering
+from gpuwear.runtime import settle_collector
 from gpuwear.sampler import Sampler
 from gpuwear.wear.tracker import WearTracker
 from gpuwear.web import FrontDoor, Limits
@@ -70,71 +69,6 @@ def _processes_unseen(reason: str | None) -> str:
             "not_supported": "processes not reported by this driver (NVML: not supported; a vGPU guest or WSL2?)",
             "function_not_found": "processes not reported by this driver (NVML: function not found)",
             }.get(reason or "", f"processes not read ({reason})" if reason else "processes not read this tick")
-
-
-def sd_notify(message: str) -> bool:
-    """Tell systemd (Type=notify) ``message``, e.g. "READY=1"; False when not run by systemd."""
-    path = os.environ.get("NOTIFY_SOCKET")
-    if not path:
-        return False
-    address = "\0" + path[1:] if path.startswith("@") else path
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(address)
-            s.sendall(message.encode())
-    except OSError as exc:
-        log.warning("sd_notify %r failed: %s", message, exc)
-        return False
-    return True
-
-
-# How much longer than systemd's TimeoutStartSec a start that must recover a damaged ledger may take (µs):
-# recovery copies every readable row (about 2 s for a 3-year ledger of 8 GPUs on a quiet disk), and a start
-# killed for its timeout would begin it again, and again at every restart.
-RECOVERY_EXTEND_USEC = 600_000_000
-
-
-def tell_systemd_recovering() -> None:
-    """Before a damaged ledger is recovered: systemd gets more time to wait for READY=1, and a status line."""
-    sd_notify(f"EXTEND_TIMEOUT_USEC={RECOVERY_EXTEND_USEC}\nSTATUS=recovering the damaged wear ledger (every row "
-              "SQLite can still read is copied into a new one)")
-
-
-M_ARENA_MAX = -8  # glibc malloc.h: the mallopt parameter that caps the number of malloc arenas
-MALLOC_ARENAS = 2
-
-
-def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
-    """Cap glibc's malloc arenas for this process (as MALLOC_ARENA_MAX does); call before starting threads.
-
-    glibc gives a thread that allocates while the others hold their arenas an arena of its own, up to 8 per
-    core, and keeps each one's pages. The HTTP server's thread per connection then grew the daemon's RSS by
-    about 1 MiB over its first few thousand scrapes (33.2 -> 34.3 MiB at 8 GPUs; with 2 arenas +0.45 MiB, flat
-    after 500). Threads that mostly sleep need no more than two. False where the C library is not glibc."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return bool(mallopt(M_ARENA_MAX, arenas))
-
-
-GC_YOUNG_THRESHOLD = 10_000  # net container allocations between two collections of the youngest generation
-
-
-def settle_collector() -> None:
-    """Tune Python's cyclic garbage collector for the daemon, once start-up is done.
-
-    What start-up made (modules, the ledger's history) lives as long as the daemon, so it is frozen out of the
-    collector's view and a full collection no longer walks it (one took 107 ms in a 64-GPU scrape). The youngest
-    generation is collected every 10,000 net allocations of containers instead of 700. The daemon's values are
-    acyclic and are freed by their reference counts, so these collections find almost nothing: 100 ticks and scrapes
-    at 64 GPUs left 42 objects in cycles. At 700, each such scrape ran 1.5 collections (0.7 ms) over the views and
-    lines it was building; at 10,000, none (bench/README.md)."""
-    gc.collect()
-    gc.freeze()
-    young, middle, old = gc.get_threshold()
-    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
 
 
 @dataclass
