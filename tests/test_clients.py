@@ -417,6 +417,37 @@ def test_client_reads_what_gpuwear_reads(client: str, scenario: str) -> None:
     assert not problems, f"{client} and gpuwear disagree ({scenario}):\n" + "\n".join(problems)
 
 
+def _nvidia_example() -> tuple[Any, list[str]]:
+    """NVIDIA's own sample client, example.py as nvidia-ml-py ships it beside pynvml: its deviceQuery() (an XML
+    text; it writes each NVMLError in place of the value)."""
+    import importlib.util
+
+    path = Path(pynvml.__file__).with_name("example.py")
+    spec = importlib.util.spec_from_file_location("nvidia_ml_py_example", path)
+    assert spec is not None and spec.loader is not None, f"no example.py beside {pynvml.__file__}"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.deviceQuery(), []
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_nvidias_example_names_every_gpu_without_a_missing_function(scenario: str) -> None:
+    """NVIDIA's example.py met FUNCTION_NOT_FOUND for nvmlDeviceGetVirtualizationMode (every branch exports it)
+    and for nvmlDeviceGetGridLicensableFeatures_v4: the fake answers both as a bare-metal GPU does."""
+    run = run_client("nvidia-example", scenario, _nvidia_example)
+    assert run.error is None, run.error
+    missing = sorted(run.recorder.missing & driver_has(scenario))
+    assert not missing, f"FUNCTION_NOT_FOUND for functions the driver exports: {missing}\n{run.recorder.table()}"
+    gpus = re.findall(r"<product_name>(.*?)</product_name>.*?<uuid>(.*?)</uuid>.*?<virtualization_mode>(.*?)<",
+                      run.result, re.S)
+    assert [(name, mode) for name, _, mode in gpus] == [(t["name"], "None") for t in run.truth], run.result
+    assert "Not Found" not in run.result and "Unknown" not in run.result, run.result
+    brands = re.findall(r"<product_brand>(.*?)</product_brand>", run.result)
+    expected = {"NVIDIA GeForce RTX 4090": "GeForce", "NVIDIA H100 80GB HBM3": "NVIDIA",
+                "NVIDIA GeForce GTX 1080 Ti": "GeForce", "Tesla V100-PCIE-16GB": "Tesla"}
+    assert brands == [expected[t["name"]] for t in run.truth], run.result  # the product line, not the fan count
+
+
 def test_gpuwear_view_is_meaningful() -> None:
     """The comparisons above are not vacuous: at the settled instant the demo's cards are busy,
     the fan-cooled card's fans turn, and each card runs a job's process."""

@@ -822,13 +822,39 @@ class SimulatedDriver:
 
     nvmlDeviceGetMaxPcieLinkWidth = nvmlDeviceGetCurrPcieLinkWidth
 
+    def nvmlDeviceGetVirtualizationMode(self, handle: Any, mode: Any) -> int:
+        """nvmlGpuVirtualizationMode_t: NVML_GPU_VIRTUALIZATION_MODE_NONE (0, "Represents Bare Metal GPU" in
+        nvml.h; Kepler or newer): every simulated GPU is a bare-metal one."""
+        self._gpu(handle)
+        _out(mode).value = 0
+        return SUCCESS
+
+    def nvmlDeviceGetGridLicensableFeatures_v4(self, handle: Any, features: Any) -> int:
+        """nvml.h: "Identifies whether the system supports vGPU Software Licensing. If it does, return the list of
+        licensable feature(s)" (Maxwell or newer): a bare-metal GPU answers that it does not
+        (``isGridLicenseSupported`` 0, no feature). Every version of the struct starts with those two fields."""
+        self._gpu(handle)
+        out = _out(features)
+        out.isGridLicenseSupported = 0
+        out.licensableFeaturesCount = 0
+        return SUCCESS
+
+    nvmlDeviceGetGridLicensableFeatures_v3 = nvmlDeviceGetGridLicensableFeatures_v4
+    nvmlDeviceGetGridLicensableFeatures_v2 = nvmlDeviceGetGridLicensableFeatures_v4
+    nvmlDeviceGetGridLicensableFeatures = nvmlDeviceGetGridLicensableFeatures_v4
+
     def nvmlDeviceGetMinorNumber(self, handle: Any, minor: Any) -> int:
         _out(minor).value = self._gpu(handle).index
         return SUCCESS
 
     def nvmlDeviceGetBrand(self, handle: Any, brand: Any) -> int:
-        """nvmlBrandType_t: GEFORCE=5 for fan-cooled cards here, NVIDIA=14 (Tesla/datacenter) otherwise."""
-        _out(brand).value = 5 if self._gpu(handle).product.fans else 14
+        """nvmlBrandType_t from the product line its name says, as real boards report it: GEFORCE (5) for a GeForce
+        (an RTX 4090: "GeForce", 1Panel-dev/1Panel #11910), TESLA (2) for a Tesla V100 (NVIDIA/nvidia-docker #738,
+        #914), NVIDIA_RTX (13) for a workstation RTX, NVIDIA (14) for the datacenter parts (a GH200: "NVIDIA",
+        hashicorp/nomad-device-nvidia #87). Before, the fan count chose: a fan-cooled RTX 6000 Ada was a GeForce and
+        a GeForce laptop GPU (no fan NVML reads) was not."""
+        name = self._gpu(handle).product.name
+        _out(brand).value = 5 if "GeForce" in name else 2 if name.startswith("Tesla") else 13 if "RTX" in name else 14
         return SUCCESS
 
     def _field(self, gpu: SimGpu, field_id: int) -> tuple[int, int]:
