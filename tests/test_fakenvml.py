@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from conftest import Rig
+from conftest import Rig, make_rig
 from gpuwear.backends.nvml import install_library
 
 
@@ -76,3 +76,17 @@ def test_any_pynvml_program_runs_over_the_fake_unchanged(tmp_path: Path) -> None
                              str(client), "hello"], capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 3, result.stderr
     assert result.stdout.splitlines() == ["NVIDIA H100 80GB HBM3 True hello", "Tesla V100-PCIE-16GB True hello"]
+
+
+def test_the_energy_counter_answers_from_volta_on_as_nvml_h_says() -> None:
+    """nvml.h gives nvmlDeviceGetTotalEnergyConsumption (and its field) "for Volta or newer": the fake's Pascal
+    card answered it. A GTX 1080 Ti now reports it not supported, and gpuwear integrates its power instead; the V100
+    beside it keeps its counter."""
+    run = [{"kind": "train", "seconds": 3600, "utilization": 0.9}]
+    rig = make_rig({"description": "Pascal and Volta", "driver": "r470",
+                    "gpus": [{"product": "gtx1080ti", "schedule": run}, {"product": "v100", "schedule": run}]})
+    rig.run(30)
+    pascal, volta = rig.sampler.snapshot.gpus
+    assert pascal.unavailable.get("energy_joules") == "not_supported" and pascal.energy_joules_total is None
+    assert "energy_joules" not in volta.unavailable and (volta.energy_joules_total or 0) > 0
+    assert pascal.sample is not None and (pascal.sample.power_watts or 0) > 0  # what its energy is integrated from

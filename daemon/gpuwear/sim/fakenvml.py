@@ -68,6 +68,7 @@ FI_ECC_SBE_AGG_TOTAL = 5
 FI_ECC_DBE_AGG_TOTAL = 6
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY_CONSUMPTION = 83
+ARCH_VOLTA = 5  # nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_VOLTA
 FI_PERF_POLICY_POWER = 74  # ns, the counters of nvmlDeviceGetViolationStatus as field values
 FI_PERF_POLICY_THERMAL = 75
 FI_NVLINK_LINK_COUNT = 91
@@ -491,7 +492,11 @@ class SimulatedDriver:
         return int(gpu.state.energy_mj if glitch is None else glitch)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, energy: Any) -> int:
-        _out(energy).value = self._energy(self._gpu(handle, "energy"))
+        """mJ since the driver loaded; nvml.h: "For Volta or newer fully supported devices" (NOT_SUPPORTED before)."""
+        gpu = self._gpu(handle, "energy")
+        if gpu.product.architecture < ARCH_VOLTA:
+            raise _UnsupportedError()
+        _out(energy).value = self._energy(gpu)
         return SUCCESS
 
     def nvmlDeviceGetNumFans(self, handle: Any, count: Any) -> int:
@@ -866,7 +871,7 @@ class SimulatedDriver:
             value = self._garbage(gpu, "memory_temperature", gpu.read_temperature(s.memory_celsius))
             return VALUE_TYPE_UNSIGNED_INT, int(value)
         if field_id == FI_TOTAL_ENERGY_CONSUMPTION:
-            if "energy" in s.unsupported:
+            if "energy" in s.unsupported or p.architecture < ARCH_VOLTA:  # as nvmlDeviceGetTotalEnergyConsumption
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_LONG_LONG, self._energy(gpu)
         if field_id == FI_GET_GPU_RECOVERY_ACTION:
