@@ -41,6 +41,7 @@ SEVERITIES = {"critical", "warning", "info"}
 # Alerts about the daemon or its ledger, not about one GPU: no gpu/uuid label to quote.
 DAEMON_ALERTS = {"GpuwearDaemonDown", "GpuwearDaemonAbsent", "GpuwearLedgerNotPersisting",
                  "GpuwearLedgerMovedAside"}
+UUID_ALERTS = {"GpuwearGpuMissing"}  # a GPU NVML does not list has no index: named by its UUID alone
 
 T = TypeVar("T")
 
@@ -269,7 +270,11 @@ def test_alert_metadata(name: str) -> None:
     annotations = rule["annotations"]
     assert set(annotations) >= {"summary", "description", "runbook_url"}, annotations
     assert annotations["runbook_url"] == f"{RUNBOOK_URL}#{name.lower()}"  # absolute (install.sh sets it)
-    if name not in DAEMON_ALERTS:
+    if name in UUID_ALERTS:
+        for label in ("$labels.uuid", "$labels.instance"):
+            assert label in annotations["description"], f"{name}: description does not quote {label}"
+        assert "$labels.uuid" in annotations["summary"], f"{name}: summary does not name the GPU"
+    elif name not in DAEMON_ALERTS:
         for label in ("$labels.gpu", "$labels.uuid", "$labels.instance"):
             assert label in annotations["description"], f"{name}: description does not quote {label}"
         assert "$labels.gpu" in annotations["summary"], f"{name}: summary does not name the GPU"

@@ -76,6 +76,15 @@ class LedgerStatus:
 
 
 @dataclass(frozen=True)
+class MissingGpu:
+    """A GPU this host's ledger holds that NVML does not list now."""
+
+    uuid: str
+    name: str
+    last_seen: float | None  # Unix s
+
+
+@dataclass(frozen=True)
 class Published:
     """Everything a scrape reads: each part an immutable object published by its owner."""
 
@@ -83,6 +92,7 @@ class Published:
     wear: Mapping[str, WearView]  # by GPU UUID
     ledger: LedgerStatus | None
     info: DaemonInfo
+    missing: tuple[MissingGpu, ...] = ()  # by UUID
 
 
 
@@ -288,6 +298,13 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
                                    pub.snapshot.system.cuda_driver_version), 1.0)] if pub.snapshot.system else []),
     MetricDef("gpuwear_gpus", "gauge", "", "GPUs the daemon knows.", (),
                     lambda pub: [((), float(len(pub.snapshot.gpus)))]),
+    MetricDef("gpuwear_gpus_missing", "gauge", "", "GPUs this host's ledger holds that NVML does not list now "
+                    "(fallen off the bus before a start, kept away by a cgroup, taken out): each stays missing until "
+                    "it comes back or `gpuwear forget UUID` retires it.", (),
+                    lambda pub: [((), float(len(pub.missing)))]),
+    MetricDef("gpuwear_gpu_missing_last_seen_timestamp_seconds", "gauge", "seconds", "Unix time a missing GPU "
+                    "was last seen (gpuwear_gpus_missing), by UUID; absent when none is missing.", ("uuid",),
+                    lambda pub: [((m.uuid,), m.last_seen) for m in pub.missing if m.last_seen is not None]),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
                     lambda pub: [((), float(pub.snapshot.ticks))]),
     MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "

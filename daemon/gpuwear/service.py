@@ -35,10 +35,10 @@ from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen, foreign_pids
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path, printable
-from gpuwear.metrics import DaemonInfo, LedgerStatus, Published
+from gpuwear.metrics import DaemonInfo, LedgerStatus, MissingGpu, Published
 from gpuwear.notify import sd_notify, tell_systemd_recovering
 from gpuwear.runtime import settle_collector
-from gpuwear.sampler import Sampler
+from gpuwear.sampler import Sampler, Snapshot
 from gpuwear.wear.tracker import WearTracker
 from gpuwear.web import FrontDoor, Limits
 from gpuwear.webconfig import WebConfig, WebConfigError, load_web_config
@@ -314,11 +314,15 @@ class Daemon:
         """The GPUs this host's ledger holds that NVML does not list now (one fallen off the bus before the start,
         one a cgroup keeps away, one taken out), each named with when it was last seen: they stay missing until
         they come back or are forgotten (`gpuwear forget`)."""
-        listed = {g.identity.uuid for g in self.source.sampler.snapshot.gpus}
-        return [f"GPU {uuid} ({printable(name)}) is missing: this host's ledger has it (last seen "
-                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(seen)) if seen else 'never'}) but NVML does not "
-                f"list it (`gpuwear forget {uuid}` if it was taken out on purpose)"
-                for uuid, (name, seen) in sorted(self.tracker.known().items()) if uuid not in listed]
+        return [f"GPU {m.uuid} ({printable(m.name)}) is missing: this host's ledger has it (last seen "
+                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(m.last_seen)) if m.last_seen else 'never'}) but "
+                f"NVML does not list it (`gpuwear forget {m.uuid}` if it was taken out on purpose)"
+                for m in self._missing(self.source.sampler.snapshot)]
+
+    def _missing(self, snapshot: Snapshot) -> tuple[MissingGpu, ...]:
+        listed = {g.identity.uuid for g in snapshot.gpus}
+        return tuple(MissingGpu(uuid, name, seen) for uuid, (name, seen) in sorted(self.tracker.known().items())
+                     if uuid not in listed)
 
     def _watchdog(self) -> None:
         """Ping systemd's watchdog while the sampling loop is alive; a stuck loop stops the pings."""
@@ -514,7 +518,9 @@ class Daemon:
 
     def published(self) -> Published:
         """What a scrape reads now: each part an immutable object, read by reference."""
-        return Published(self.source.sampler.snapshot, self.tracker.views, self._ledger_status, self.source.info)
+        snapshot = self.source.sampler.snapshot
+        return Published(snapshot, self.tracker.views, self._ledger_status, self.source.info,
+                         self._missing(snapshot))
 
     def _wear_params(self, config: Config) -> WearConfig:
         """The wear parameters, with the gap limit at least as many ticks as it is at 1 s
