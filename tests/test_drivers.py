@@ -266,11 +266,14 @@ def test_a_gpu_of_the_last_run_that_nvml_no_longer_lists_is_reported_missing(tmp
         body = daemon.exposition.render(False).decode()  # and the metric the alert GpuwearGpuMissing reads
         assert "\ngpuwear_gpus_missing 1.0\n" in body, body
         assert f'\ngpuwear_gpu_missing_last_seen_timestamp_seconds{{uuid="{gone}"}} ' in body
+        page = daemon.page().decode()  # and the page says so first
+        assert "Missing GPU." in page and f"GPU {gone} (NVIDIA H100 80GB HBM3) is missing" in page, page[:2000]
     with daemon_over(two, tmp_path) as (daemon, clock):
         run(daemon, clock, 5)
         assert daemon.health_problem() is None
         body = daemon.exposition.render(False).decode()
         assert "\ngpuwear_gpus_missing 0.0\n" in body and "gpuwear_gpu_missing_last_seen_timestamp_seconds{" not in body
+        assert "Missing GPU." not in daemon.page().decode()
 
 
 def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:

@@ -210,7 +210,8 @@ class Daemon:
         pods = None if source.simulation is not None else PodResourcesWatch(
             config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds)
         self.job_watcher = JobWatcher(resolver, None if pods is None else pods.by_gpu)
-        self._page: tuple[float | None, bytes] | None = None  # (the save it shows, its HTML)
+        # ((the save it shows, the missing GPUs it names), its HTML)
+        self._page: tuple[tuple[float | None, tuple[str, ...]], bytes] | None = None
         self._summariser = Summariser(config.wear)  # each job record's lines, kept with it in the ledger
         self._lines_filled: int | None = None  # the key under which every record's lines are kept
         self._lines_verified = False  # the kept lines checked against what was written (verify_lines)
@@ -358,8 +359,9 @@ class Daemon:
     def page(self) -> bytes:
         """The page at / (gpuwear.page): the ledger as last saved, rendered again only after the next save."""
         saved = self._ledger_status.last_success_wall
+        missing = tuple(self.missing_gpus())
         cached = self._page
-        if cached is not None and cached[0] == saved:
+        if cached is not None and cached[0] == (saved, missing):
             return cached[1]
         from gpuwear import page
         from gpuwear.report import documents
@@ -374,12 +376,12 @@ class Daemon:
                 ledger.close()
         except (LedgerError, sqlite3.Error, OSError) as exc:  # not saved yet, or unreadable: say so, cache nothing
             doc = {"ledger": str(self.ledger_file), "simulated": self.source.simulation is not None, "gpus": []}
-            return page.render(doc, note=f"the ledger cannot be read yet ({exc})").encode()
+            return page.render(doc, note=f"the ledger cannot be read yet ({exc})", missing=missing).encode()
         note = "as of the last save" + (f", {time.strftime('%H:%M:%S', time.localtime(saved))}" if saved else "")
         if left_out:
             note += f"; {left_out}"
-        body = page.render(doc, jobs, note=note).encode()
-        self._page = (saved, body)
+        body = page.render(doc, jobs, note=note, missing=missing).encode()
+        self._page = ((saved, missing), body)
         return body
 
     def persist(self, final: bool = False) -> bool:
