@@ -253,21 +253,24 @@ def test_a_gpu_of_the_last_run_that_nvml_no_longer_lists_is_reported_missing(tmp
     """A GPU present in one run and absent in the next (the same state directory): /healthz said nothing, as if the
     host never had it. It is named missing until it comes back (or is forgotten)."""
     two = scenario_doc("r610", "datacenter")
-    one = {**two, "gpus": two["gpus"][:1]}
+    one = scenario_doc("r610", "datacenter", faults=[{"at": 0, "gpu": 0, "kind": "gpu_missing"}])
     with daemon_over(two, tmp_path) as (daemon, clock):
         run(daemon, clock, 5)
         assert daemon.health_problem() is None
-        gone = daemon.source.sampler.snapshot.gpus[1].identity.uuid
-    with daemon_over(one, tmp_path) as (daemon, clock):
+        gone, *_, stays = (g.identity for g in daemon.source.sampler.snapshot.gpus)
+    with daemon_over(one, tmp_path) as (daemon, clock):  # GPU 0 absent from the bus: the H100 is NVML's GPU 0 now
         run(daemon, clock, 5)
+        assert [(g.identity.index, g.identity.uuid) for g in daemon.source.sampler.snapshot.gpus] == [(0, stays.uuid)]
+        gone_name = gone.name
+        gone = gone.uuid
         problem = daemon.health_problem()
-        assert problem is not None and f"GPU {gone} (NVIDIA H100 80GB HBM3) is missing" in problem, problem
+        assert problem is not None and f"GPU {gone} ({gone_name}) is missing" in problem, problem
         assert f"gpuwear forget {gone}" in problem and problem.count("is missing") == 1
         body = daemon.exposition.render(False).decode()  # and the metric the alert GpuwearGpuMissing reads
         assert "\ngpuwear_gpus_missing 1.0\n" in body, body
         assert f'\ngpuwear_gpu_missing_last_seen_timestamp_seconds{{uuid="{gone}"}} ' in body
         page = daemon.page().decode()  # and the page says so first
-        assert "Missing GPU." in page and f"GPU {gone} (NVIDIA H100 80GB HBM3) is missing" in page, page[:2000]
+        assert "Missing GPU." in page and f"GPU {gone} ({gone_name}) is missing" in page, page[:2000]
     with daemon_over(two, tmp_path) as (daemon, clock):
         run(daemon, clock, 5)
         assert daemon.health_problem() is None

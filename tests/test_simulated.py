@@ -134,6 +134,7 @@ def test_training_has_evaluation_dips() -> None:
     ({"gpus": [{"product": "v100", "colour": "red"}]}, "gpus[0].colour: unknown key"),
     ({"gpus": [{"product": "v100"}], "faults": [{"kind": "meteor", "at": 1}]}, "faults[0]"),
     ({"gpus": [{"product": "v100"}], "faults": [{"kind": "lost", "at": 1, "gpu": 3}]}, "faults[0].gpu"),
+    ({"gpus": [{"product": "v100"}], "faults": [{"kind": "gpu_missing", "at": 60}]}, "gpu_missing: expected at 0"),
 ])
 def test_bad_scenarios_are_named(doc: Any, message: str) -> None:
     with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -199,3 +200,16 @@ def test_every_busy_phase_runs_a_job_and_every_card_keeps_to_its_tdp(name: str) 
     for product in PRODUCTS.values():
         if product.key != "rtx4090":  # the one card whose workload asks more than its limit (power-capped: measured)
             assert product.full_load_watts <= product.tdp_watts, product.key
+
+
+def test_a_missing_gpu_is_not_enumerated_and_the_others_keep_their_identity() -> None:
+    """gpu_missing: the GPU is absent from the bus as the run starts; those after it move down one NVML index, each
+    with its own UUID and bus id, and their faults follow them."""
+    doc = {"gpus": [{"product": "rtx4090"}, {"product": "h100-sxm"}, {"product": "a100-sxm"}],
+           "faults": [{"kind": "gpu_missing", "at": 0, "gpu": 1}, {"kind": "lost", "at": 60, "gpu": 2},
+                      {"kind": "xid", "at": 30, "gpu": 1, "code": 79}]}
+    whole = parse_scenario({**doc, "faults": []}, "t")
+    sim = parse_scenario(doc, "t")
+    assert [(g.index, g.uuid, g.pci_bus_id) for g in sim.gpus] == [
+        (0, whole.gpus[0].uuid, whole.gpus[0].pci_bus_id), (1, whole.gpus[2].uuid, whole.gpus[2].pci_bus_id)]
+    assert [(f.kind, f.gpu) for f in sim.faults] == [("lost", 1)]  # the missing GPU's own faults are gone

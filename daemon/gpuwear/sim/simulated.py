@@ -175,7 +175,7 @@ PRODUCTS: dict[str, Product] = {
 PHASE_KINDS = ("idle", "train", "stress")
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
                "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
-               "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade")
+               "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing")
 
 
 @dataclass(frozen=True)
@@ -466,6 +466,24 @@ def builtin_scenarios() -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+def _without_missing(gpus: list[SimGpu], faults: list[Fault], name: str) -> tuple[list[SimGpu], list[Fault]]:
+    """The GPUs NVML enumerates, and their faults: a ``gpu_missing`` GPU (at 0: absent from the bus as the run
+    starts, as after the reboot that followed its fall; one that falls off while NVML runs is ``lost``, still
+    listed) is not enumerated, and the GPUs after it move down one index each, as NVML numbers the GPUs it finds
+    in PCI order; each keeps its UUID, serial and bus id."""
+    absent = {f.gpu for f in faults if f.kind == "gpu_missing"}
+    if any(f.at != 0 for f in faults if f.kind == "gpu_missing"):
+        raise ScenarioError(f"scenario {name}: gpu_missing: expected at 0 (a GPU absent as the run starts; one that "
+                            "falls off the bus while the daemon runs is the fault lost)")
+    if not absent:
+        return gpus, faults
+    kept = [g for g in gpus if g.index not in absent]
+    moved = {g.index: i for i, g in enumerate(kept)}
+    for g in kept:
+        g.index = moved[g.index]
+    return kept, [Fault(f.at, moved[f.gpu], f.kind, f.params) for f in faults if f.gpu in moved]
+
+
 def load_scenario(name_or_path: str, seed: int = 1) -> Simulation:
     """Build a :class:`Simulation` from a built-in scenario name or a YAML file path."""
     if name_or_path in builtin_scenarios():
@@ -603,6 +621,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         params = {k: v for k, v in spec.items() if k not in {"at", "gpu", "kind"}}
         gpu_index = int(_number(spec.get("gpu", 0), f"{where}.gpu", 0, len(gpus) - 1))
         faults.append(Fault(_number(spec.get("at"), f"{where}.at"), gpu_index, spec["kind"], params))
+    gpus, faults = _without_missing(gpus, faults, name)
     simulation = Simulation(gpus, faults, name)
     simulation.driver, simulation.privileged = driver, privileged
     simulation.struct_versions.update(accepts)
