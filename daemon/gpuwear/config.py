@@ -196,6 +196,20 @@ class MetricsConfig:
     detail: bool = _key(False, _boolean)
 
 
+def _kernel_log(v: Any) -> str | None:
+    """health.kernel_log: auto, journal, kmsg, off, or the absolute path of a file to follow."""
+    if not isinstance(v, str):
+        return f"expected auto, journal, kmsg, off or an absolute path, got {short_repr(v)}"
+    if v in ("auto", "journal", "kmsg", "off") or v.startswith("/"):
+        return None
+    return f"expected auto, journal, kmsg, off or an absolute path, got {short_repr(v)}"
+
+
+@dataclass(frozen=True)
+class HostHealthConfig:
+    kernel_log: str = _key("auto", _kernel_log)
+
+
 @dataclass(frozen=True)
 class Config:
     listen: str = _key("127.0.0.1:9941", _listen)
@@ -208,6 +222,7 @@ class Config:
     jobs: JobsConfig = field(default_factory=JobsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    health: HostHealthConfig = field(default_factory=HostHealthConfig)
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -11,13 +11,14 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from gpuwear.clock import Clock
+from gpuwear.kernlog import bus_key
 from gpuwear.sample import PHYSICAL_RANGES, GpuIdentity, GpuSample, SystemInfo, validated
 from gpuwear.wear.plausibility import DEFAULT_SHUTDOWN_CELSIUS, above_shutdown
 
@@ -157,6 +158,8 @@ class _Gpu:
     dropped: Counter[str] = field(default_factory=Counter)
     xids: Counter[int] = field(default_factory=Counter)
     last_xid: int | None = None
+    # XIDs counted lately, (source, code, monotonic s): the same XID from NVML and the kernel log is counted once
+    recent_xids: deque[tuple[str, int, float]] = field(default_factory=deque)
     energy_offset: float = 0.0
     energy_last: float | None = None
     energy_at: float = 0.0  # monotonic time of energy_last
@@ -175,6 +178,9 @@ class _Gpu:
             energy_joules_total=self.energy_total, unavailable=_frozen(self.unavailable),
             readings=max(self.readings, 0), last_xid=self.last_xid,
         )
+
+
+XID_SAME_SECONDS = 10.0  # an XID from NVML and one of the same code from the kernel log this close are one event
 
 
 class Sampler:
@@ -244,14 +250,37 @@ class Sampler:
         return self._snapshot
 
     def record_xid(self, index: int, xid: int) -> None:
-        """Count an XID event (called from the event thread)."""
+        """Count an XID event from NVML (called from the event thread)."""
         with self._lock:
             if 0 <= index < len(self._gpus):
-                gpu = self._gpus[index]
-                gpu.xids[xid] += 1
-                gpu.last_xid = xid
-                log.warning("GPU %d (%s): XID %d", gpu.identity.index, gpu.identity.uuid, xid)
-                self._publish()
+                self._count_xid(self._gpus[index], xid, "nvml")
+
+    def record_kernel_xid(self, pci_bus_id: str, xid: int) -> None:
+        """Count an XID line of the kernel log (:mod:`gpuwear.kernlog`: ``pci_bus_id`` as it writes them), on the
+        GPU at that bus id; one NVML reported too within :data:`XID_SAME_SECONDS` is counted once."""
+        with self._lock:
+            gpu = next((g for g in self._gpus if g.identity.pci_bus_id and bus_key(g.identity.pci_bus_id)
+                        == pci_bus_id), None)
+            if gpu is None:
+                log.warning("XID %d on PCI %s, a GPU NVML does not list here", xid, pci_bus_id)  # hex: parse_xid
+                return
+            self._count_xid(gpu, xid, "kernel")
+
+    def _count_xid(self, gpu: _Gpu, xid: int, source: str) -> None:
+        now = self.clock.monotonic()
+        recent = gpu.recent_xids
+        while recent and now - recent[0][2] > XID_SAME_SECONDS:
+            recent.popleft()
+        twin = next((r for r in recent if r[0] != source and r[1] == xid), None)
+        if twin is not None:  # the other source told of this one already
+            recent.remove(twin)
+            return
+        recent.append((source, xid, now))
+        gpu.xids[xid] += 1
+        gpu.last_xid = xid
+        log.warning("GPU %d (%s): XID %d (%s)", gpu.identity.index, gpu.identity.uuid, xid,
+                    "NVML event" if source == "nvml" else "kernel log")
+        self._publish()
 
     def tick(self) -> Snapshot:
         """Read every GPU once; returns the new snapshot.

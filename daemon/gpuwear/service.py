@@ -34,6 +34,7 @@ from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen, foreign_pids
+from gpuwear.kernlog import KernelLogXids
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.metrics import DaemonInfo, LedgerStatus, MissingGpu, Published
 from gpuwear.notify import sd_notify, tell_systemd_recovering
@@ -238,6 +239,7 @@ class Daemon:
         self._tick_failure = ""  # what the last one raised
         self.fatal: str | None = None  # why the daemon must exit non-zero (a new process is the only cure)
         self._server: FrontDoor | None = None
+        self._kernel_log: KernelLogXids | None = None
 
     @property
     def port(self) -> int:
@@ -492,6 +494,10 @@ class Daemon:
         self._tick()
         settle_collector()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
+        source = self.config.health.kernel_log  # a simulation's GPUs are in no real kernel log: only a replay file
+        self._kernel_log = KernelLogXids(source if self.source.simulation is None or source.startswith("/")
+                                         else "off", sampler.record_kernel_xid)
+        self._kernel_log.start()
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,
                                   self.limits, self.page)
@@ -612,6 +618,8 @@ class Daemon:
         sd_notify("STOPPING=1")
         if self._server is not None:
             self._server.close()
+        if self._kernel_log is not None:
+            self._kernel_log.stop()
         # let a tick in flight finish (not a hung one), so the last save holds what was served
         if self._tick_lock.acquire(timeout=1.0):
             self._tick_lock.release()

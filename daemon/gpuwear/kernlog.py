@@ -1,0 +1,173 @@
+"""XIDs from the kernel log: the NVIDIA driver's ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., ...`` lines.
+
+NVML's event API does not report every XID (an NVIDIA maintainer: not 79, 119 or 120, NVIDIA/DCGM #162); the driver
+writes each one to the kernel log. :class:`KernelLogXids` follows a source on a thread of its own and hands each XID
+line to a callback with the GPU's PCI bus id (the sampler maps it to the GPU and counts it once, whichever of NVML and
+the kernel log told it first). Sources (``health.kernel_log``):
+
+- ``kmsg``: /dev/kmsg, from its end (the records before the start were counted by the run that saw them);
+- ``journal``: ``journalctl --dmesg --follow --lines=0 --output=cat`` (systemd's copy of the kernel log, readable
+  by the members of systemd-journal without root);
+- a path: a file of /dev/kmsg records (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``) or of plain log lines,
+  read from its start and followed as it grows (replays and tests);
+- ``auto``: the journal under systemd (``$INVOCATION_ID`` set) where journalctl exists, else /dev/kmsg;
+- ``off``: none.
+
+A source that cannot be read (no permission, no such file) is said once in the log and the thread ends: the daemon
+runs on with NVML's events alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("auto", "journal", "kmsg", "off")
+KMSG = "/dev/kmsg"
+POLL_SECONDS = 0.5  # how often a followed file is looked at for new lines, and a stop request noticed
+
+# "NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." (and "SXid" on
+# NVSwitch systems, whose PCI id is a switch's, not a GPU's: not matched here)
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d{1,5}),")
+
+
+def parse_xid(message: str) -> tuple[str, int] | None:
+    """(the GPU's PCI bus id as NVML writes it, ``00000000:17:00.0``; the XID) of a driver's XID line, else None."""
+    m = _XID.search(message)
+    if m is None:
+        return None
+    domain, bus, device, code = m.groups()
+    return f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.0", int(code)
+
+
+def bus_key(pci_bus_id: str) -> str:
+    """A PCI bus id as :func:`parse_xid` writes it, from NVML's (``00000000:17:00.0``; older drivers wrote a 4-digit
+    domain), to compare the two."""
+    parts = pci_bus_id.strip().split(":")
+    try:
+        return f"{int(parts[0], 16):08X}:{parts[1].upper()}:{parts[2].split('.')[0].upper()}.0"
+    except (ValueError, IndexError):
+        return pci_bus_id.strip().upper()
+
+
+def kmsg_message(record: str) -> str:
+    """The message of a /dev/kmsg record (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``); a line that is not
+    one is its own message (a plain log file)."""
+    head, sep, message = record.partition(";")
+    if sep and head.count(",") >= 3 and head.split(",", 1)[0].isdigit():
+        return message
+    return record
+
+
+def resolve(source: str, env: Mapping[str, str] | None = None) -> str:
+    """``auto`` made concrete: the journal under systemd where journalctl exists, else /dev/kmsg."""
+    if source != "auto":
+        return source
+    environ: Mapping[str, str] = os.environ if env is None else env
+    return "journal" if environ.get("INVOCATION_ID") and shutil.which("journalctl") else "kmsg"
+
+
+class KernelLogXids:
+    """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
+    line. :meth:`stop` ends it within about :data:`POLL_SECONDS`."""
+
+    def __init__(self, source: str, on_xid: Callable[[str, int], None]) -> None:
+        self.source = resolve(source)
+        self._on_xid = on_xid
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self.lines = 0  # lines read (tests wait on it)
+
+    def start(self) -> None:
+        if self.source == "off":
+            return
+        self._thread = threading.Thread(target=self._run, name="kernel-log", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * POLL_SECONDS + 1.0)
+
+    def _run(self) -> None:
+        try:
+            for line in self._lines():
+                self.lines += 1
+                found = parse_xid(kmsg_message(line))
+                if found is not None:
+                    self._on_xid(*found)
+        except OSError as exc:
+            log.warning("kernel log %s cannot be read (%s): XIDs come from NVML's events alone, which do not report "
+                        "XID 79, 119 or 120", self.source, exc.strerror or exc)
+        except Exception:  # a bug here must not end the daemon
+            log.exception("kernel log %s: reading stopped", self.source)
+
+    def _lines(self) -> Iterator[str]:
+        if self.source == "kmsg":
+            return self._kmsg()
+        if self.source == "journal":
+            return self._journal()
+        return self._file(Path(self.source))
+
+    def _kmsg(self) -> Iterator[str]:
+        fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            os.lseek(fd, 0, os.SEEK_END)  # from now on: earlier records were the earlier run's to count
+            while not self._stop.is_set():
+                ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
+                if not ready:
+                    continue
+                try:
+                    record = os.read(fd, 8192)  # one record per read
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:  # EPIPE: records overwritten before they were read; go on with the next
+                    continue
+                yield record.decode("utf-8", "replace").split("\n", 1)[0]
+        finally:
+            os.close(fd)
+
+    def _journal(self) -> Iterator[str]:
+        journalctl = shutil.which("journalctl")
+        if journalctl is None:
+            raise FileNotFoundError(2, "journalctl not found")
+        self._process = process = subprocess.Popen(
+            [journalctl, "--dmesg", "--follow", "--lines=0", "--output=cat", "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        assert process.stdout is not None
+        try:
+            for raw in process.stdout:
+                if self._stop.is_set():
+                    break
+                yield raw.decode("utf-8", "replace").rstrip("\n")
+        finally:
+            if process.poll() is None:
+                process.terminate()
+            process.wait(timeout=5)
+
+    def _file(self, path: Path) -> Iterator[str]:
+        with open(path, "rb") as f:
+            pending = b""
+            while not self._stop.is_set():
+                chunk = f.read(65536)
+                if not chunk:
+                    time.sleep(POLL_SECONDS)
+                    continue
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    yield raw.decode("utf-8", "replace")

@@ -1,0 +1,119 @@
+"""XIDs from the kernel log (gpuwear.kernlog): the driver's lines parsed, followed as they come, mapped to the GPU by
+its PCI bus id, counted once when NVML reports the same XID, and served by the running daemon."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, make_rig
+from gpuwear.kernlog import KernelLogXids, bus_key, kmsg_message, parse_xid, resolve
+from helpers import free_port, logs_on_failure, started, wait_for
+
+# The driver's words, as they reach dmesg and the journal (XID 79 with an unknown process, 119 from a process;
+# older drivers wrote the PCI domain with four digits, NVML with eight)
+LINES = [
+    ("NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+     ("00000000:37:00.0", 79)),
+    ("NVRM: Xid (PCI:0000:ca:00): 119, pid=2745, name=python3, Timeout after 6s of waiting for RPC response from "
+     "GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20800a4c 0x4).", ("00000000:CA:00.0", 119)),
+    ("[ 1234.567890] NVRM: Xid (PCI:0000:17:00.0): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0)",
+     ("00000000:17:00.0", 13)),
+    ("NVRM: Xid (PCI:00000001:3b:00): 48, pid=1, name=x, An uncorrectable double bit error", ("00000001:3B:00.0", 48)),
+    ("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 24 egress non-posted PRIV error", None),
+    ("NVRM: GPU at PCI:0000:37:00: GPU-5a8a94f9-cd51-8ba7-0b32-2dba1a0e3b47", None),
+    ("NVRM: Xid (PCI:0000:37:00): not-a-number, x", None),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), LINES)
+def test_the_drivers_xid_lines_are_read_and_nothing_else(line: str, expected: tuple[str, int] | None) -> None:
+    assert parse_xid(line) == expected
+
+
+def test_kmsg_records_and_bus_ids_compare_with_nvmls() -> None:
+    assert kmsg_message("3,1207,5693318421,-;NVRM: Xid (PCI:0000:37:00): 79, x") == "NVRM: Xid (PCI:0000:37:00): 79, x"
+    assert kmsg_message("NVRM: Xid (PCI:0000:37:00): 79, a; b") == "NVRM: Xid (PCI:0000:37:00): 79, a; b"
+    assert bus_key("00000000:37:00.0") == bus_key("0000:37:00.0") == "00000000:37:00.0"
+    assert bus_key("00000000:ca:00.0") == parse_xid("NVRM: Xid (PCI:0000:CA:00): 1, x")[0]  # type: ignore[index]
+    assert resolve("auto", {}) == "kmsg" and resolve("journal", {}) == "journal" and resolve("/x", {}) == "/x"
+
+
+def test_a_file_is_followed_as_it_grows(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("3,1,1,-;NVRM: Xid (PCI:0000:37:00): 79, first\nunrelated line\n")
+    seen: list[tuple[str, int]] = []
+    follower = KernelLogXids(str(log), lambda bus, code: seen.append((bus, code)))
+    follower.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(seen) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with log.open("a") as f:
+            f.write("NVRM: Xid (PCI:0000:17:00): 119, pid=1, name=x, appended later\nNVRM: Xid (PCI:00")  # a cut line
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert seen == [("00000000:37:00.0", 79), ("00000000:17:00.0", 119)]
+    finally:
+        follower.stop()
+
+
+def test_a_source_that_cannot_be_read_is_said_once_and_ends_quietly(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    follower = KernelLogXids(str(tmp_path / "absent.log"), lambda bus, code: None)
+    follower.start()
+    follower.stop()
+    assert "cannot be read" in caplog.text and "XID 79, 119 or 120" in caplog.text
+
+
+def test_an_xid_both_nvml_and_the_kernel_log_report_is_counted_once() -> None:
+    rig = make_rig("demo")
+    try:
+        rig.run(2)
+        sampler = rig.sampler
+        gpu = sampler.snapshot.gpus[1]
+        bus = bus_key(gpu.identity.pci_bus_id or "")
+        sampler.record_xid(1, 13)  # NVML's event first, then the driver's line: one XID
+        sampler.record_kernel_xid(bus, 13)
+        assert dict(sampler.snapshot.gpus[1].xids) == {13: 1}
+        sampler.record_kernel_xid(bus, 79)  # the kernel log first (NVML never reports 79)
+        sampler.record_kernel_xid(bus, 79)  # a second 79 a moment later is a second XID
+        assert dict(sampler.snapshot.gpus[1].xids) == {13: 1, 79: 2} and sampler.snapshot.gpus[1].last_xid == 79
+        rig.clock.advance(30.0)  # a later 13, told by both: one more
+        sampler.record_xid(1, 13)
+        sampler.record_kernel_xid(bus, 13)
+        assert dict(sampler.snapshot.gpus[1].xids) == {13: 2, 79: 2}
+        rig.clock.advance(30.0)  # and one the kernel log alone tells of, well after: one more again
+        sampler.record_kernel_xid(bus, 13)
+        assert dict(sampler.snapshot.gpus[1].xids) == {13: 3, 79: 2}
+        assert dict(sampler.snapshot.gpus[0].xids) == {}  # the other GPU's bus id: nothing
+        sampler.record_kernel_xid("0000000F:01:00.0", 79)  # a bus id no GPU has here: said, not counted
+        assert all(not g.xids or g.identity.index == 1 for g in sampler.snapshot.gpus)
+    finally:
+        rig.backend.close()
+
+
+@pytest.mark.slow
+def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path) -> None:
+    """NVML's events never carry XID 79 (the GPU has fallen off the bus): before, gpuwear never counted one."""
+    kern = tmp_path / "kern.log"
+    kern.write_text("")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"health:\n  kernel_log: {kern}\n")
+    port = free_port()
+    log = tmp_path / "daemon.log"
+    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config),
+                  "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], log, REPO), \
+            logs_on_failure(log):
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_gpu_info")
+        assert 'xid="79"' not in body
+        # the demo's H100 is at PCI 00000000:37:00.0
+        with kern.open("a") as f:
+            f.write("6,4242,123456789,-;NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+                    "fallen off the bus.\n")
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
+        line = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_events_total{") and 'xid="79"' in ln)
+        assert 'gpu="1"' in line and line.endswith(" 1.0"), line
