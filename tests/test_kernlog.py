@@ -74,6 +74,8 @@ def test_an_xid_both_nvml_and_the_kernel_log_report_is_counted_once() -> None:
     try:
         rig.run(2)
         sampler = rig.sampler
+        now = [0.0]
+        sampler.xid_clock = lambda: now[0]  # the real-time window, on a clock of the test's
         gpu = sampler.snapshot.gpus[1]
         bus = bus_key(gpu.identity.pci_bus_id or "")
         sampler.record_xid(1, 13)  # NVML's event first, then the driver's line: one XID
@@ -82,11 +84,11 @@ def test_an_xid_both_nvml_and_the_kernel_log_report_is_counted_once() -> None:
         sampler.record_kernel_xid(bus, 79)  # the kernel log first (NVML never reports 79)
         sampler.record_kernel_xid(bus, 79)  # a second 79 a moment later is a second XID
         assert dict(sampler.snapshot.gpus[1].xids) == {13: 1, 79: 2} and sampler.snapshot.gpus[1].last_xid == 79
-        rig.clock.advance(30.0)  # a later 13, told by both: one more
+        now[0] += 30.0  # a later 13, told by both: one more
         sampler.record_xid(1, 13)
         sampler.record_kernel_xid(bus, 13)
         assert dict(sampler.snapshot.gpus[1].xids) == {13: 2, 79: 2}
-        rig.clock.advance(30.0)  # and one the kernel log alone tells of, well after: one more again
+        now[0] += 30.0  # and one the kernel log alone tells of, well after: one more again
         sampler.record_kernel_xid(bus, 13)
         assert dict(sampler.snapshot.gpus[1].xids) == {13: 3, 79: 2}
         assert dict(sampler.snapshot.gpus[0].xids) == {}  # the other GPU's bus id: nothing
@@ -117,3 +119,25 @@ def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path
         body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
         line = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_events_total{") and 'xid="79"' in ln)
         assert 'gpu="1"' in line and line.endswith(" 1.0"), line
+
+
+@pytest.mark.slow
+def test_a_simulated_xid_is_counted_once_and_79_from_the_kernel_log_alone(tmp_path: Path) -> None:
+    """The fake's scripted XIDs: each a kernel-log line of its driver; 13 an NVML event too (counted once), 79 not
+    (NVML cannot report it): before, the fake delivered 79 as an NVML event, which a real driver never does."""
+    scenario = tmp_path / "xids.yaml"
+    scenario.write_text("gpus:\n  - product: rtx4090\n  - product: h100-sxm\n"
+                        "faults:\n  - {at: 2, gpu: 1, kind: xid, xid: 13}\n  - {at: 4, gpu: 1, kind: xid, xid: 79}\n")
+    port = free_port()
+    log = tmp_path / "daemon.log"
+    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", str(scenario), "--listen",
+                  f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], log, REPO), logs_on_failure(log):
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
+        time.sleep(1.0)  # the twin of XID 13, had it been counted twice, would show by now
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
+        counts = {ln.split('xid="')[1].split('"')[0]: ln.rsplit(" ", 1)[1] for ln in body.splitlines()
+                  if ln.startswith("gpuwear_xid_events_total{")}
+        assert counts == {"13": "1.0", "79": "1.0"}, counts
+    text = log.read_text()
+    assert "XID 13 (NVML event)" in text or "XID 13 (kernel log)" in text
+    assert "XID 79 (kernel log)" in text and "XID 79 (NVML event)" not in text

@@ -237,11 +237,17 @@ def test_verdict_for_each_health_criterion_through_fake_nvml(product: str, fault
     assert (code is None and not v["reasons"]) or code in {r["code"] for r in v["reasons"]}, v
 
 
-def test_xids_through_the_nvml_event_set_reach_the_verdict() -> None:
+def test_xids_through_the_nvml_event_set_and_the_kernel_log_reach_the_verdict() -> None:
+    """XID 13 comes through NVML's event set (and the kernel log: counted once); 79, which NVML cannot report,
+    through the kernel log alone."""
+    from gpuwear.kernlog import KernelLogXids
+
     rig = make_rig(fault_scenario("h100-sxm", {"at": 5, "gpu": 0, "kind": "xid", "xid": 79},
                                   {"at": 6, "gpu": 0, "kind": "xid", "xid": 13}))
     tracker = WearTracker({}, WearConfig())
     rig.sampler.start_events(wait_ms=20)
+    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log)
+    kernel.start()
     try:
         import time
         deadline = time.monotonic() + 5
@@ -252,6 +258,7 @@ def test_xids_through_the_nvml_event_set_reach_the_verdict() -> None:
         rig.run(1)
         tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
     finally:
+        kernel.stop()
         rig.backend.close()
     w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
     assert w is not None and w.xids == {"79": 1, "13": 1}

@@ -81,9 +81,11 @@ class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
     line. :meth:`stop` ends it within about :data:`POLL_SECONDS`."""
 
-    def __init__(self, source: str, on_xid: Callable[[str, int], None]) -> None:
-        self.source = resolve(source)
+    def __init__(self, source: str, on_xid: Callable[[str, int], None],
+                 lines: Callable[[threading.Event], Iterator[str]] | None = None) -> None:
+        self.source = resolve(source) if lines is None else source
         self._on_xid = on_xid
+        self._given = lines  # a source of lines of its own (the simulated driver's log), read until stopped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -117,6 +119,8 @@ class KernelLogXids:
             log.exception("kernel log %s: reading stopped", self.source)
 
     def _lines(self) -> Iterator[str]:
+        if self._given is not None:
+            return self._given(self._stop)
         if self.source == "kmsg":
             return self._kmsg()
         if self.source == "journal":

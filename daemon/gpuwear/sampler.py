@@ -199,6 +199,9 @@ class Sampler:
                  fatal_errors: tuple[type[BaseException], ...] = ()) -> None:
         self.backend = backend
         self.clock = clock
+        # NVML's event thread and the kernel log's race in real time, whatever the clock of the samples (--speed):
+        # the window in which the two report one XID is measured on this
+        self.xid_clock: Callable[[], float] = time.monotonic
         self.slow_interval = slow_interval_seconds  # may change on reload
         self.lost_errors = lost_errors
         self.timer = timer
@@ -267,7 +270,7 @@ class Sampler:
             self._count_xid(gpu, xid, "kernel")
 
     def _count_xid(self, gpu: _Gpu, xid: int, source: str) -> None:
-        now = self.clock.monotonic()
+        now = self.xid_clock()
         recent = gpu.recent_xids
         while recent and now - recent[0][2] > XID_SAME_SECONDS:
             recent.popleft()

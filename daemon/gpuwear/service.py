@@ -494,9 +494,11 @@ class Daemon:
         self._tick()
         settle_collector()
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
-        source = self.config.health.kernel_log  # a simulation's GPUs are in no real kernel log: only a replay file
-        self._kernel_log = KernelLogXids(source if self.source.simulation is None or source.startswith("/")
-                                         else "off", sampler.record_kernel_xid)
+        source, simulation = self.config.health.kernel_log, self.source.simulation
+        if simulation is None or source == "off" or source.startswith("/"):
+            self._kernel_log = KernelLogXids(source, sampler.record_kernel_xid)
+        else:  # simulated GPUs are in no real kernel log: their driver's own
+            self._kernel_log = KernelLogXids("simulation", sampler.record_kernel_xid, simulation.kernel_log)
         self._kernel_log.start()
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,

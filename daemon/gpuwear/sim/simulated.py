@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 import random
 import re
+import threading
 import zlib
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -173,6 +176,12 @@ PRODUCTS: dict[str, Product] = {
 }
 
 PHASE_KINDS = ("idle", "train", "stress")
+NVML_SILENT_XIDS = frozenset({79, 119, 120})  # in the kernel log only: NVML's events do not carry them (DCGM #162)
+# what the driver's line says after the code, for a few (NVIDIA's XID catalog); others get a generic text
+XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrectable double bit error",
+             63: "Row remapping event", 64: "Row remapper failure", 79: "GPU has fallen off the bus",
+             94: "Contained ECC error", 95: "Uncontained ECC error",
+             119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!", 120: "GSP task exception"}
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
                "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
                "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing")
@@ -272,6 +281,9 @@ class SimGpu:
         self.uuid = f"GPU-{seed:08x}-5111-4a7e-9c3d-{index:012x}"
         self.serial = f"13{seed % 10**6:06d}{index:04d}"
         self.pci_bus_id = f"00000000:{0x17 + index * 0x20:02X}:00.0"
+        # the kernel log's lines the driver writes of this GPU (its XIDs), taken by Simulation.kernel_log; a deque
+        # is appended to under the fake library's lock and emptied by the follower's thread without it
+        self.kernel_lines: deque[str] = deque()
         self.rng = random.Random(seed * 1000 + index)
         idle_rise = product.idle_watts * product.r_th_best  # settled at idle, fans at their lowest useful speed
         self.state = GpuState(die_celsius=ambient_celsius + idle_rise,
@@ -344,16 +356,25 @@ class SimGpu:
         mem_target = self.ambient_celsius + demand * p.r_th_memory
         s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
 
+    def xid(self, code: int) -> None:
+        """An XID as the driver reports it: a line in the kernel log, always; an NVML event too, except for the
+        codes NVML cannot report (79, 119, 120: an NVIDIA maintainer, NVIDIA/DCGM #162)."""
+        domain, bus, device = self.pci_bus_id.split(".")[0].split(":")
+        self.kernel_lines.append(f"NVRM: Xid (PCI:{int(domain, 16):04x}:{bus.lower()}:{device.lower()}): {code}, "
+                                 f"pid='<unknown>', name=<unknown>, {XID_WORDS.get(code, 'simulated XID')}.")
+        if code not in NVML_SILENT_XIDS:
+            self.state.pending_xids.append(code)
+
     def apply(self, fault: Fault) -> None:
         """Make a scripted fault happen now."""
         s, k, prm = self.state, fault.kind, fault.params
         if k == "lost":
             s.lost = True
-            s.pending_xids.append(79)  # "GPU has fallen off the bus"
+            self.xid(79)  # "GPU has fallen off the bus"
         elif k == "recover":
             s.lost = False
         elif k == "xid":
-            s.pending_xids.append(int(prm.get("xid", 79)))
+            self.xid(int(prm.get("xid", 79)))
         elif k == "ecc":
             corrected, uncorrected = int(prm.get("corrected", 0)), int(prm.get("uncorrected", 0))
             s.ecc_corrected_volatile += corrected
@@ -423,6 +444,15 @@ class Simulation:
         self.struct_versions: dict[str, int] = dict(STRUCTS)
         # WSL2: nvmlSystemGetDriverVersion answers the Windows driver's version, not the library's (None: Linux)
         self.windows_driver: str | None = None
+
+    def kernel_log(self, stop: threading.Event) -> Iterator[str]:
+        """The kernel log the simulated driver writes (its XID lines, gpuwear.kernlog's format), as it comes, until
+        ``stop`` (looked at every 0.2 s)."""
+        while not stop.is_set():
+            for gpu in self.gpus:
+                while gpu.kernel_lines:
+                    yield gpu.kernel_lines.popleft()
+            stop.wait(0.2)
 
     def next_fault_at(self) -> float:
         """Simulated time of the next scripted fault (infinity when none is left)."""
