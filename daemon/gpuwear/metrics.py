@@ -253,7 +253,8 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action")),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
-       "NVML event set, since the daemon started.", ("xid",), _counts("xids")),
+       "NVML event set and the driver's lines in the kernel log (health.kernel_log; XID 79, 119 and 120 only there), "
+       "one told by both counted once, since the daemon started.", ("xid",), _counts("xids")),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
        _value(lambda s: s.last_xid)),
