@@ -403,3 +403,28 @@ def test_process_metrics_of_this_process_and_without_proc(tmp_path: Path) -> Non
     assert ProcessMetrics(str(tmp_path)).encode(True) == b""  # no /proc there
     (tmp_path / "stat").write_bytes(b"btime 1796000123\n")
     assert ProcessMetrics(str(tmp_path)).encode(False) == b""  # the system's, not the process's
+
+
+@pytest.mark.parametrize(("fault", "utilization", "downgraded"), [
+    ({"width": 8}, 0.95, 1.0),  # fewer lanes: at any load
+    ({"width": 8}, 0.0, 1.0),
+    ({"generation": 3}, 0.95, 1.0),  # a lower generation while the GPU trains
+    ({"generation": 3}, 0.0, 0.0),  # ...but not at idle, where links slow down to save power by design
+    (None, 0.95, 0.0),
+])
+def test_a_pcie_link_trained_below_its_maximum_is_exported_downgraded(fault: dict[str, int] | None,
+                                                                      utilization: float, downgraded: float) -> None:
+    """The link's width and generation against the most the device and its slot allow were not read at all: a link
+    that retrained at x8 or at a lower generation (a riser, a reseat, a failing lane) slowed the GPU silently."""
+    faults = [] if fault is None else [{"at": 100, "gpu": 1, "kind": "pcie_downgrade", **fault}]
+    train = [{"kind": "train" if utilization else "idle", "seconds": 3600, "utilization": utilization}]
+    rig = make_rig({"gpus": [{"product": "rtx4090", "schedule": train}, {"product": "h100-sxm", "schedule": train}],
+                    "faults": faults})
+    rig.run(200)  # past the fault and a slow read after it
+    samples = _samples(exposition(rig, "pcie", detail=True))
+    uuids = [g.identity.uuid for g in rig.sampler.snapshot.gpus]
+    assert samples[f'gpuwear_pcie_link_downgraded{{gpu="1",uuid="{uuids[1]}"}}'] == downgraded
+    assert samples[f'gpuwear_pcie_link_downgraded{{gpu="0",uuid="{uuids[0]}"}}'] == 0
+    assert samples[f'gpuwear_pcie_link_width{{gpu="1",link="current",uuid="{uuids[1]}"}}'] == \
+        (fault or {}).get("width", 16)
+    assert samples[f'gpuwear_pcie_link_generation{{gpu="1",link="max",uuid="{uuids[1]}"}}'] == 5

@@ -147,6 +147,19 @@ def _unavailable(status: GpuStatus) -> Series:
     return [((reason,), float(counts[reason])) for reason in sorted(counts)]
 
 
+PCIE_BUSY_RATIO = 0.5  # utilization from which a link below its top generation is a downgrade, not power saving
+
+
+def _pcie_downgraded(status: GpuStatus) -> float | None:
+    s = status.sample
+    if s is None or s.pcie_link_width is None or s.pcie_link_width_max is None:
+        return None
+    slower = (s.pcie_link_generation is not None and s.pcie_link_generation_max is not None
+              and s.pcie_link_generation < s.pcie_link_generation_max
+              and (s.utilization_gpu_ratio or 0.0) >= PCIE_BUSY_RATIO)
+    return 1.0 if s.pcie_link_width < s.pcie_link_width_max or slower else 0.0
+
+
 def _info(status: GpuStatus) -> Series:
     i = status.identity
     return [((i.name, i.serial or "", i.pci_bus_id or "", i.architecture or "", i.cuda_capability or ""), 1.0)]
@@ -249,6 +262,16 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure")),
     MetricDef("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
        "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays")),
+    MetricDef("gpuwear_pcie_link_downgraded", "gauge", "", "1 when the GPU's PCIe link trained below what the "
+       "device and its slot allow: fewer lanes, or a lower generation while the GPU is busy (at idle the link "
+       "slows down to save power by design); 0 otherwise (nvmlDeviceGet{Curr,Max}PcieLink{Width,Generation}).", (),
+       _value(_pcie_downgraded)),
+    MetricDef("gpuwear_pcie_link_width", "gauge", "", "PCIe lanes the link runs at (current) and the most the "
+       "device and its slot allow (max) (nvmlDeviceGetCurrPcieLinkWidth, nvmlDeviceGetMaxPcieLinkWidth).",
+       ("link",), _labelled((("current", "pcie_link_width"), ("max", "pcie_link_width_max"))), detail=True),
+    MetricDef("gpuwear_pcie_link_generation", "gauge", "", "PCIe generation the link runs at (current) and the "
+       "highest the device and its slot allow (max) (nvmlDeviceGet{Curr,Max}PcieLinkGeneration).", ("link",),
+       _labelled((("current", "pcie_link_generation"), ("max", "pcie_link_generation_max"))), detail=True),
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action")),

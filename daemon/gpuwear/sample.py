@@ -93,6 +93,12 @@ class GpuSample:
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     pcie_replays: int | None = None  # field NVML_FI_DEV_PCIE_REPLAY_COUNTER
+    # nvmlDeviceGetCurrPcieLinkGeneration / Width, and the Max ones: "possible with this device and system" (a
+    # card in a slot of 8 lanes has a maximum of 8), so a current value below its maximum is a link trained down
+    pcie_link_generation: int | None = None
+    pcie_link_generation_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
     # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot,
     # 3 drain P2P, 4 drain and reset (nvmlDeviceGpuRecoveryAction_t)
     recovery_action: int | None = None
@@ -162,6 +168,10 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "remapped_rows_corrected": (0, 1e6),
     "remapped_rows_uncorrected": (0, 1e6),
     "pcie_replays": (0, 1e12),
+    "pcie_link_generation": (1, 8),
+    "pcie_link_generation_max": (1, 8),
+    "pcie_link_width": (1, 64),
+    "pcie_link_width_max": (1, 64),
     "recovery_action": (0, 100),
 }
 

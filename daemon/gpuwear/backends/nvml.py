@@ -338,6 +338,13 @@ def _remapped_rows(h: Any, api: Api) -> Values:
             "remapped_rows_pending": bool(pending), "remapped_rows_failure": bool(failure)}
 
 
+def _pcie_link(h: Any, api: Api) -> Values:
+    return {"pcie_link_generation": pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+            "pcie_link_generation_max": pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+            "pcie_link_width": pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+            "pcie_link_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)}
+
+
 _NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE: usedGpuMemory under Windows WDDM
 _NOT_AVAILABLE = frozenset({_NOT_AVAILABLE_ULL, 2**32 - 1})  # ...as an unsigned long long, or an unsigned int
 
@@ -425,6 +432,8 @@ READERS: tuple[Reader, ...] = (
     Reader("remapped_rows", True, _remapped_rows,
            ("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
             "remapped_rows_failure")),
+    Reader("pcie_link", True, _pcie_link,
+           ("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max")),
 )
 _VIOLATION_READERS = ("violation_power", "violation_thermal")
 

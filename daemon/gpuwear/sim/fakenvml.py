@@ -813,19 +813,29 @@ class SimulatedDriver:
         self._gpu(handle)
         raise _UnsupportedError()  # confidential computing is off on every simulated GPU
 
+    @staticmethod
+    def _pcie_generation_max(gpu: SimGpu) -> int:
+        return 5 if gpu.product.architecture >= 9 else 4 if gpu.product.architecture >= 7 else 3
+
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, value: Any) -> int:
+        """The generation the link trained at: the maximum, or less after a pcie_downgrade fault."""
         gpu = self._gpu(handle, "pcie")
-        _out(value).value = 5 if gpu.product.architecture >= 9 else 4 if gpu.product.architecture >= 7 else 3
+        _out(value).value = gpu.state.pcie_generation or self._pcie_generation_max(gpu)
         return SUCCESS
 
-    nvmlDeviceGetMaxPcieLinkGeneration = nvmlDeviceGetCurrPcieLinkGeneration
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any, value: Any) -> int:
+        _out(value).value = self._pcie_generation_max(self._gpu(handle, "pcie"))
+        return SUCCESS
 
     def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, value: Any) -> int:
+        """The lanes the link trained at: 16, or fewer after a pcie_downgrade fault."""
+        _out(value).value = self._gpu(handle, "pcie").state.pcie_width or 16
+        return SUCCESS
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any, value: Any) -> int:
         self._gpu(handle, "pcie")
         _out(value).value = 16
         return SUCCESS
-
-    nvmlDeviceGetMaxPcieLinkWidth = nvmlDeviceGetCurrPcieLinkWidth
 
     def nvmlDeviceGetVirtualizationMode(self, handle: Any, mode: Any) -> int:
         """nvmlGpuVirtualizationMode_t: NVML_GPU_VIRTUALIZATION_MODE_NONE (0, "Represents Bare Metal GPU" in

@@ -184,7 +184,8 @@ XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrec
              119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!", 120: "GSP task exception"}
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
                "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
-               "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing")
+               "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing",
+               "pcie_downgrade")
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,8 @@ class GpuState:
     unsupported: set[str] = field(default_factory=set)
     garbage: dict[str, float] = field(default_factory=dict)  # field -> value, returned once
     pending_xids: list[int] = field(default_factory=list)
+    pcie_generation: int | None = None  # the link trained below its maximum (pcie_downgrade); None: at it
+    pcie_width: int | None = None
     processes: tuple[int, ...] = ()  # PIDs of the compute processes on the GPU now
     mig_enabled: bool = False  # MIG mode (A100/H100 class): whole-device utilization is not supported then
     energy_glitch_mj: float | None = None  # the energy counter answers this once (a backwards glitch)
@@ -375,6 +378,9 @@ class SimGpu:
             s.lost = False
         elif k == "xid":
             self.xid(int(prm.get("xid", 79)))
+        elif k == "pcie_downgrade":  # the link retrained narrower or slower (a reseat, a riser, a failing lane)
+            s.pcie_width = int(prm["width"]) if "width" in prm else s.pcie_width
+            s.pcie_generation = int(prm["generation"]) if "generation" in prm else s.pcie_generation
         elif k == "ecc":
             corrected, uncorrected = int(prm.get("corrected", 0)), int(prm.get("uncorrected", 0))
             s.ecc_corrected_volatile += corrected
@@ -650,6 +656,9 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             raise ScenarioError(f"{where}: expected a mapping with kind one of {', '.join(FAULT_KINDS)}")
         params = {k: v for k, v in spec.items() if k not in {"at", "gpu", "kind"}}
         gpu_index = int(_number(spec.get("gpu", 0), f"{where}.gpu", 0, len(gpus) - 1))
+        if spec["kind"] == "pcie_downgrade":  # the lanes and generation a link can train at
+            params = {key: int(_number(params[key], f"{where}.{key}", 1, top))
+                      for key, top in (("width", 16), ("generation", 5)) if key in params}
         faults.append(Fault(_number(spec.get("at"), f"{where}.at"), gpu_index, spec["kind"], params))
     gpus, faults = _without_missing(gpus, faults, name)
     simulation = Simulation(gpus, faults, name)
