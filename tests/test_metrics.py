@@ -428,3 +428,26 @@ def test_a_pcie_link_trained_below_its_maximum_is_exported_downgraded(fault: dic
     assert samples[f'gpuwear_pcie_link_width{{gpu="1",link="current",uuid="{uuids[1]}"}}'] == \
         (fault or {}).get("width", 16)
     assert samples[f'gpuwear_pcie_link_generation{{gpu="1",link="max",uuid="{uuids[1]}"}}'] == 5
+
+
+def test_nvlink_links_and_errors_are_read_on_gpus_that_have_them() -> None:
+    """NVLink (the largest single cause of Llama 3's GPU interruptions) was not read at all: a link that went down
+    or a link counting errors left no trace. An RTX 4090 has none: no series."""
+    train = [{"kind": "train", "seconds": 3600, "utilization": 0.9}]
+    rig = make_rig({"gpus": [{"product": "rtx4090", "schedule": train}, {"product": "h100-sxm", "schedule": train}],
+                    "faults": [{"at": 100, "gpu": 1, "kind": "nvlink_errors", "link": 3, "crc_flit": 120,
+                                "recovery": 2, "down": True},
+                               {"at": 110, "gpu": 1, "kind": "nvlink_errors", "link": 7, "crc_flit": 5, "replay": 9}]})
+    rig.run(40)
+    samples = _samples(exposition(rig, "nvlink"))
+    uuids = [g.identity.uuid for g in rig.sampler.snapshot.gpus]
+    assert samples[f'gpuwear_nvlink_links_active{{gpu="1",uuid="{uuids[1]}"}}'] == 18
+    assert samples[f'gpuwear_nvlink_errors_total{{error="crc_flit",gpu="1",uuid="{uuids[1]}"}}'] == 0
+    rig.run(160)  # past both faults and a slow read after them
+    samples = _samples(exposition(rig, "nvlink"))
+    assert samples[f'gpuwear_nvlink_links_active{{gpu="1",uuid="{uuids[1]}"}}'] == 17
+    errors = {kind: samples[f'gpuwear_nvlink_errors_total{{error="{kind}",gpu="1",uuid="{uuids[1]}"}}']
+              for kind in ("crc_flit", "crc_data", "replay", "recovery")}
+    assert errors == {"crc_flit": 125, "crc_data": 0, "replay": 9, "recovery": 2}  # the down link's counts kept
+    assert not [key for key in samples if "nvlink" in key and f'uuid="{uuids[0]}"' in key]
+    assert rig.sampler.snapshot.gpus[0].unavailable.get("nvlink") == "not_supported"

@@ -272,6 +272,14 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_pcie_link_generation", "gauge", "", "PCIe generation the link runs at (current) and the "
        "highest the device and its slot allow (max) (nvmlDeviceGet{Curr,Max}PcieLinkGeneration).", ("link",),
        _labelled((("current", "pcie_link_generation"), ("max", "pcie_link_generation_max"))), detail=True),
+    MetricDef("gpuwear_nvlink_links_active", "gauge", "", "NVLink links active now (nvmlDeviceGetNvLinkState, "
+       "link after link); absent on a GPU without NVLink. A link that went down shows as a drop from its usual "
+       "count (the alert compares with the last day's most).", (), _sample_field("nvlink_links_active")),
+    MetricDef("gpuwear_nvlink_errors_total", "counter", "", "NVLink errors summed over the GPU's links, by kind "
+       "(nvmlDeviceGetNvLinkErrorCounter: DL_CRC_FLIT, DL_CRC_DATA, DL_REPLAY, DL_RECOVERY); restart at a driver "
+       "reload; absent on a GPU without NVLink.", ("error",),
+       _labelled((("crc_flit", "nvlink_crc_flit_errors"), ("crc_data", "nvlink_crc_data_errors"),
+                  ("replay", "nvlink_replay_errors"), ("recovery", "nvlink_recovery_errors")))),
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action")),

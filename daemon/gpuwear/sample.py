@@ -99,6 +99,14 @@ class GpuSample:
     pcie_link_generation_max: int | None = None
     pcie_link_width: int | None = None
     pcie_link_width_max: int | None = None
+    # NVLink, over the GPU's links (nvmlDeviceGetNvLinkState link after link until INVALID_ARGUMENT): how many are
+    # active, and nvmlDeviceGetNvLinkErrorCounter summed over every link (DL_CRC_FLIT, DL_CRC_DATA, DL_REPLAY,
+    # DL_RECOVERY; they restart at a driver reload); None on a GPU without NVLink
+    nvlink_links_active: int | None = None
+    nvlink_crc_flit_errors: int | None = None
+    nvlink_crc_data_errors: int | None = None
+    nvlink_replay_errors: int | None = None
+    nvlink_recovery_errors: int | None = None
     # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot,
     # 3 drain P2P, 4 drain and reset (nvmlDeviceGpuRecoveryAction_t)
     recovery_action: int | None = None
@@ -172,6 +180,11 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "pcie_link_generation_max": (1, 8),
     "pcie_link_width": (1, 64),
     "pcie_link_width_max": (1, 64),
+    "nvlink_links_active": (0, 64),
+    "nvlink_crc_flit_errors": (0, 1e15),
+    "nvlink_crc_data_errors": (0, 1e15),
+    "nvlink_replay_errors": (0, 1e15),
+    "nvlink_recovery_errors": (0, 1e15),
     "recovery_action": (0, 100),
 }
 

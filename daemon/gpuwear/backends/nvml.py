@@ -345,6 +345,33 @@ def _pcie_link(h: Any, api: Api) -> Values:
             "pcie_link_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)}
 
 
+NVLINK_LINKS_ASKED = 18  # links asked at most (Hopper's and Blackwell's per GPU; the count is found by asking)
+_NVLINK_COUNTERS = (("nvlink_replay_errors", 0), ("nvlink_recovery_errors", 1), ("nvlink_crc_flit_errors", 2),
+                    ("nvlink_crc_data_errors", 3))  # nvmlNvLinkErrorCounter_t
+
+
+def _nvlink(h: Any, api: Api) -> Values:
+    """The GPU's NVLink links, asked one after another until the driver says there is no such link: how many are
+    active, and each error counter summed over them. A GPU without NVLink answers NOT_SUPPORTED for link 0."""
+    active = 0
+    totals = dict.fromkeys((key for key, _ in _NVLINK_COUNTERS), 0)
+    for link in range(NVLINK_LINKS_ASKED):
+        try:
+            up = pynvml.nvmlDeviceGetNvLinkState(h, link)
+        except pynvml.NVMLError as exc:
+            if link == 0 or exc.value not in (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_SUPPORTED):
+                raise
+            break
+        active += bool(up)
+        for key, counter in _NVLINK_COUNTERS:  # a link gone down keeps its counts where the driver still has them
+            try:
+                totals[key] += pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
+            except pynvml.NVMLError as exc:
+                if up and not isinstance(exc, pynvml.NVMLError_NotSupported):
+                    raise
+    return {"nvlink_links_active": active, **totals}
+
+
 _NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE: usedGpuMemory under Windows WDDM
 _NOT_AVAILABLE = frozenset({_NOT_AVAILABLE_ULL, 2**32 - 1})  # ...as an unsigned long long, or an unsigned int
 
@@ -434,6 +461,9 @@ READERS: tuple[Reader, ...] = (
             "remapped_rows_failure")),
     Reader("pcie_link", True, _pcie_link,
            ("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max")),
+    Reader("nvlink", True, _nvlink,
+           ("nvlink_links_active", "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
+            "nvlink_recovery_errors")),
 )
 _VIOLATION_READERS = ("violation_power", "violation_thermal")
 

@@ -837,6 +837,30 @@ class SimulatedDriver:
         _out(value).value = 16
         return SUCCESS
 
+    def _nvlink(self, handle: Any, link: Any) -> tuple[SimGpu, int]:
+        """A GPU and one of its NVLink links: NOT_SUPPORTED on a GPU without NVLink, INVALID_ARGUMENT past its
+        last link (as nvidia-smi nvlink and DCGM find the count: asking link after link)."""
+        gpu = self._gpu(handle, "nvlink")
+        if gpu.product.nvlinks == 0:
+            raise _UnsupportedError()
+        index = _in(link)
+        if not 0 <= index < gpu.product.nvlinks:
+            raise _InvalidError()
+        return gpu, index
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: Any, active: Any) -> int:
+        gpu, index = self._nvlink(handle, link)
+        _out(active).value = 0 if index in gpu.state.nvlink_down else 1
+        return SUCCESS
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: Any, counter: Any, value: Any) -> int:
+        gpu, index = self._nvlink(handle, link)
+        kind = _in(counter)
+        if kind not in (0, 1, 2, 3):  # DL_ECC_DATA (4) and later: not modelled, answered as not supported
+            raise _UnsupportedError()
+        _out(value).value = gpu.state.nvlink_errors.get((index, kind), 0)
+        return SUCCESS
+
     def nvmlDeviceGetVirtualizationMode(self, handle: Any, mode: Any) -> int:
         """nvmlGpuVirtualizationMode_t: NVML_GPU_VIRTUALIZATION_MODE_NONE (0, "Represents Bare Metal GPU" in
         nvml.h; Kepler or newer): every simulated GPU is a bare-metal one."""

@@ -84,6 +84,7 @@ class Product:
     tau_die_seconds: float = TAU_DIE_SECONDS  # the die's pole (thermal_step)
     tau_sink_seconds: float = TAU_SINK_SECONDS  # the heatsink's
     die_share: float = DIE_SHARE  # the die pole's share of the thermal resistance
+    nvlinks: int = 0  # NVLink links (an SXM board's, wired to NVSwitches: all active); 0: none
 
 
 PRODUCTS: dict[str, Product] = {
@@ -133,7 +134,7 @@ PRODUCTS: dict[str, Product] = {
             gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
             retired_pages=False, remapped_rows=True, r_th_best=0.075, r_th_worst=0.075,
             r_th_memory=0.082, tau_memory_seconds=60.0,
-            sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r525",
+            sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r525", nvlinks=18,
         ),
         Product(
             key="a100-sxm", name="NVIDIA A100-SXM4-80GB", architecture=7,
@@ -142,7 +143,7 @@ PRODUCTS: dict[str, Product] = {
             gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
             retired_pages=False, remapped_rows=True, r_th_best=0.11, r_th_worst=0.11,
             r_th_memory=0.12, tau_memory_seconds=60.0,
-            sm_max_hz=1.41e9, memory_max_hz=1.593e9, mig_capable=True,
+            sm_max_hz=1.41e9, memory_max_hz=1.593e9, mig_capable=True, nvlinks=12,
         ),
         Product(
             key="gh200", name="NVIDIA GH200 480GB", architecture=9,
@@ -152,7 +153,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=False, remapped_rows=True, r_th_best=0.07, r_th_worst=0.07,
             r_th_memory=0.08, tau_memory_seconds=60.0,
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, module_extra_watts=150.0,
-            min_branch="r535",
+            min_branch="r535", nvlinks=18,
         ),
         Product(
             key="jetson-orin", name="Orin (nvgpu)", architecture=7,
@@ -176,6 +177,8 @@ PRODUCTS: dict[str, Product] = {
 }
 
 PHASE_KINDS = ("idle", "train", "stress")
+# nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY 0, _RECOVERY 1, _CRC_FLIT 2, _CRC_DATA 3 -> the fault's key
+NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 NVML_SILENT_XIDS = frozenset({79, 119, 120})  # in the kernel log only: NVML's events do not carry them (DCGM #162)
 # what the driver's line says after the code, for a few (NVIDIA's XID catalog); others get a generic text
 XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrectable double bit error",
@@ -185,7 +188,7 @@ XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrec
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
                "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
                "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing",
-               "pcie_downgrade")
+               "pcie_downgrade", "nvlink_errors")
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,8 @@ class GpuState:
     garbage: dict[str, float] = field(default_factory=dict)  # field -> value, returned once
     pending_xids: list[int] = field(default_factory=list)
     pcie_generation: int | None = None  # the link trained below its maximum (pcie_downgrade); None: at it
+    nvlink_down: set[int] = field(default_factory=set)  # NVLink links gone inactive (nvlink_errors down: true)
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, nvmlNvLinkErrorCounter_t) -> n
     pcie_width: int | None = None
     processes: tuple[int, ...] = ()  # PIDs of the compute processes on the GPU now
     mig_enabled: bool = False  # MIG mode (A100/H100 class): whole-device utilization is not supported then
@@ -378,6 +383,12 @@ class SimGpu:
             s.lost = False
         elif k == "xid":
             self.xid(int(prm.get("xid", 79)))
+        elif k == "nvlink_errors":  # errors counted on one link (nvmlNvLinkErrorCounter_t), which may go down
+            link = int(prm.get("link", 0))
+            for counter, key in NVLINK_COUNTERS.items():
+                s.nvlink_errors[(link, counter)] = s.nvlink_errors.get((link, counter), 0) + int(prm.get(key, 0))
+            if prm.get("down"):
+                s.nvlink_down.add(link)
         elif k == "pcie_downgrade":  # the link retrained narrower or slower (a reseat, a riser, a failing lane)
             s.pcie_width = int(prm["width"]) if "width" in prm else s.pcie_width
             s.pcie_generation = int(prm["generation"]) if "generation" in prm else s.pcie_generation
@@ -656,6 +667,11 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             raise ScenarioError(f"{where}: expected a mapping with kind one of {', '.join(FAULT_KINDS)}")
         params = {k: v for k, v in spec.items() if k not in {"at", "gpu", "kind"}}
         gpu_index = int(_number(spec.get("gpu", 0), f"{where}.gpu", 0, len(gpus) - 1))
+        if spec["kind"] == "nvlink_errors":
+            link = int(_number(params.get("link", 0), f"{where}.link", 0, max(0, gpus[gpu_index].product.nvlinks - 1)))
+            counts = {key: int(_number(params[key], f"{where}.{key}", 0, 1e15)) for key in NVLINK_COUNTERS.values()
+                      if key in params}
+            params = {"link": link, **counts, "down": params.get("down") is True}
         if spec["kind"] == "pcie_downgrade":  # the lanes and generation a link can train at
             params = {key: int(_number(params[key], f"{where}.{key}", 1, top))
                       for key, top in (("width", 16), ("generation", 5)) if key in params}
