@@ -546,3 +546,25 @@ def test_merging_many_histories_at_once_is_merging_them_one_after_the_other() ->
         chained = chained.merged(other)
     at_once = GpuWear.merged_all(GpuWear("GPU-many"), others)
     assert json.dumps(at_once.to_json(), sort_keys=True) == json.dumps(chained.to_json(), sort_keys=True)
+
+
+
+def test_every_verdict_reason_names_its_rule_and_whose_it_is() -> None:
+    """The verdict's reasons did not say which rule they apply: NVIDIA's (memory errors, page retirement, the XID
+    catalog, DCGM's retired-page limit) or gpuwear's own thresholds (heat, throttling, cooling)."""
+    from gpuwear.wear.models import RULES, rule
+
+    w = GpuWear("GPU-x", name="card")
+    w.health.update({"remapped_rows_failure": True, "retired_pages_single_bit": 61, "ecc_uncorrected_volatile": 1,
+                     "recovery_action": 1})
+    w.xids = {"79": 1, "13": 2}
+    w.throttle_seconds = {"hw_thermal_slowdown": 500.0}
+    w.utilization_seconds = {"100": 1000.0}
+    v = verdict(w, WearConfig(), None, busy=1000.0, above_slowdown=0.0)
+    rules = {r["code"]: r["rule"] for r in v["reasons"]}
+    assert {"row_remap_failure", "retired_pages_limit", "uncorrectable_ecc", "recovery_action", "xid_79", "xid_13",
+            "thermal_throttling"} <= set(rules), rules
+    assert all(r for r in rules.values())
+    assert rules["row_remap_failure"].startswith("NVIDIA") and "DCGM" in rules["retired_pages_limit"]
+    assert "XID catalog" in rules["xid_79"] and rules["thermal_throttling"].startswith("gpuwear's own rule")
+    assert all(code in RULES for code in rules if not code.startswith("xid_")) and rule("xid_48") == rules["xid_79"]

@@ -141,7 +141,8 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
            f'<p><span class="verdict" style="background:{colour}" data-figure="status" data-value="{h["status"]}">'
            f'{status}</span> ']
     shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
-    out.append("; ".join(_e(r["text"]) for r in shown) if shown else "nothing it reports asks for action")
+    out.append("; ".join(f'{_e(r["text"])} <span class="muted">(rule: {_e(r["rule"])})</span>' for r in shown)
+               if shown else "nothing it reports asks for action")
     out.append("</p>")
     for r in h["reasons"]:
         if r["severity"] == "unknown":

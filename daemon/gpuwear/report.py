@@ -45,6 +45,7 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
             if r["code"] == "memory_health_unknown":
                 r["text"] = ("the imported logs hold neither ECC counters nor memory temperature: its memory health "
                              "is not known from them")
+                r["rule"] = "what the imported logs hold: no ECC counters, no memory temperature"
     return {
         "uuid": w.uuid, "name": w.name, "serial": w.serial,
         "first_seen": w.first_seen, "last_seen": w.last_seen, "sampled_live": live,
@@ -247,6 +248,7 @@ def text_report(doc: dict[str, Any]) -> str:
         out.append(f"  Health: {h['status'].upper()}" + (": nothing it reports asks for action" if not shown else ""))
         for r in shown:
             out.append(f"    - [{r['severity']}] {r['text']}")
+            out.append(f"      rule: {r['rule']}")
         for r in h["reasons"]:
             if r["severity"] == "unknown":
                 out.append(f"    Not known: {r['text']}")

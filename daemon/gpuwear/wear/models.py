@@ -34,6 +34,32 @@ XID_WATCH = {13: "graphics engine exception", 31: "GPU memory page fault",
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
                     4: "drain and reset the GPU"}
 STATUS_ORDER = ("ok", "unknown", "watch", "act")
+# the rule each verdict reason applies, and whose it is: NVIDIA's where NVIDIA states one, else gpuwear's own
+_MEMORY_ERRORS = "NVIDIA, GPU Memory Error Management (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt)"
+_PAGE_RETIREMENT = "NVIDIA, Dynamic Page Retirement (docs.nvidia.com/deploy/dynamic-page-retirement)"
+_XID_CATALOG = "NVIDIA's XID catalog, the resolution it gives for this XID (docs.nvidia.com/deploy/xid-errors)"
+RULES = {
+    "row_remap_failure": _MEMORY_ERRORS + ": a failed row remap means the GPU needs service",
+    "row_remap_pending": _MEMORY_ERRORS + ": a pending remap is applied at the next GPU reset",
+    "remapped_rows": _MEMORY_ERRORS,
+    "page_retirement_pending": _PAGE_RETIREMENT,
+    "retired_pages": _PAGE_RETIREMENT,
+    "retired_pages_limit": "NVIDIA DCGM's health check: 60 or more retired pages is a failing GPU",
+    "recovery_action": "the driver's own request (NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)",
+    "uncorrectable_ecc": _MEMORY_ERRORS + ": results computed after an uncorrectable error may be wrong",
+    "uncorrectable_ecc_history": _MEMORY_ERRORS,
+    "gpu_lost": _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"),
+    "time_above_slowdown": "gpuwear's own rule: wear.health.slowdown_watch_seconds at or above the card's slowdown "
+                           "temperature (NVML's threshold)",
+    "thermal_throttling": "gpuwear's own rule: wear.health.thermal_throttle_watch_ratio of busy time throttled",
+    "cooling_degrading": "gpuwear's own rule: wear.health.resistance_rise_watch_ratio rise of °C per watt",
+    "memory_health_unknown": "what NVML reports of this card: no ECC counters, no memory temperature",
+}
+
+
+def rule(code: str) -> str:
+    """The rule a verdict reason applies (:data:`RULES`; an XID's: NVIDIA's catalog)."""
+    return RULES.get(code) or (_XID_CATALOG if code.startswith("xid_") else "gpuwear's own rule")
 # per-day comparisons with the reference profiles need this much observed time: a shorter log (a burst of a few
 # minutes) would be extrapolated to a whole day (docs/wear-model.md §7)
 MIN_COMPARISON_SECONDS = 6 * 3600
@@ -262,12 +288,13 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
     resistance_trend; ``busy`` and ``above_slowdown``: its busy seconds and seconds at or above its slowdown
     temperature, when the caller has them already.
 
-    Reason codes are a fixed set (they label a metric); the text explains each in plain words.
+    Reason codes are a fixed set (they label a metric); the text explains each in plain words, and ``rule`` says
+    which rule it applies and whose (NVIDIA's, or gpuwear's own).
     """
     reasons: list[dict[str, str]] = []
 
     def reason(severity: str, code: str, text: str) -> None:
-        reasons.append({"severity": severity, "code": code, "text": text})
+        reasons.append({"severity": severity, "code": code, "text": text, "rule": rule(code)})
 
     h = w.health
     if h.get("remapped_rows_failure"):
