@@ -95,10 +95,17 @@ def test_report_in_words(simulated_day: tuple[Path, dict[str, dict[tuple[str, ..
     text = gpuwear("report", "--state-dir", str(state), "--simulated").stdout
     assert text.startswith("SIMULATED GPUs")
     block = text.split("NVIDIA H100 80GB HBM3")[1]
-    order = [block.index(s) for s in ("Health:", "In plain words:", "Wear (", "Observed:", "Stress:",
-                                      "Model details")]
-    assert order == sorted(order)  # the verdict, the answer, its figures, then the details
+    order = [block.index(s) for s in ("Health:", "In plain words:", "What this sees of the risk:", "Wear (",
+                                      "Observed:", "Stress:", "Model details")]
+    assert order == sorted(order)  # the verdict, the answer, how much of the risk it sees, its figures, the details
     assert "not a remaining life" in block
+    # how much of the risk the answer sees: the field data cited, heat a small part, what this card's verdict watches
+    geforce = text.split("NVIDIA GeForce RTX 4090")[1].split("NVIDIA H100 80GB HBM3")[0]
+    for card, memory in ((block, "Its health verdict watches memory errors (ECC"),
+                         (geforce, "not its memory errors: the card reports no ECC counters")):
+        seen = card.split("What this sees of the risk:")[1].split("\n")[0]
+        assert "thermal interface and sensor 6 (1.4 %)" in seen and "Llama 3 Herd of Models" in seen, seen
+        assert memory in seen, seen
     for forbidden in ("% worn", "remaining life:", "probability"):
         assert forbidden not in text
 

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any
 
-from gpuwear.report import duration, plain_words, roughly
+from gpuwear.report import duration, plain_words, risk_seen, roughly
 from gpuwear.wear.models import WORD_PROFILES
 
 _STATUS = {"ok": ("OK", "#1b7f3b"), "watch": ("WATCH", "#b45309"), "act": ("ACT", "#b91c1c"),
@@ -148,6 +148,7 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
         if r["severity"] == "unknown":
             out.append(f'<p class="muted">Not known: {_e(r["text"])}</p>')
     out.append(f'<p class="answer">{_e(plain_words(d))}</p>')
+    out.append(f'<p class="muted">{_e(risk_seen(d))}</p>')
     out.append('<div class="cards"><div class="card"><h3>Heat aging (Arrhenius)</h3>'
                f'<div class="big">{_figure("thermal_aging_central_hours", a["central"], duration(a["central"] * 3600))}'
                f'</div><p class="muted">at a steady {a["reference_celsius"]:g} °C; '

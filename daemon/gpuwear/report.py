@@ -201,6 +201,31 @@ def plain_words(d: dict[str, Any]) -> str:
             "Wear is an estimate from models (docs/wear-model.md), not a measured remaining life.")
 
 
+# Meta, "The Llama 3 Herd of Models" (2024), table 5: the 419 unexpected interruptions of 54 days of training on
+# 16,384 H100 GPUs, by cause (the GPU-side ones)
+FIELD_INTERRUPTIONS = 419
+FIELD_CAUSES = (("faulty GPUs, NVLink included", 148), ("GPU HBM3 memory", 72), ("GPU SRAM memory", 19),
+                ("GPU system processor (GSP firmware)", 17), ("GPU thermal interface and sensor", 6))
+
+
+def risk_seen(d: dict[str, Any]) -> str:
+    """How much of a GPU's real risk the estimates and the verdict see, in one paragraph: what field data puts on
+    heat and on the rest (cited), and which of those this card's verdict watches."""
+    causes = "; ".join(f"{what} {n} ({100 * n / FIELD_INTERRUPTIONS:.1f} %)" for what, n in FIELD_CAUSES)
+    measured = d["health"]["measured"]
+    watched = ["XIDs (from NVML's events and the kernel log: GSP firmware faults, the GPU falling off the bus)",
+               "the GPU lost or missing"]
+    if measured.get("ecc_enabled") or any(k.startswith(("ecc_", "remapped_rows", "retired_pages")) and v
+                                          for k, v in measured.items()):
+        watched.insert(0, "memory errors (ECC counters, row remapping or page retirement)")
+    else:
+        watched.append("not its memory errors: the card reports no ECC counters")
+    return (f"What this sees of the risk: of {FIELD_INTERRUPTIONS} unexpected interruptions of Llama 3's training on "
+            f"16,384 H100s, GPU causes were {causes} (Meta, The Llama 3 Herd of Models, table 5): heat is a small "
+            f"part, which the wear estimates above are about. Its health verdict watches " + ", ".join(watched)
+            + "; NVLink and PCIe links are in the metrics and their alerts, not in this verdict.")
+
+
 def _wear_lines(d: dict[str, Any]) -> list[str]:
     """Both mechanisms, each on an absolute scale and against everyday profiles (not against 24/7 training, which a
     deep-learning card would only be compared with itself), and the card's own busy and idle time."""
@@ -253,6 +278,7 @@ def text_report(doc: dict[str, Any]) -> str:
             if r["severity"] == "unknown":
                 out.append(f"    Not known: {r['text']}")
         out.append(f"  In plain words: {plain_words(d)}")
+        out.append(f"  {risk_seen(d)}")
         out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]
         cov = f" ({100 * coverage:.0f} % of the time since first seen)" if coverage is not None else ""
