@@ -195,3 +195,21 @@ def test_import_of_an_unusable_file_fails_clearly(tmp_path: Path) -> None:
     bad.write_bytes(b"\x00\xff\xfe garbage")
     result = gpuwear("import", "nvidia-smi", str(bad), "--state-dir", str(tmp_path), check=False)
     assert result.returncode == 1 and f"{bad}: not imported:" in result.stderr and "Traceback" not in result.stderr
+
+
+
+def test_a_command_without_a_real_ledger_points_at_the_simulated_ones(tmp_path: Path) -> None:
+    """After the README's first command (--simulate-if-no-gpu), `gpuwear report` answered "no ledger" without a word
+    of --simulated, where the only history was."""
+    for name in ("demo", "stress"):
+        folder = tmp_path / "simulated" / name
+        folder.mkdir(parents=True)
+        (folder / "ledger.sqlite").write_bytes(b"")
+    for command in (["report"], ["jobs"], ["export", "GPU-x"]):
+        run = gpuwear(*command, "--state-dir", str(tmp_path), check=False)
+        assert run.returncode != 0 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert "add --simulated demo (or: stress)" in run.stderr, run.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = gpuwear("report", "--state-dir", str(empty), check=False)
+    assert "no ledger at" in run.stderr and "--simulated" not in run.stderr, run.stderr

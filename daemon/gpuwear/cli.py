@@ -277,7 +277,7 @@ def _report(args: argparse.Namespace) -> int:
     config = _ledger_config(args)
     path = ledger_path(config, args.simulated)
     try:
-        ledger = Ledger.open_read_only(path)
+        ledger = _open_read_only(path, args.simulated)
         try:
             wanted = None
             if args.gpu is not None:
@@ -307,6 +307,20 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_read_only(path: Path, simulated: str | None) -> Ledger:
+    """The ledger a command reads; where the real one does not exist but simulated GPUs' do (the README's first
+    command runs --simulate-if-no-gpu), the refusal says how to read those."""
+    try:
+        return Ledger.open_read_only(path)
+    except LedgerError as exc:
+        found = sorted(p.parent.name for p in (path.parent / "simulated").glob("*/ledger.sqlite")) \
+            if simulated is None and not path.exists() else []
+        if found:
+            others = f" (or: {', '.join(found[1:4])}{', ...' if len(found) > 4 else ''})" if len(found) > 1 else ""
+            raise LedgerError(f"{exc} It holds simulated GPUs' ledgers: add --simulated {found[0]}{others}") from None
+        raise
+
+
 def _jobs(args: argparse.Namespace) -> int:
     import time
 
@@ -324,7 +338,7 @@ def _jobs(args: argparse.Namespace) -> int:
         return _fail(f"--limit: expected a number of jobs, 1 or more, got {args.limit}", EXIT_USAGE)
     limit = None if args.all else args.limit if args.limit is not None else None if args.json else JOBS_SHOWN
     try:
-        ledger = Ledger.open_read_only(path)
+        ledger = _open_read_only(path, args.simulated)
         try:
             gpus = ledger.load(config.wear.cycles.hysteresis_celsius)
             every = ledger.load_all(config.wear.cycles.hysteresis_celsius)
@@ -400,7 +414,7 @@ def _export(args: argparse.Namespace) -> int:
 
     config = _ledger_config(args)
     try:
-        ledger = Ledger.open_read_only(ledger_path(config, args.simulated))
+        ledger = _open_read_only(ledger_path(config, args.simulated), args.simulated)
         try:
             try:
                 uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
