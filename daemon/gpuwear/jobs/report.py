@@ -11,7 +11,6 @@ import datetime
 import itertools
 import json
 import re
-import textwrap
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -280,15 +279,36 @@ def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: d
         yield "Share of all GPUs' thermal aging in this window: " + "; ".join(parts)
 
 
+class _Streamed(list):  # type: ignore[type-arg]
+    """A list to json's encoder whose items are read as it writes them, never held together: it iterates over
+    ``jobs`` (the first already read, to know the list is not empty)."""
+
+    def __init__(self, first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> None:
+        super().__init__()
+        self._first, self._rest = first, rest
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        yield self._first
+        yield from self._rest
+
+
 def json_chunks(head: dict[str, Any], jobs: Iterable[dict[str, Any]], limit: int | None = None) -> Iterator[str]:
     """``json.dumps(doc, indent=2)`` of the document whose jobs are the newest ``limit`` of ``jobs`` (all: None),
-    in pieces, the jobs written as they come: the same bytes (tests compare them), without every job in memory."""
-    mark = "\x00jobs\x00"
-    before, after = json.dumps({**head, "jobs": mark}, indent=2).split(json.dumps(mark), 1)
-    yield before
-    count = 0
-    for job in itertools.islice(jobs, limit):
-        yield ("[\n" if count == 0 else ",\n") + textwrap.indent(json.dumps(job, indent=2), "    ")
-        count += 1
-    yield "\n  ]" if count else "[]"
-    yield after
+    in pieces of about 64 kB, the jobs encoded as they come: the same encoder, so the same bytes (tests compare
+    them), one encoding for the whole listing (an encoding per job left each a little garbage in reference cycles,
+    which piled up where the collector runs seldom)."""
+    listed = iter(itertools.islice(jobs, limit))
+    first = next(listed, None)
+    doc = {**head, "jobs": [] if first is None else _Streamed(first, listed)}
+    pending: list[str] = []
+    size = 0
+    for chunk in json.JSONEncoder(indent=2).iterencode(doc):
+        pending.append(chunk)
+        size += len(chunk)
+        if size >= 65536:
+            yield "".join(pending)
+            pending, size = [], 0
+    yield "".join(pending)

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from gpuwear.backends.nvml import FanSpeedInfo, ProcessInfoCc, ProcessInfoV1, ProcessInfoV2
 from gpuwear.clock import Clock
 from gpuwear.sim.drivers import PROFILES, DriverProfile
 from gpuwear.sim.simulated import SimGpu, Simulation
@@ -110,33 +111,6 @@ class TemperatureV1(ctypes.Structure):
     """nvmlTemperature_v1_t (nvmlDeviceGetTemperatureV, 565.57.01+)."""
 
     _fields_ = [("version", ctypes.c_uint), ("sensorType", ctypes.c_uint), ("temperature", ctypes.c_int)]
-
-
-class FanSpeedInfoV1(ctypes.Structure):
-    """nvmlFanSpeedInfo_t version 1 (nvmlDeviceGetFanSpeedRPM, 565.57.01+)."""
-
-    _fields_ = [("version", ctypes.c_uint), ("fan", ctypes.c_uint), ("speed", ctypes.c_uint)]
-
-
-class ProcessInfoV1(ctypes.Structure):
-    """nvmlProcessInfo_v1_t: the unversioned process functions."""
-
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
-
-
-class ProcessInfoV2(ctypes.Structure):
-    """nvmlProcessInfo_v2_t: the _v2 functions, and _v3 on every release but 535.43-535.86."""
-
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
-
-
-class ProcessInfoCc(ctypes.Structure):
-    """The 32-byte nvmlProcessInfo_t of 535.43.02-535.86.05 (usedGpuCcProtectedMemory appended)."""
-
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
-                ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
 
 
 class ProcessDetailList(ctypes.Structure):
@@ -517,8 +491,8 @@ class SimulatedDriver:
 
     def nvmlDeviceGetFanSpeedRPM(self, handle: Any, info: Any) -> int:
         gpu = self._gpu(handle, "fan_rpm")
-        fan_info = _as(info, FanSpeedInfoV1)
-        if fan_info.version != struct_version(FanSpeedInfoV1, self.simulation.struct_versions["fan_speed_info"]):
+        fan_info = _as(info, FanSpeedInfo)
+        if fan_info.version != struct_version(FanSpeedInfo, self.simulation.struct_versions["fan_speed_info"]):
             return ERROR_ARGUMENT_VERSION_MISMATCH
         if gpu.product.fan_max_rpm is None:
             raise _UnsupportedError()
