@@ -141,3 +141,44 @@ def test_a_simulated_xid_is_counted_once_and_79_from_the_kernel_log_alone(tmp_pa
     text = log.read_text()
     assert "XID 13 (NVML event)" in text or "XID 13 (kernel log)" in text
     assert "XID 79 (kernel log)" in text and "XID 79 (NVML event)" not in text
+
+
+JOURNAL_READER = """
+import sys, time
+sys.path.insert(0, {daemon!r})
+from gpuwear.kernlog import KernelLogXids
+seen = []
+follower = KernelLogXids("journal", lambda bus, code: seen.append((bus, code)))
+follower.start()
+deadline = time.monotonic() + 30
+while not seen and follower.running() and time.monotonic() < deadline:
+    time.sleep(0.02)
+follower.stop()
+print(seen)
+"""
+
+
+@pytest.mark.parametrize("ends", [False, True], ids=["follows", "ends"])
+def test_the_journal_is_read_through_journalctl(ends: bool, tmp_path: Path) -> None:
+    """The journal source runs `journalctl --dmesg --follow --lines=0 --output=cat`: a journalctl of the test's
+    on PATH answers as the real one does (one line per message); one that ends by itself (no journal, no right to
+    read it) is said once in the log."""
+    fake = tmp_path / "bin" / "journalctl"
+    fake.parent.mkdir()
+    args = tmp_path / "args"
+    tail = "exit 1" if ends else "sleep 60"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {args}\n"
+                    + ("" if ends else "echo \"NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, "
+                       "GPU has fallen off the bus.\"\n") + f"{tail}\n")
+    fake.chmod(0o755)
+    import os
+    import subprocess
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ.get('PATH', '')}"}
+    run = subprocess.run([sys.executable, "-c", JOURNAL_READER.format(daemon=str(REPO / "daemon"))], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    assert args.read_text().split() == ["--dmesg", "--follow", "--lines=0", "--output=cat", "--quiet"]
+    if ends:
+        assert run.stdout.strip() == "[]" and "journalctl ended (exit status 1)" in run.stderr, run.stderr
+    else:
+        assert run.stdout.strip() == "[('00000000:37:00.0', 79)]", (run.stdout, run.stderr)

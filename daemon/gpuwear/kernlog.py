@@ -89,13 +89,16 @@ class KernelLogXids:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self.lines = 0  # lines read (tests wait on it)
 
     def start(self) -> None:
         if self.source == "off":
             return
         self._thread = threading.Thread(target=self._run, name="kernel-log", daemon=True)
         self._thread.start()
+
+    def running(self) -> bool:
+        """Whether the source is still being followed (False: stopped, off, or it could not be read)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,7 +111,6 @@ class KernelLogXids:
     def _run(self) -> None:
         try:
             for line in self._lines():
-                self.lines += 1
                 found = parse_xid(kmsg_message(line))
                 if found is not None:
                     self._on_xid(*found)
@@ -162,6 +164,8 @@ class KernelLogXids:
             if process.poll() is None:
                 process.terminate()
             process.wait(timeout=5)
+        if not self._stop.is_set():  # journalctl ended by itself: no journal, or not allowed to read it
+            raise OSError(0, f"journalctl ended (exit status {process.returncode})")
 
     def _file(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as f:
