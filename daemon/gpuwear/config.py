@@ -198,6 +198,8 @@ class MetricsConfig:
 
 def _kernel_log(v: Any) -> str | None:
     """health.kernel_log: auto, journal, kmsg, off, or the absolute path of a file to follow."""
+    if v is False:  # YAML 1.1 reads an unquoted off as false
+        return 'expected auto, journal, kmsg, off or an absolute path, got false (write "off" in quotes)'
     if not isinstance(v, str):
         return f"expected auto, journal, kmsg, off or an absolute path, got {short_repr(v)}"
     if v in ("auto", "journal", "kmsg", "off") or v.startswith("/"):
