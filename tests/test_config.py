@@ -112,10 +112,10 @@ def test_a_bare_off_for_the_kernel_log_says_to_quote_it(tmp_path: Path) -> None:
     """YAML 1.1 reads `kernel_log: off` as false: the refusal says so, in one line; quoted, it is taken."""
     path = tmp_path / "config.yaml"
     path.write_text("health:\n  kernel_log: off\n")
-    with pytest.raises(ConfigError, match='health.kernel_log: .*got false \\(write "off" in quotes\\)'):
+    with pytest.raises(ConfigError, match=r'health\.kernel_log: .*got false \(write "off" in quotes\)'):
         load_config(path)
     path.write_text('health:\n  kernel_log: "off"\n')
     assert load_config(path).health.kernel_log == "off"
     for bad in ("journald", "relative/kern.log", 3):
-        with pytest.raises(ConfigError, match="health.kernel_log: expected auto, journal, kmsg, off or an absolute"):
+        with pytest.raises(ConfigError, match=r"health\.kernel_log: expected auto, journal, kmsg, off or an absolute"):
             parse_config({"health": {"kernel_log": bad}})
