@@ -47,7 +47,7 @@ def parse_xid(message: str) -> tuple[str, int] | None:
     if m is None:
         return None
     domain, bus, device, code = m.groups()
-    return f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.0", int(code)
+    return bus_key(f"{domain}:{bus}:{device}"), int(code)
 
 
 def bus_key(pci_bus_id: str) -> str:

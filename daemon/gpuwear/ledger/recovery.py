@@ -298,13 +298,13 @@ def _copy_tables(src: Path, out: sqlite3.Connection, tables: list[str], lenient:
 
 
 def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, columns: tuple[str, ...],
-               writes: _Pass, after: int) -> int:
+               writes: _Pass, after: int) -> None:
     """Copy a table's readable rows in rowid order: in batches while SQLite reads them; past damage, rowid by rowid
     (a point lookup reaches a row whose neighbours' pages are damaged), then by growing steps where nothing reads."""
     try:
         source.execute(f"SELECT rowid FROM {table} LIMIT 0").fetchall()
     except (sqlite3.DatabaseError, UnicodeDecodeError):  # no such table, a schema SQLite cannot parse, a root page
-        return 0  # it cannot read: no query of this table can succeed on this connection (the other pass may read it)
+        return  # it cannot read: no query of this table can succeed on this connection (the other pass may read it)
     names = ", ".join(columns)
     batch = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT 256"
     point = f"SELECT rowid AS row_id, {names} FROM {table} WHERE rowid = ?"
@@ -313,7 +313,7 @@ def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, 
         last = source.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]
     except (sqlite3.DatabaseError, UnicodeDecodeError):
         last = None
-    copied, step, seen = 0, 1, max(0, after)
+    step, seen = 1, max(0, after)
     for _ in range(100_000):  # bounded: a damaged b-tree may answer errors wherever it is asked
         if after >= (last if isinstance(last, int) else seen + (1 << 20)):
             break
@@ -324,28 +324,23 @@ def _copy_rows(source: sqlite3.Connection, out: sqlite3.Connection, table: str, 
         if rows == []:
             break
         if rows is None:  # damage ahead: the next rows one lookup each, until a stretch reads in a batch again
-            found, start = 0, max(after, 0)
+            found, written, start = 0, 0, max(after, 0)
             for rowid in range(start + 1, start + POINT_LOOKUPS + 1):
                 try:
                     rows = source.execute(point, (rowid,)).fetchall()
                 except (sqlite3.DatabaseError, UnicodeDecodeError):
                     continue
                 for row in rows:
-                    copied += _insert(out, insert, row)
+                    written += _insert(out, insert, row)
                     found, seen = found + 1, rowid
             after = start + POINT_LOOKUPS
-            writes.wrote(found)
+            writes.wrote(written)
             if not found:  # nothing readable in that stretch: step further each time
                 after, step = min(after + step, (1 << 63) - 1), min(step * 2, 1 << 40)
             continue
-        written = 0
-        for row in rows:
-            written += _insert(out, insert, row)
-        copied += written
-        writes.wrote(written)
+        writes.wrote(sum(_insert(out, insert, row) for row in rows))
         after, step = rows[-1][0], 1
         seen = max(seen, after)
-    return copied
 
 
 POINT_LOOKUPS = 2048  # rowids looked up one by one past damage before reading in batches again
