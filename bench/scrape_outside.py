@@ -5,8 +5,12 @@
 For each GPU count, gpuwear (``gpuwear run --simulate SCENARIO``) and nvitop-exporter (over the fake NVML library:
 ``python -m gpuwear.sim.fakenvml --scenario SCENARIO nvitop-exporter``) run side by side on the same scenario
 (bench/gen.py's), both sampling once a second. Each is scraped ``--scrapes`` times, ``--every`` wall seconds apart,
-the two in turn, as Prometheus scrapes: its Accept header and ``Accept-Encoding: gzip``, a new connection each time.
-At 2 s, as at Prometheus' default 15 s, every scrape follows new samples: none is served from a cache.
+the two in turn, as Prometheus scrapes: its Accept header and ``Accept-Encoding: gzip``, on one connection kept
+alive from scrape to scrape while the server keeps it open (Prometheus 2.0 on: prometheus/prometheus#2498; a
+Prometheus 2.42 scraping gpuwear every 15 s held one connection for a minute, bench/scrape_outside.md).
+nvitop-exporter's server (prometheus_client's, HTTP/1.0) closes each connection after its answer, so it is met
+with a new connection each time, as Prometheus meets it. ``--connection new`` opens a new one for every scrape of
+both. At 2 s, as at Prometheus' default 15 s, every scrape follows new samples: none is served from a cache.
 
 - **CPU per scrape**: the process's CPU clock (``clock_gettime`` on its CPUCLOCK_SCHED, in ns, every thread) read
   just before and just after each scrape, less what the process spends unscraped in as much wall time (its rate
@@ -43,21 +47,47 @@ def cpu_ns(pid: int) -> int:
     return time.clock_gettime_ns(((~pid) << 3) | 2)
 
 
-def scrape(port: int) -> int:
-    """One scrape as Prometheus makes it; the body's size once decompressed (0: failed)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", "/metrics", headers={"Accept": ACCEPT, "Accept-Encoding": "gzip",
-                                                 "User-Agent": "Prometheus/2.53.0"})
-        response = conn.getresponse()
-        body = response.read()
-        if response.status != 200:
+class Scraper:
+    """Scrapes of one target as Prometheus makes them: its headers, and its connection kept for the next scrape
+    while the server keeps it open (``keep``; else a new connection each time)."""
+
+    def __init__(self, port: int, keep: bool = True) -> None:
+        self.port, self.keep = port, keep
+        self.conn: http.client.HTTPConnection | None = None
+        self.connections = 0  # connections opened
+
+    def scrape(self) -> int:
+        """One scrape; the body's size once decompressed (0: failed)."""
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            self.connections += 1
+        try:
+            self.conn.request("GET", "/metrics", headers={"Accept": ACCEPT, "Accept-Encoding": "gzip",
+                                                          "User-Agent": "Prometheus/2.53.0"})
+            response = self.conn.getresponse()
+            body = response.read()
+            if not self.keep or response.will_close:
+                self.close()
+            if response.status != 200:
+                return 0
+            return len(gzip.decompress(body) if response.getheader("Content-Encoding") == "gzip" else body)
+        except OSError:
+            self.close()
             return 0
-        return len(gzip.decompress(body) if response.getheader("Content-Encoding") == "gzip" else body)
-    except OSError:
-        return 0
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def scrape(port: int) -> int:
+    """One scrape on a connection of its own; the body's size once decompressed (0: failed)."""
+    one = Scraper(port, keep=False)
+    try:
+        return one.scrape()
     finally:
-        conn.close()
+        one.close()
 
 
 def start(tool: str, scenario: Path, work: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -79,29 +109,32 @@ def start(tool: str, scenario: Path, work: Path) -> tuple[subprocess.Popen[bytes
     return proc, port
 
 
-def measure(gpus: int, scrapes: int, every: float) -> dict[str, dict[str, float]]:
+def measure(gpus: int, scrapes: int, every: float, keep: bool = True) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="gpuwear-outside-") as folder:
         work = Path(folder)
         scenario = gen.scenario(gpus, work)
         procs = {tool: start(tool, scenario, work) for tool in ("gpuwear", "nvitop-exporter")}
         try:
             time.sleep(5.0)  # past start-up
-            per: dict[str, list[float]] = {tool: [] for tool in procs}
+            scrapers = {tool: Scraper(port, keep) for tool, (_, port) in procs.items()}
+            per: dict[str, list[tuple[int, float]]] = {tool: [] for tool in procs}  # (CPU ns, wall s)
             size: dict[str, int] = {}
             last: dict[str, tuple[float, int]] = {}  # tool -> (wall, cpu) after its previous scrape
             idle_rate: dict[str, list[float]] = {tool: [] for tool in procs}
             began = {tool: (time.monotonic(), cpu_ns(p.pid)) for tool, (p, _) in procs.items()}
             for i in range(scrapes):
-                for k, (tool, (proc, port)) in enumerate(procs.items()):
+                for k, (tool, (proc, _)) in enumerate(procs.items()):
                     time.sleep(max(0.0, began[tool][0] + i * every + k * every / 2 - time.monotonic()))
                     wall0, cpu0 = time.monotonic(), cpu_ns(proc.pid)
                     if tool in last:  # the quiet gap since its last scrape: what it spends unscraped
                         idle_rate[tool].append((cpu0 - last[tool][1]) / (wall0 - last[tool][0]))
-                    size[tool] = scrape(port)
+                    size[tool] = scrapers[tool].scrape()
                     wall1, cpu1 = time.monotonic(), cpu_ns(proc.pid)
                     last[tool] = (wall1, cpu1)
                     per[tool].append((cpu1 - cpu0, wall1 - wall0))
             ended = {tool: (time.monotonic(), cpu_ns(p.pid)) for tool, (p, _) in procs.items()}
+            for scraper in scrapers.values():
+                scraper.close()
         finally:
             for proc, _ in procs.values():
                 proc.terminate()
@@ -113,7 +146,8 @@ def measure(gpus: int, scrapes: int, every: float) -> dict[str, dict[str, float]
         out[tool] = {"median_ms": statistics.median(costs), "min_ms": min(costs), "max_ms": max(costs),
                      "wall_ms": statistics.median(w for _, w in per[tool]) * 1e3,
                      "whole_share": (ended[tool][1] - began[tool][1]) / 1e9 / (ended[tool][0] - began[tool][0]),
-                     "idle_share": rate / 1e9, "body_bytes": size[tool]}
+                     "idle_share": rate / 1e9, "body_bytes": size[tool],
+                     "connections": scrapers[tool].connections}
     return out
 
 
@@ -122,17 +156,20 @@ def main() -> int:
     parser.add_argument("--gpus", default="8,64")
     parser.add_argument("--scrapes", type=int, default=20)
     parser.add_argument("--every", type=float, default=2.0, help="wall seconds between two scrapes of one tool")
+    parser.add_argument("--connection", choices=("kept", "new"), default="kept",
+                        help="kept: as Prometheus, the connection kept while the server keeps it; new: one a scrape")
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.gpus.split(",")):
-        r = measure(n, args.scrapes, args.every)
+        r = measure(n, args.scrapes, args.every, args.connection == "kept")
         g, v = r["gpuwear"], r["nvitop-exporter"]
         for label, key, fmt in (("CPU per scrape, median (ms)", "median_ms", "{:.2f}"),
                                 ("CPU per scrape, min to max (ms)", None, ""),
                                 ("scrape wall time, median (ms)", "wall_ms", "{:.1f}"),
                                 ("whole process, share of one core", "whole_share", "{:.2%}"),
                                 ("unscraped, share of one core", "idle_share", "{:.2%}"),
-                                ("body, uncompressed (bytes)", "body_bytes", "{:.0f}")):
+                                ("body, uncompressed (bytes)", "body_bytes", "{:.0f}"),
+                                ("connections opened", "connections", "{:.0f}")):
             if key is None:
                 rows.append(f"| {n} | {label} | {g['min_ms']:.2f} to {g['max_ms']:.2f} | "
                             f"{v['min_ms']:.2f} to {v['max_ms']:.2f} | |")
@@ -140,7 +177,8 @@ def main() -> int:
                 ratio = g[key] / v[key] if v[key] else float("nan")
                 rows.append(f"| {n} | {label} | {fmt.format(g[key])} | {fmt.format(v[key])} | {ratio:.2f} × |")
     print(f"# A real scrape, measured from outside (gpuwear against nvitop-exporter)\n\n"
-          f"`python bench/scrape_outside.py --gpus {args.gpus} --scrapes {args.scrapes} --every {args.every:g}`, "
+          f"`python bench/scrape_outside.py --gpus {args.gpus} --scrapes {args.scrapes} --every {args.every:g} "
+          f"--connection {args.connection}`, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
           "| GPUs | figure | gpuwear | nvitop-exporter | gpuwear / nvitop-exporter |\n|---|---|---|---|---|")
     print("\n".join(rows))
