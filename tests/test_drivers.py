@@ -61,7 +61,8 @@ def scenario_doc(driver: str, kind: str, faults: list[dict[str, Any]] | None = N
     _, mig, privileged = KINDS[kind]
     train = [{"kind": "train", "seconds": 3600, "utilization": 0.9, "job": "matrix-job"}]
     return {"driver": driver, "privileged": privileged, "faults": faults or [],
-            "gpus": [{"product": product_for(kind, driver), "mig": mig, "schedule": train},
+            "gpus": [{"product": product_for(kind, driver), "mig": mig, "schedule": train,
+                      **({"mig_devices": ["3g.40gb", "4g.40gb"]} if mig else {})},
                      {"product": "v100" if driver == "r470" else "h100-sxm", "schedule": train}]}
 
 
@@ -126,6 +127,12 @@ def test_the_daemon_samples_every_profile_and_device_kind(driver: str, kind: str
             assert series(body, "gpuwear_readings_unavailable", "0")
         else:
             assert sample.processes is not None and [p for p, _ in sample.processes] == [pid]
+            if kind == "mig-root":  # the MIG devices, and the one the process runs on (the first: GPU instance 2)
+                assert sample.mig_devices is not None and [d[:2] for d in sample.mig_devices] == [(2, 0), (1, 0)]
+                assert all(uuid.startswith("MIG-") for _, _, uuid in sample.mig_devices)
+                assert sample.process_instances == ((pid, 2, 0),)
+            else:
+                assert sample.process_instances == ()
             view = daemon.tracker.views[gpu.identity.uuid]
             assert "matrix-job" in str(view), "job attribution found no job"
         if PROFILES[driver].exports("nvmlDeviceGetMemoryInfo_v2") and kind != "mig-unprivileged":

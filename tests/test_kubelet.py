@@ -38,7 +38,7 @@ from gpuwear.jobs.kubelet import (
     gpu_of,
     open_pod_resources,
 )
-from gpuwear.jobs.resolve import Allocation, Job, JobWatcher, ProcessResolver
+from gpuwear.jobs.resolve import Allocation, Job, JobWatcher, ProcessResolver, Unseen
 from gpuwear.metrics import DaemonInfo, Published
 from gpuwear.wear.tracker import WearTracker
 from helpers import examples
@@ -177,10 +177,10 @@ def test_gpus_mig_devices_and_replicas_map_to_their_pods(kubelet: FakeKubelet) -
     kubelet.start()
     answer = allocations(kubelet, mig_parent={MIG: GPU_B}.get)
     assert answer == {
-        GPU_A: frozenset({Allocation("ml", "train-0", "trainer")}),
-        GPU_B: frozenset({Allocation("serve", "infer-7", "server")}),
-        GPU_C: frozenset({Allocation("legacy", "old-mig", "main")}),
-        GPU_D: frozenset({Allocation("batch", "shared", "job")}),
+        GPU_A: frozenset({Allocation("ml", "train-0", "trainer", GPU_A)}),
+        GPU_B: frozenset({Allocation("serve", "infer-7", "server", MIG)}),
+        GPU_C: frozenset({Allocation("legacy", "old-mig", "main", f"MIG-{GPU_C}/1/0")}),
+        GPU_D: frozenset({Allocation("batch", "shared", "job", f"{GPU_D}::3")}),
     }
     # without NVML to name a new-style MIG instance's GPU, that instance is left out (its pod keeps its UID)
     assert GPU_B not in allocations(kubelet)
@@ -221,6 +221,59 @@ def test_a_gpu_shared_by_pods_or_used_by_two_pods_names_none() -> None:
     assert [(j.name, j.container) for j in two_containers] == [("a/one", None)]
     slurm = Job("slurm", "42")
     assert with_pod_names([slurm, pod], [Allocation("a", "one", "c")])[0] == slurm
+
+
+def test_pods_on_mig_devices_of_one_gpu_are_each_named_after_their_own() -> None:
+    """With MIG, one GPU holds several pods' devices: each job is matched by the MIG devices its processes run on
+    (NVML's gpuInstanceId / computeInstanceId), never by the GPU alone, which names none."""
+    from gpuwear.jobs.resolve import with_pod_names
+
+    pod, other = Job("kubernetes", POD_UID, name="python"), Job("kubernetes", OTHER_UID, name="python")
+    mig_b = "MIG-1c1c1c1c-0001-5a1c-8e2f-000000000001"
+    held = [Allocation("a", "one", "c", MIG), Allocation("b", "two", "d", mig_b)]
+    assert with_pod_names([pod, other], held) == [pod, other]  # by GPU: two pods, no name (the code before)
+    named = with_pod_names([pod, other], held, {pod.key: frozenset({MIG}), other.key: frozenset({mig_b})})
+    assert [(j.name, j.namespace, j.pod, j.container) for j in named] == [("a/one", "a", "one", "c"),
+                                                                         ("b/two", "b", "two", "d")]
+    # two pods' processes on one MIG device: neither is named; a job on no allocated device keeps its UID
+    both = with_pod_names([pod, other], held, {pod.key: frozenset({MIG}), other.key: frozenset({MIG})})
+    assert both == [pod, other]
+    assert with_pod_names([pod], held, {pod.key: frozenset({"MIG-not-allocated"})}) == [pod]
+
+
+def test_pods_on_mig_devices_are_named_through_nvml_and_the_kubelet(kubelet: FakeKubelet) -> None:
+    """Through the fake NVML (an A100 with two MIG devices, read as root: a real process on each), the kubelet
+    naming each MIG device by its MIG UUID, and the daemon's own pairing (service.mig_places, mig_parent):
+    each pod's job is named after its own pod."""
+    from gpuwear.service import mig_places
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rig = make_rig({"privileged": True, "gpus": [{"product": "a100-sxm", "mig": True,
+                                                      "mig_devices": ["3g.40gb", "4g.40gb"], "schedule": [
+                                                          {"kind": "train", "seconds": 600,
+                                                           "pids": [os.getpid(), child.pid]}]}]})
+        sample = rig.run(11).gpus[0].sample  # past the first slow read: the MIG devices are known
+        assert sample is not None and sample.mig_devices is not None
+        uuid = rig.sampler.snapshot.gpus[0].identity.uuid
+        (_, _, first), (_, _, second) = sample.mig_devices
+        kubelet.pods = [("vision", "resnet", [("pytorch", [("nvidia.com/mig-3g.40gb", [first])])]),
+                        ("nlp", "bert", [("trainer", [("nvidia.com/mig-4g.40gb", [second])])])]
+        kubelet.start()
+        parents = {mig: uuid for _, _, mig in sample.mig_devices}
+        client = PodResources(str(kubelet.path), mig_parent=parents.get)
+        uids = {os.getpid(): POD_UID, child.pid: OTHER_UID}
+        watcher = JobWatcher(ProcessResolver(cgroup=lambda pid: pod_cgroup(uids[pid])).resolve, client.by_gpu)
+        jobs = watcher.jobs([(uuid, [pid for pid, _ in sample.processes or ()])], {uuid: mig_places(sample)})
+        client.close()
+    finally:
+        child.kill()
+        child.wait()
+    assert mig_places(sample) == {os.getpid(): first, child.pid: second}
+    listed = jobs[uuid]
+    assert not isinstance(listed, Unseen)
+    assert sorted((j.id, j.name, j.container) for j in listed) == sorted(
+        [(POD_UID, "vision/resnet", "pytorch"), (OTHER_UID, "nlp/bert", "trainer")])
 
 
 @pytest.mark.slow
@@ -430,7 +483,7 @@ def test_open_pod_resources_on_a_live_socket(kubelet: FakeKubelet) -> None:
     assert client is not None and client.refresh_seconds == 5.0
     answer = client.by_gpu()
     client.close()
-    assert answer is not None and answer[GPU_A] == frozenset({Allocation("ml", "train-0", "trainer")})
+    assert answer is not None and answer[GPU_A] == frozenset({Allocation("ml", "train-0", "trainer", GPU_A)})
 
 
 def test_a_socket_that_appears_after_the_start_is_used_from_then_on(kubelet: FakeKubelet,
@@ -447,7 +500,7 @@ def test_a_socket_that_appears_after_the_start_is_used_from_then_on(kubelet: Fak
         assert watch.by_gpu() is None and watch.pods is None  # there, but not looked for again within the interval
         now[0] += 1.0
         with caplog.at_level(logging.INFO, logger="gpuwear.jobs.kubelet"):
-            assert watch.by_gpu() == {GPU_A: frozenset({Allocation("ml", "train-0", "trainer")})}
+            assert watch.by_gpu() == {GPU_A: frozenset({Allocation("ml", "train-0", "trainer", GPU_A)})}
         assert watch.pods is not None and watch.pods.refresh_seconds == 10.0
         assert [r.getMessage() for r in caplog.records if "appeared" in r.getMessage()] == [
             f"kubelet pod-resources socket {kubelet.path} appeared"]

@@ -113,11 +113,18 @@ class GpuSample:
     # nvmlDeviceGetComputeRunningProcesses_v3 (_v2 before R510), in the layout the driver fills:
     # (PID, used GPU memory in bytes or None) per process
     processes: tuple[tuple[int, float | None], ...] | None = None
+    # the same call's gpuInstanceId and computeInstanceId: (PID, GPU instance, compute instance) of each process
+    # that runs on a MIG device (none outside MIG, or in the 16-byte layout of drivers before R450)
+    process_instances: tuple[tuple[int, int, int], ...] | None = None
+    # the GPU's MIG devices (slow): (GPU instance, compute instance, MIG UUID) each, none with MIG off
+    # (nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId,
+    # nvmlDeviceGetUUID)
+    mig_devices: tuple[tuple[int, int, str], ...] | None = None
 
     @classmethod
     def of(cls, timestamp: float, monotonic: float, values: Mapping[str, Any]) -> GpuSample:
         """The sample with these readings (other fields None): equal to ``GpuSample(timestamp=..., monotonic=...,
-        **values)``, at a fraction of the cost (the frozen ``__init__`` sets all 43 fields one
+        **values)``, at a fraction of the cost (the frozen ``__init__`` sets every field one
         ``object.__setattr__`` at a time; the sampler builds one per GPU per tick, the importer millions). Only
         the given fields are stored: the others read the class's default, None. An unknown name raises TypeError,
         as ``__init__`` does."""

@@ -39,6 +39,7 @@ from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, S
 from gpuwear.metrics import DaemonInfo, LedgerStatus, MissingGpu, Published
 from gpuwear.notify import sd_notify, tell_systemd_recovering
 from gpuwear.runtime import settle_collector
+from gpuwear.sample import GpuSample
 from gpuwear.sampler import Sampler, Snapshot
 from gpuwear.wear.tracker import WearTracker
 from gpuwear.web import FrontDoor, Limits
@@ -62,6 +63,14 @@ def _lead(text: str | None) -> float | None:
 # simulated time instead. Ledger saves likewise.
 MIN_WALL_INTERVAL_SECONDS = 0.02
 MIN_PERSIST_SECONDS = 1.0
+
+
+def mig_places(sample: GpuSample) -> dict[int, str]:
+    """PID -> the MIG device (UUID) it runs on, of the processes NVML places on one (empty outside MIG)."""
+    if not sample.process_instances or not sample.mig_devices:
+        return {}
+    by_instance = {(gi, ci): mig for gi, ci, mig in sample.mig_devices}
+    return {pid: by_instance[gi, ci] for pid, gi, ci in sample.process_instances if (gi, ci) in by_instance}
 
 
 def _processes_unseen(reason: str | None) -> str:
@@ -208,8 +217,11 @@ class Daemon:
         if source.simulation is not None:
             resolver = SimulatedJobs(source.simulation.jobs, resolver).resolve
         # pod names from the kubelet once its socket exists (a Kubernetes node; grpc is imported only then)
+        # MIG devices as NVML lists them (slow reads): the kubelet names a MIG device a pod holds by its MIG UUID
+        self._mig_parents: dict[str, str] = {}
         pods = None if source.simulation is not None else PodResourcesWatch(
-            config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds)
+            config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds,
+            mig_parent=lambda mig: self._mig_parents.get(mig))
         self.job_watcher = JobWatcher(resolver, None if pods is None else pods.by_gpu)
         # ((the save it shows, the missing GPUs it names), its HTML)
         self._page: tuple[tuple[float | None, tuple[str, ...]], bytes] | None = None
@@ -253,9 +265,12 @@ class Daemon:
             self._tick_started = time.monotonic()
             try:
                 snapshot = self.source.sampler.tick()
-                jobs = self.job_watcher.jobs((g.identity.uuid, self._pids(g.sample.processes,
-                                                                          g.unavailable.get("processes")))
-                                             for g in snapshot.gpus if g.sample is not None)
+                samples = [(g.identity.uuid, g.sample) for g in snapshot.gpus if g.sample is not None]
+                self._mig_parents = {mig: uuid for uuid, s in samples for _, _, mig in s.mig_devices or ()}
+                jobs = self.job_watcher.jobs(
+                    ((g.identity.uuid, self._pids(g.sample.processes, g.unavailable.get("processes")))
+                     for g in snapshot.gpus if g.sample is not None),
+                    {uuid: places for uuid, s in samples if (places := mig_places(s))})
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
                 self._tick_failures = 0
             except NvmlVersionMismatchError as exc:  # only a restart loads the new library: exit non-zero

@@ -384,17 +384,43 @@ def _processes(h: Any, api: Api) -> Values:
     ret = fn(h, ctypes.byref(count), None)
     for _ in range(3):  # processes may start between the two calls: ask again with room to spare
         if ret == pynvml.NVML_SUCCESS and count.value == 0:
-            return {"processes": ()}
+            return {"processes": (), "process_instances": ()}
         if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
             break
         count.value = count.value * 2 + 5
         infos = (api.process_layout * count.value)()
         ret = fn(h, ctypes.byref(count), infos)
         if ret == pynvml.NVML_SUCCESS:
+            listed = infos[:count.value]
             return {"processes": tuple(
                 (int(p.pid), None if p.usedGpuMemory == _NOT_AVAILABLE_ULL else float(p.usedGpuMemory))
-                for p in infos[:count.value])}
+                for p in listed),
+                "process_instances": tuple((int(p.pid), int(p.gpuInstanceId), int(p.computeInstanceId))
+                                           for p in listed if getattr(p, "gpuInstanceId", _NO_INSTANCE)
+                                           != _NO_INSTANCE)}
     raise pynvml.NVMLError(ret)
+
+
+_NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process outside MIG (nvmlProcessInfo_v2_t)
+MAX_MIG_DEVICES = 7  # MIG devices read of one GPU, whatever nvmlDeviceGetMaxMigDeviceCount answers
+
+
+def _mig_devices(h: Any, api: Api) -> Values:
+    """The GPU's MIG devices, (GPU instance id, compute instance id, MIG UUID) each: nvmlDeviceGetMaxMigDeviceCount
+    (0 with MIG off), then nvmlDeviceGetMigDeviceHandleByIndex for each index (NOT_FOUND where none was made: the
+    indexes can have holes) and the device's nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId and
+    nvmlDeviceGetUUID ("MIG-<uuid>", what the kubelet names the device a pod holds)."""
+    out = []
+    for index in range(min(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)), MAX_MIG_DEVICES)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                continue
+            raise
+        out.append((int(pynvml.nvmlDeviceGetGpuInstanceId(mig)), int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+                    _text(pynvml.nvmlDeviceGetUUID(mig))))
+    return {"mig_devices": tuple(out)}
 
 
 def _fan_speed(fan: int, h: Any, api: Api) -> float:
@@ -435,7 +461,7 @@ READERS: tuple[Reader, ...] = (
            ("violation_thermal_seconds",)),
     Reader("utilization", False, _utilization, ("utilization_gpu_ratio", "utilization_memory_ratio")),
     Reader("memory_used", False, _memory_used, ("memory_used_bytes",)),
-    Reader("processes", False, _processes, ("processes",)),
+    Reader("processes", False, _processes, ("processes", "process_instances")),
     Reader("threshold_shutdown", True,
            _threshold(pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, "threshold_shutdown_celsius"),
            ("threshold_shutdown_celsius",)),
@@ -453,6 +479,7 @@ READERS: tuple[Reader, ...] = (
     Reader("max_clocks", True, _clocks(True),
            ("clock_graphics_max_hz", "clock_sm_max_hz", "clock_memory_max_hz")),
     Reader("mig_mode", True, _mig, ("mig_enabled",)),
+    Reader("mig_devices", True, _mig_devices, ("mig_devices",)),
     Reader("ecc_mode", True, _ecc_mode, ("ecc_enabled",)),
     Reader("retired_pages", True, _retired_pages,
            ("retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending")),

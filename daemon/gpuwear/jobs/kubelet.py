@@ -26,6 +26,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,7 @@ def by_gpu(groups: list[tuple[Allocation, str, list[str]]],
         for device_id in ids:
             uuid = gpu_of(device_id, mig_parent)
             if uuid is not None:
-                out.setdefault(uuid, set()).add(allocation)
+                out.setdefault(uuid, set()).add(replace(allocation, device=device_id))
     return {uuid: frozenset(allocations) for uuid, allocations in out.items()}
 
 
@@ -258,10 +259,12 @@ class PodResourcesWatch:
     a daemon started before the kubelet (gpuwear.service ahead of kubelet.service at boot, or Kubernetes set up on
     the node later) names pods from the moment the socket appears, not from its next restart. A socket found but
     not usable (not writable, no grpcio) is said once and not tried again, as at start. ``clock``: monotonic
-    seconds."""
+    seconds; ``mig_parent``: a MIG device's GPU (the daemon's, from NVML's MIG devices)."""
 
-    def __init__(self, path: str, refresh_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str, refresh_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 mig_parent: Callable[[str], str | None] | None = None) -> None:
         self.path, self.refresh_seconds, self._clock = path, refresh_seconds, clock
+        self._mig_parent = mig_parent
         self.pods: PodResources | None = None
         self._looked: float | None = None  # monotonic time of the last look for the socket
         self._found = not path  # the socket was found (or none is configured): no more looking
@@ -275,7 +278,7 @@ class PodResourcesWatch:
                     self._found = True
                     if self._looked is not None:
                         log.info("kubelet pod-resources socket %s appeared", self.path)
-                    self.pods = open_pod_resources(self.path, self.refresh_seconds)
+                    self.pods = open_pod_resources(self.path, self.refresh_seconds, self._mig_parent)
                 self._looked = now
         return None if self.pods is None else self.pods.by_gpu()
 

@@ -164,24 +164,50 @@ class Allocation:
     namespace: str
     pod: str
     container: str
+    device: str = ""  # the device id the kubelet names (a GPU UUID, a MIG-<uuid>, GPU-<uuid>::<replica>)
 
 
-def with_pod_names(jobs: list[Job], allocations: Iterable[Allocation]) -> list[Job]:
-    """The jobs of one GPU, its Kubernetes job named after the pod the GPU is allocated to.
+def with_pod_names(jobs: list[Job], allocations: Iterable[Allocation],
+                   places: Mapping[str, frozenset[str]] | None = None) -> list[Job]:
+    """The jobs of one GPU, its Kubernetes jobs named after the pods the GPU is allocated to.
 
     The kubelet's pod-resources API (v1) names no pod UID, so a pod is matched by device only: only
     where the GPU is allocated to exactly one pod and the processes on it belong to one pod (a GPU
     shared by pods, or used by a pod it is not allocated to, names none). ``container`` is set when
-    one container of the pod holds the GPU."""
+    one container of the pod holds the GPU.
+
+    ``places`` (job key -> the MIG devices, by UUID, its processes run on; NVML's gpuInstanceId and
+    computeInstanceId of each process) matches MIG devices instead of the whole GPU: a job is named after the
+    one pod its MIG devices are allocated to, where no other pod's processes run on them (several pods on MIG
+    devices of one GPU are each named)."""
+    allocations = list(allocations)
+    if places:
+        return [_on_mig(job, allocations, places, jobs) if job.kind == "kubernetes" else job for job in jobs]
     pods = {(a.namespace, a.pod) for a in allocations}
     uids = {job.id for job in jobs if job.kind == "kubernetes"}
     if len(pods) != 1 or len(uids) != 1:
         return jobs
-    ((namespace, pod),) = pods
+    return [_named(job, allocations) if job.kind == "kubernetes" else job for job in jobs]
+
+
+def _on_mig(job: Job, allocations: list[Allocation], places: Mapping[str, frozenset[str]],
+            jobs: list[Job]) -> Job:
+    """A Kubernetes job on MIG devices, named after the one pod they are allocated to (else as it was)."""
+    mine = places.get(job.key, frozenset())
+    shared = any(other.kind == "kubernetes" and other.id != job.id and places.get(other.key, frozenset()) & mine
+                 for other in jobs)
+    held = [a for a in allocations if a.device in mine]
+    if not mine or shared or len({(a.namespace, a.pod) for a in held}) != 1:
+        return job
+    return _named(job, held)
+
+
+def _named(job: Job, allocations: list[Allocation]) -> Job:
+    """The job named after the one pod of ``allocations``; its container where one container holds them all."""
+    namespace, pod = allocations[0].namespace, allocations[0].pod
     containers = {a.container for a in allocations}
     container = containers.pop() if len(containers) == 1 else None
-    return [replace(job, name=clip(f"{namespace}/{pod}"), namespace=namespace, pod=pod, container=container)
-            if job.kind == "kubernetes" else job for job in jobs]
+    return replace(job, name=clip(f"{namespace}/{pod}"), namespace=namespace, pod=pod, container=container)
 
 
 class JobWatcher:
@@ -197,9 +223,11 @@ class JobWatcher:
         self._pods = pods
         self._cache: dict[int, Job] = {}
 
-    def jobs(self, gpus: Iterable[tuple[str, Iterable[int] | Unseen]]) -> dict[str, list[Job] | Unseen]:
+    def jobs(self, gpus: Iterable[tuple[str, Iterable[int] | Unseen]],
+             instances: Mapping[str, Mapping[int, str]] | None = None) -> dict[str, list[Job] | Unseen]:
         """``gpus``: (UUID, PIDs on it, or :class:`Unseen` where they could not be read) pairs; returns the
-        distinct jobs per UUID (Unseen passed through)."""
+        distinct jobs per UUID (Unseen passed through). ``instances``: GPU UUID -> PID -> the MIG device (UUID)
+        the process runs on, where NVML says (pods are then matched by MIG device)."""
         out: dict[str, list[Job] | Unseen] = {}
         seen: set[int] = set()
         allocated = None
@@ -208,17 +236,22 @@ class JobWatcher:
                 out[uuid] = pids
                 continue
             found: dict[str, Job] = {}
+            on = (instances or {}).get(uuid, {})
+            places: dict[str, set[str]] = {}
             for pid in pids:
                 seen.add(pid)
                 job = self._cache.get(pid)
                 if job is None:
                     job = self._cache[pid] = self._resolve(pid)
                 found.setdefault(job.key, job)
+                if pid in on:
+                    places.setdefault(job.key, set()).add(on[pid])
             jobs = list(found.values())
             if self._pods is not None and any(job.kind == "kubernetes" for job in jobs):
                 if allocated is None:
                     allocated = self._pods() or {}  # asked once per snapshot, and only with a pod on a GPU
-                jobs = with_pod_names(jobs, allocated.get(uuid, frozenset()))
+                jobs = with_pod_names(jobs, allocated.get(uuid, frozenset()),
+                                      {key: frozenset(devices) for key, devices in places.items()})
             out[uuid] = jobs
         self._cache = {pid: job for pid, job in self._cache.items() if pid in seen}
         return out

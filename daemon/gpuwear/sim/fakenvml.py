@@ -34,7 +34,7 @@ from typing import Any
 from gpuwear.backends.nvml import FanSpeedInfo, ProcessInfoCc, ProcessInfoV1, ProcessInfoV2
 from gpuwear.clock import Clock
 from gpuwear.sim.drivers import PROFILES, DriverProfile
-from gpuwear.sim.simulated import SimGpu, Simulation
+from gpuwear.sim.simulated import MigDevice, SimGpu, Simulation
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ EVENT_CLOCK = 0x10
 
 MIN_ADVANCE_SECONDS = 0.05  # simulated time below which the state is left as it is
 _HANDLE_BASE = 0x6770_0000
+_MIG_HANDLE_BASE = 0x6790_0000  # MIG device k of GPU i: _MIG_HANDLE_BASE + 16 * (8 * i + k)
+_NO_INSTANCE = 0xFFFFFFFF  # a process's gpuInstanceId / computeInstanceId outside MIG
 _EVENT_SET_BASE = 0x6e00_0000
 _CARG_TYPE = type(ctypes.byref(ctypes.c_int()))
 
@@ -279,6 +281,17 @@ class SimulatedDriver:
             raise _UnsupportedError()
         return gpu
 
+    def _mig(self, handle: Any) -> tuple[SimGpu, MigDevice] | None:
+        """The GPU and MIG device a MIG device handle names (None for another handle); INVALID_ARGUMENT for one
+        whose MIG device is gone (MIG turned off: handles "remain invalid and must be requested again", nvml.h)."""
+        slot = (_address(handle) - _MIG_HANDLE_BASE) // 16
+        if not 0 <= slot < 8 * len(self.simulation.gpus) or (_address(handle) - _MIG_HANDLE_BASE) % 16:
+            return None
+        gpu = self._gpu(_HANDLE_BASE + 16 * (slot // 8), identity=True)
+        if not gpu.state.mig_enabled or slot % 8 >= len(gpu.mig_devices):
+            raise _InvalidError()
+        return gpu, gpu.mig_devices[slot % 8]
+
     def _restricted(self, gpu: SimGpu) -> None:
         """With MIG enabled, whole-device process and memory queries need root."""
         if gpu.state.mig_enabled and not self.simulation.privileged:
@@ -344,10 +357,16 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
+        if (mig := self._mig(handle)) is not None:  # as nvidia-smi -L names it: "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+            buf.value = f"{mig[0].product.name} MIG {mig[1].profile}".encode()
+            return SUCCESS
         buf.value = self._gpu(handle, identity=True).product.name.encode()
         return SUCCESS
 
     def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
+        if (mig := self._mig(handle)) is not None:
+            buf.value = mig[1].uuid.encode()
+            return SUCCESS
         buf.value = self._gpu(handle, identity=True).uuid.encode()
         return SUCCESS
 
@@ -388,7 +407,13 @@ class SimulatedDriver:
         return SUCCESS
 
     def _memory(self, handle: Any) -> tuple[int, int, int]:
-        """(total, reserved by the driver, allocated), bytes."""
+        """(total, reserved by the driver, allocated), bytes: of the GPU, or of one MIG device (its share of the
+        GPU's processes' memory)."""
+        if (mig := self._mig(handle)) is not None:
+            gpu, device = mig
+            self._restricted(gpu)
+            mine = len(self._instance_processes(gpu, device))
+            return device.memory_bytes, 0, int(device.memory_bytes * 0.7) if mine else 0
         gpu = self._gpu(handle, "memory_info")
         self._restricted(gpu)
         total = gpu.product.memory_total_bytes
@@ -603,10 +628,14 @@ class SimulatedDriver:
                    graphics: bool = False) -> int:
         """Fill a process list as the driver does: in ``layout`` (the driver's own struct, whatever the caller
         allocated), never past the caller's buffer; INSUFFICIENT_SIZE with the count needed when it is short."""
-        gpu = self._gpu(handle, "processes")
+        mig = self._mig(handle)
+        gpu = mig[0] if mig is not None else self._gpu(handle, "processes")
         self._restricted(gpu)
         with self._lock:
             procs = [] if graphics else list(gpu.state.processes)
+        places = self._places(gpu, procs)
+        if mig is not None:  # a MIG device's own processes
+            procs = [pid for pid in procs if places.get(pid) is mig[1]]
         c = _out(count)
         if not infos or c.value < len(procs):
             c.value = len(procs)
@@ -615,12 +644,26 @@ class SimulatedDriver:
         for record, pid in zip(filled, procs, strict=True):
             record.pid = pid
             record.usedGpuMemory = int(gpu.product.memory_total_bytes * 0.7 / len(procs))
-            if hasattr(record, "gpuInstanceId"):
-                record.gpuInstanceId = record.computeInstanceId = 0xFFFFFFFF
+            if hasattr(record, "gpuInstanceId"):  # the MIG device it runs on (nvmlProcessInfo_v2_t)
+                place = places.get(pid)
+                record.gpuInstanceId = _NO_INSTANCE if place is None else place.gpu_instance
+                record.computeInstanceId = _NO_INSTANCE if place is None else place.compute_instance
         room = ctypes.sizeof(_out(infos)) if isinstance(_out(infos), ctypes.Array) else ctypes.sizeof(filled)
         ctypes.memmove(infos, filled, min(room, ctypes.sizeof(filled)))
         c.value = len(procs)
         return SUCCESS
+
+    @staticmethod
+    def _places(gpu: SimGpu, procs: list[int]) -> dict[int, MigDevice]:
+        """The MIG device each process runs on: with MIG on, processes are placed on the GPU's MIG devices in turn
+        (the first on the first); none without MIG devices."""
+        devices = gpu.mig_devices if gpu.state.mig_enabled else ()
+        return {pid: devices[k % len(devices)] for k, pid in enumerate(procs)} if devices else {}
+
+    def _instance_processes(self, gpu: SimGpu, device: MigDevice) -> list[int]:
+        with self._lock:
+            procs = list(gpu.state.processes)
+        return [pid for pid, place in self._places(gpu, procs).items() if place is device]
 
     def _v3_layout(self) -> type[ctypes.Structure]:
         return ProcessInfoCc if self.profile.process_info_bytes == 32 else ProcessInfoV2
@@ -725,22 +768,54 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceIsMigDeviceHandle(self, handle: Any, is_mig: Any) -> int:
-        self._gpu(handle, identity=True)
-        _out(is_mig).value = 0  # the fake hands out whole-GPU handles only
+        if self._mig(handle) is None:
+            self._gpu(handle, identity=True)
+            _out(is_mig).value = 0
+        else:
+            _out(is_mig).value = 1
         return SUCCESS
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, count: Any) -> int:
+        """7 on a MIG-capable GPU with MIG on; "zero if MIG is not supported or enabled" (nvml.h)."""
         gpu = self._gpu(handle, "mig_mode")
-        if not gpu.product.mig_capable:
-            raise _UnsupportedError()
-        _out(count).value = 7
+        _out(count).value = 7 if gpu.product.mig_capable and gpu.state.mig_enabled else 0
         return SUCCESS
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, device: Any) -> int:
+        """The MIG device at ``index`` (below the maximum count; NOT_FOUND where none was made)."""
         gpu = self._gpu(handle, "mig_mode")
         if not gpu.product.mig_capable:
             raise _UnsupportedError()
-        return ERROR_NOT_FOUND  # no GPU instance is created in these simulations
+        k = _in(index)
+        if not gpu.state.mig_enabled or not 0 <= k < 7:
+            return ERROR_INVALID_ARGUMENT
+        if k >= len(gpu.mig_devices):
+            return ERROR_NOT_FOUND
+        _set_pointer(_out(device), _MIG_HANDLE_BASE + 16 * (8 * gpu.index + k))
+        return SUCCESS
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, mig_handle: Any, device: Any) -> int:
+        mig = self._mig(mig_handle)
+        if mig is None:
+            return ERROR_INVALID_ARGUMENT
+        _set_pointer(_out(device), _HANDLE_BASE + 16 * mig[0].index)
+        return SUCCESS
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any, gi: Any) -> int:
+        mig = self._mig(handle)
+        if mig is None:  # a whole GPU's handle: not a MIG device
+            self._gpu(handle, identity=True)
+            return ERROR_INVALID_ARGUMENT
+        _out(gi).value = mig[1].gpu_instance
+        return SUCCESS
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any, ci: Any) -> int:
+        mig = self._mig(handle)
+        if mig is None:
+            self._gpu(handle, identity=True)
+            return ERROR_INVALID_ARGUMENT
+        _out(ci).value = mig[1].compute_instance
+        return SUCCESS
 
     def nvmlDeviceGetBAR1MemoryInfo(self, handle: Any, bar1: Any) -> int:
         gpu = self._gpu(handle, "bar1")

@@ -211,6 +211,45 @@ class Phase:
         return self.utilization
 
 
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device of a simulated GPU: one GPU instance of ``profile`` ("3g.40gb": 3 of the 7 compute slices,
+    40 GB) holding one compute instance (0) that spans it, as ``nvidia-smi mig -cgi PROFILE -C`` makes it."""
+
+    profile: str
+    gpu_instance: int
+    compute_instance: int
+    uuid: str  # MIG-<uuid> (the R470+ form; before R470 it was MIG-GPU-<uuid>/<gi>/<ci>)
+    memory_bytes: int
+
+
+MIG_PROFILE = re.compile(r"([1-7])g\.([1-9][0-9]{0,2})gb")
+# the GPU instance ids the driver gives each profile's instances on an A100 / H100, first free first (NVIDIA's MIG
+# user guide, "A100 MIG profiles" placements; go-nvml #60 shows 3g, 2g and 1g instances given ids 2, 3 and 9)
+_GI_IDS = {7: (0,), 4: (1,), 3: (2, 1), 2: (3, 4, 5), 1: (7, 8, 9, 10, 11, 12, 13)}
+
+
+def mig_devices(parent_uuid: str, profiles: list[Any], where: str) -> tuple[MigDevice, ...]:
+    """The MIG devices a scenario's ``mig_devices`` list of profiles makes, in the order given (NVML's MIG device
+    index); ScenarioError for a profile that is not one or a set that does not fit in 7 slices."""
+    out: list[MigDevice] = []
+    used: set[int] = set()
+    for k, profile in enumerate(profiles):
+        m = MIG_PROFILE.fullmatch(profile) if isinstance(profile, str) else None
+        if m is None:
+            raise ScenarioError(f"{where}[{k}]: expected a MIG profile such as 1g.10gb, got {short_repr(profile)}")
+        slices = int(m.group(1))
+        free = [gi for gi in _GI_IDS.get(slices, ()) if gi not in used]
+        if not free or sum(int(d.profile[0]) for d in out) + slices > 7:
+            raise ScenarioError(f"{where}[{k}]: {profile} does not fit beside {', '.join(d.profile for d in out)} "
+                                "in a GPU's 7 compute slices")
+        used.add(free[0])
+        digest = f"{zlib.crc32(f'{parent_uuid}/{free[0]}/0'.encode()):08x}"
+        uuid = f"MIG-{digest}-{free[0]:04x}-5a1c-8e2f-{parent_uuid[-12:]}"
+        out.append(MigDevice(profile, free[0], 0, uuid, int(m.group(2)) << 30))
+    return tuple(out)
+
+
 @dataclass
 class Fault:
     """A scripted event at simulated time ``at`` (s since the scenario started)."""
@@ -299,6 +338,9 @@ class SimGpu:
                               memory_celsius=ambient_celsius + product.idle_watts * product.r_th_memory,
                               die_rise=idle_rise * product.die_share, sink_rise=idle_rise * (1 - product.die_share))
         self.cycle_seconds = sum(p.seconds for p in schedule)
+        # the MIG devices made on it (a scenario's mig_devices), there while MIG mode is on; its processes are
+        # placed on them in turn, the first on the first
+        self.mig_devices: tuple[MigDevice, ...] = ()
 
     def phase_at(self, t: float) -> tuple[Phase, float]:
         """The schedule's phase at simulated time ``t`` and the seconds into it."""
@@ -652,7 +694,8 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         offset = _number(spec.get("offset_seconds", 0), f"{where}.offset_seconds")
         # > 1: a dusty heatsink or dried paste; up to 5, a failed fan or a heatsink off its die
         cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 5.0)
-        unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig"}
+        unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig",
+                               "mig_devices"}
         if unknown:
             raise ScenarioError(f"{where}.{sorted(map(str, unknown))[0][:60]}: unknown key")
         if BRANCHES.index(PROFILES[driver].branch) < BRANCHES.index(product.min_branch):
@@ -664,6 +707,11 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
                                 f"got {short_repr(mig)}")
         gpu = SimGpu(i, product, schedule, offset, ambient, seed, cooling)
         gpu.state.mig_enabled = mig
+        profiles = spec.get("mig_devices", [])
+        if not isinstance(profiles, list) or (profiles and not mig) or len(profiles) > 7:
+            raise ScenarioError(f"{where}.mig_devices: expected a list of at most 7 MIG profiles, on a GPU with "
+                                f"mig: true, got {short_repr(profiles)}")
+        gpu.mig_devices = mig_devices(gpu.uuid, profiles, f"{where}.mig_devices")
         for fld in spec.get("unsupported", []) or []:
             gpu.state.unsupported.add(str(fld))
         gpus.append(gpu)
