@@ -17,6 +17,8 @@
 #   PYTHON=python3        the interpreter the venv is made from (3.10 or newer)
 #   PIP_ARGS=             extra arguments for pip install, split on spaces (e.g. "--no-index
 #                         --find-links /srv/wheels" for a machine without an index)
+#   WSL2=auto             yes: install the WSL2 drop-in (deploy/systemd/wsl2.conf: the GPU is /dev/dxg there);
+#                         auto: when this kernel is WSL2's; no: never
 #   RUNBOOK_URL=file://$PREFIX/share/doc/gpuwear/alerts.md
 #                         where the alerts' runbook_url links point (absolute): set it to where your
 #                         team reads docs/alerts.md (a wiki, a git host) for links that open anywhere
@@ -30,6 +32,7 @@ PREFIX=${PREFIX:-/opt/gpuwear}
 PYTHON=${PYTHON:-python3}
 PIP_ARGS=${PIP_ARGS:-}
 RUNBOOK_URL=${RUNBOOK_URL:-file://$PREFIX/share/doc/gpuwear/alerts.md}
+WSL2=${WSL2:-auto}
 UNIT_NAME=gpuwear.service
 SERVICE_USER=gpuwear
 
@@ -46,6 +49,11 @@ case "$RUNBOOK_URL" in
     *) die "RUNBOOK_URL must be an absolute URL (https://..., file:///...), got '$RUNBOOK_URL'" ;;
 esac
 case "$RUNBOOK_URL" in *'|'*|*'#'*) die "RUNBOOK_URL must not contain '|' or '#', got '$RUNBOOK_URL'" ;; esac
+case "$WSL2" in
+    yes|no) ;;
+    auto) if grep -qi microsoft /proc/sys/kernel/osrelease 2>/dev/null; then WSL2=yes; else WSL2=no; fi ;;
+    *) die "WSL2 must be yes, no or auto, got '$WSL2'" ;;
+esac
 DESTDIR=${DESTDIR%/}
 if [ -z "$DESTDIR" ] && [ "$(id -u)" -ne 0 ]; then
     die "run as root (or set DESTDIR to stage the files somewhere else)"
@@ -108,6 +116,13 @@ if cmp -s "$unit_tmp" "$unit_dir/$UNIT_NAME"; then
 else
     install -m 0644 "$unit_tmp" "$unit_dir/$UNIT_NAME"
     say "installed $unit_dir/$UNIT_NAME"
+fi
+
+dropin=$unit_dir/$UNIT_NAME.d/wsl2.conf
+if [ "$WSL2" = yes ]; then
+    install -d -m 0755 "$unit_dir/$UNIT_NAME.d"
+    install -m 0644 "$REPO/deploy/systemd/wsl2.conf" "$dropin"
+    say "WSL2: installed $dropin (the GPU is /dev/dxg here)"
 fi
 
 # 3. the configuration: a new one, an unedited one refreshed, an edited one kept

@@ -50,7 +50,7 @@ def driver_has(scenario: str) -> frozenset[str]:
     return make_rig(scenario_source(scenario)).library.profile.symbols
 
 
-SCENARIOS = ("demo", "training", "pids", "r470", "mig")
+SCENARIOS = ("demo", "training", "pids", "r470", "mig", "wsl2")
 SETTLE_SECONDS = 200.0  # demo: both GPUs training (fans spinning, a job's process on each)
 MiB = 2**20
 ERROR_UNKNOWN = 999  # the fake answers this when one of its functions raised
@@ -59,7 +59,7 @@ ERROR_UNKNOWN = 999  # the fake answers this when one of its functions raised
 def scenario_source(name: str) -> str | dict[str, object]:
     """A built-in scenario, or "pids": the demo's two cards running this (real) test process,
     so that clients which look PIDs up on the host (psutil) keep them."""
-    if name not in ("pids", "r470", "mig"):
+    if name not in ("pids", "r470", "mig", "wsl2"):
         return name
     run = [{"kind": "train", "seconds": 3600, "utilization": 0.9, "pids": [os.getpid()]}]
     if name == "mig":  # an A100 with MIG on and two MIG devices, read as root, the test process on the first
@@ -69,6 +69,9 @@ def scenario_source(name: str) -> str | dict[str, object]:
     if name == "r470":  # a Pascal box on the last Kepler-era branch: no _v3 process functions, no NumFans
         return {"description": "R470 driver, GTX 1080 Ti and V100 running the test process", "driver": "r470",
                 "gpus": [{"product": "gtx1080ti", "schedule": run}, {"product": "v100", "schedule": run}]}
+    if name == "wsl2":  # a GeForce under WSL2: the library says the Windows driver's version, has no minor number
+        return {"description": "WSL2: an RTX 4090 through the Windows driver", "driver": "r550",
+                "windows_driver": "552.55", "gpus": [{"product": "rtx4090", "schedule": run}]}
     return {"description": "the demo's cards running the test process",
             "gpus": [{"product": "rtx4090", "schedule": run}, {"product": "h100-sxm", "schedule": run}]}
 
@@ -417,7 +420,14 @@ def test_client_meets_no_missing_driver_function(client: str, scenario: str) -> 
                          f"{missing}\nall it asked for:\n{run.recorder.table()}")
 
 
-@pytest.mark.parametrize(("client", "scenario"), PARAMS)
+# nvitop remembers for the life of its process whether the library exports a function (libnvml's
+# _nvml_has_function): after a run over the newest driver it asks nvmlDeviceGetTemperatureV of the WSL2 scenario's
+# R550 library, which lacks it, and reads N/A. One process over two libraries is this test's doing, not a user's:
+# its readings are compared on the scenarios of the newest driver only (it still runs over WSL2's, above).
+READ_PARAMS = [p for p in PARAMS if not (p.values[1] == "wsl2" and str(p.values[0]).startswith("nvitop"))]
+
+
+@pytest.mark.parametrize(("client", "scenario"), READ_PARAMS)
 def test_client_reads_what_gpuwear_reads(client: str, scenario: str) -> None:
     run = client_run(client, scenario)
     assert run.result is not None, f"{client} produced nothing ({scenario}):\n{run.error}"

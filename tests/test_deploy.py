@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -258,6 +259,39 @@ def test_install_twice_changes_nothing_and_keeps_an_edited_config(copy_of_staged
     again = _tree(staged.root)
     _script(INSTALL, staged.root)
     assert _tree(staged.root) == again
+
+
+@pytest.mark.slow
+def test_install_on_wsl2_adds_the_dxg_drop_in(copy_of_staged: Staged) -> None:
+    """WSL2 has no /dev/nvidia* node: its GPU is /dev/dxg, which the unit's DevicePolicy=closed refuses until the
+    drop-in allows it (WSL2=yes, or auto on a WSL2 kernel; this machine's is not one, so the staged install has
+    none)."""
+    dropin = copy_of_staged.root / "etc/systemd/system/gpuwear.service.d/wsl2.conf"
+    assert not dropin.exists()
+    result = _script(INSTALL, copy_of_staged.root, WSL2="yes")
+    assert dropin.read_bytes() == (REPO / "deploy/systemd/wsl2.conf").read_bytes()
+    assert f"WSL2: installed {dropin}" in result.stdout
+
+
+def test_the_wsl2_drop_in_allows_dxg_and_systemd_accepts_it(tmp_path: Path) -> None:
+    analyze = _require("systemd-analyze", "systemd")
+    text = (REPO / "deploy/systemd/wsl2.conf").read_text()
+    assert _unit_values(text, "DeviceAllow") == ["/dev/dxg rw"]
+    assert not _unit_values(text, "DevicePolicy")  # the unit's closed policy stays: only the node is added
+    unit = tmp_path / "gpuwear.service"
+    unit.write_text(re.sub(r"(?m)^ExecStart=.*$", f"ExecStart={sys.executable} -m gpuwear run",
+                           (REPO / "deploy/systemd/gpuwear.service").read_text()))
+    (tmp_path / "gpuwear.service.d").mkdir()
+    (tmp_path / "gpuwear.service.d/wsl2.conf").write_text(text)
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, check=False, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")  # the drop-in beside it is read
+
+
+def test_install_refuses_a_wsl2_setting_it_does_not_know(tmp_path: Path) -> None:
+    env = {**os.environ, "DESTDIR": str(tmp_path), "PREFIX": PREFIX, "WSL2": "maybe"}
+    result = subprocess.run(["bash", str(INSTALL)], env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode != 0 and "WSL2 must be yes, no or auto, got 'maybe'" in result.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_install_refuses_a_relative_prefix(tmp_path: Path) -> None:

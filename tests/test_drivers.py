@@ -694,6 +694,31 @@ def test_doctor_says_what_makes_a_mig_gpus_processes_readable(tmp_path: Path) ->
     assert "root" in unseen[0].fix
 
 
+@pytest.mark.parametrize("dxg", [True, False])
+def test_doctor_on_wsl2_checks_dxg_not_the_nvidia_nodes(dxg: bool, tmp_path: Path) -> None:
+    """Under WSL2 the GPU is /dev/dxg and no /dev/nvidia* exists: doctor opens dxg (the unit's device policy
+    refuses it without the drop-in) and says what NVML there cannot give, instead of passing on nodes it never
+    looked for."""
+    from gpuwear.doctor import Doctor
+
+    doc = scenario_doc("r550", "datacenter")
+    doc["windows_driver"] = "552.55"  # the WSL2 library says the Windows driver's version
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "sys/kernel/osrelease").write_text("5.15.153.1-microsoft-standard-WSL2\n")
+    dev.mkdir()
+    if dxg:
+        (dev / "dxg").write_bytes(b"")
+    doctor = Doctor(Config(state_dir=str(tmp_path)), NvmlBackend(FakeNvmlLibrary(parse_scenario(doc, "wsl2"),
+                                                                                  ManualClock())),
+                    tmp_path / "ledger.sqlite", dev=dev, proc=proc)
+    findings = {f.what: f for f in doctor.run()}
+    opened = findings[f"WSL2: {dev / 'dxg'} opens for reading and writing"]
+    assert opened.ok is dxg and (dxg or "deploy/systemd/wsl2.conf" in opened.fix)
+    assert findings["job attribution: WSL2: NVML names processes by their Windows PIDs"].ok is False
+    assert any(w.startswith("NVIDIA driver 552.55") for w in findings)
+
+
 def test_docs_tell_operators_to_stop_gpuwear_before_a_gpu_reset() -> None:
     for path in [*(REPO / "docs").glob("*.md"), REPO / "README.md"]:
         for paragraph in path.read_text().split("\n\n"):

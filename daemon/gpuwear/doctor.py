@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
 from gpuwear.config import Config
-from gpuwear.jobs.resolve import foreign_pids
+from gpuwear.jobs.resolve import foreign_pids, wsl2
 from gpuwear.ledger import Ledger, LedgerError, printable
 
 # What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
@@ -103,11 +103,32 @@ class Doctor:
         self.backend.close()
 
     def _devices(self) -> None:
+        if self.proc is not None and wsl2(self.proc):
+            self._wsl2()
+            return
         nodes = [self.dev / "nvidiactl", *sorted(self.dev.glob("nvidia[0-9]*"))]
         for node in nodes:
             if node.exists():
                 self.check(os.access(node, os.R_OK | os.W_OK), f"{node} readable and writable",
                            f"give the daemon's user access to {node} (systemd: DeviceAllow=; or the video group)")
+
+    def _wsl2(self) -> None:
+        """Under WSL2 the GPU is /dev/dxg (the Windows driver's paravirtual device, no /dev/nvidia* node) and
+        libnvidia-ml comes from /usr/lib/wsl/lib: opened here, as NVML opens it (a device policy refuses the open,
+        not the mode bits)."""
+        node = self.dev / "dxg"
+        try:
+            os.close(os.open(node, os.O_RDWR | os.O_CLOEXEC))
+            opened = True
+        except OSError:
+            opened = False
+        self.check(opened, f"WSL2: {node} opens for reading and writing",
+                   "under systemd, install the drop-in deploy/systemd/wsl2.conf as "
+                   "/etc/systemd/system/gpuwear.service.d/wsl2.conf (install.sh does on WSL2), then "
+                   "`systemctl daemon-reload`; elsewhere give the daemon's user access to it")
+        self.check(True, "WSL2: NVML answers through the Windows driver: its version is the Windows driver's, the "
+                         "processes it lists are Windows processes (jobs unattributed), and what it does not answer "
+                         "is listed per GPU below")
 
     def _ledger(self) -> None:
         folder = self.ledger_file.parent

@@ -55,15 +55,19 @@ class Unseen:
 PROC_PID_INIT_INO = 0xEFFFFFFC  # the initial PID namespace's inode number (linux/proc_ns.h), since Linux 3.8
 
 
+def wsl2(proc: Path = Path("/proc")) -> bool:
+    """Whether this is WSL2 (its kernel's release names Microsoft: "5.15.153.1-microsoft-standard-WSL2")."""
+    try:
+        return "microsoft" in (proc / "sys/kernel/osrelease").read_text(errors="replace").lower()
+    except OSError:
+        return False
+
+
 def foreign_pids(proc: Path = Path("/proc")) -> str | None:
     """Why the PIDs NVML names cannot be looked up in this process's /proc (None: they can). NVML names a GPU's
     processes by their PIDs in the host's (initial) PID namespace, and under WSL2 by their Windows PIDs
     (nvidia-docker #1483, #1458): a local process that happens to bear the number would be taken for the job."""
-    try:
-        release = (proc / "sys/kernel/osrelease").read_text(errors="replace").lower()
-    except OSError:
-        release = ""
-    if "microsoft" in release:
+    if wsl2(proc):
         return "WSL2: NVML names processes by their Windows PIDs"
     try:
         namespace = (proc / "self/ns/pid").stat().st_ino

@@ -932,7 +932,13 @@ class SimulatedDriver:
     nvmlDeviceGetGridLicensableFeatures = nvmlDeviceGetGridLicensableFeatures_v4
 
     def nvmlDeviceGetMinorNumber(self, handle: Any, minor: Any) -> int:
-        _out(minor).value = self._gpu(handle).index
+        """The /dev/nvidiaN number; NOT_SUPPORTED under WSL2 (a scenario's ``windows_driver``), which has no such
+        node: "nvml.DeviceGetMinorNumber failing with Not Supported" (kubernetes-sigs/dra-driver-nvidia-gpu
+        #1201)."""
+        gpu = self._gpu(handle)
+        if self.simulation.windows_driver is not None:
+            raise _UnsupportedError()
+        _out(minor).value = gpu.index
         return SUCCESS
 
     def nvmlDeviceGetBrand(self, handle: Any, brand: Any) -> int:
