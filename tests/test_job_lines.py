@@ -20,7 +20,7 @@ import pytest
 from gpuwear.config import ArrheniusConfig, BandConfig, WearConfig
 from gpuwear.jobs import report as jobreport
 from gpuwear.jobs.lines import Summariser
-from gpuwear.ledger import Ledger
+from gpuwear.ledger import SCHEMA_VERSION, Ledger
 from gpuwear.wear.accumulate import GpuWear
 
 T0 = 1.75e9
@@ -206,7 +206,7 @@ def test_a_schema_7_ledger_gains_the_table_and_its_indexes_as_a_new_one_has_them
 
     for _ in range(2):  # the migration, then an open that finds nothing to do
         ledger = Ledger.open(path)
-        assert ledger.meta("schema_version") == "8" and ledger.recovered is None
+        assert ledger.meta("schema_version") == str(SCHEMA_VERSION) and ledger.recovered is None
         assert schema(path) == schema(fresh)
         _same(ledger, p, "migrated")
         ledger.close()

@@ -270,9 +270,9 @@ def test_a_bad_record_costs_only_itself_and_the_daemon_serves(case: str, tmp_pat
 def test_a_ledger_of_a_newer_gpuwear_is_refused_and_kept(tmp_path: Path) -> None:
     state = tmp_path / "state"
     path = ledger_with_history(state / "simulated" / "demo")
-    _corrupt(path, "UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    _corrupt(path, "UPDATE meta SET value = '" + str(SCHEMA_VERSION + 1) + "' WHERE key = 'schema_version'")
     _corrupt(path, "INSERT OR REPLACE INTO meta VALUES ('written_by', '7.0')")
-    with pytest.raises(LedgerTooNewError, match=r"written by gpuwear 7.0 \(ledger schema 9\)"):
+    with pytest.raises(LedgerTooNewError, match=rf"written by gpuwear 7.0 \(ledger schema {SCHEMA_VERSION + 1}\)"):
         Ledger.open(path)
     result = subprocess.run([sys.executable, "-m", "gpuwear", "run", "--simulate", "--listen",
                              f"127.0.0.1:{free_port()}", "--state-dir", str(state)],

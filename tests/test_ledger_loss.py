@@ -277,7 +277,7 @@ def test_a_damaged_ledger_of_a_newer_gpuwear_is_refused_never_rewritten(tmp_path
 
     path = _busy_ledger(tmp_path)
     with closing(sqlite3.connect(path, isolation_level=None)) as db:
-        db.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+        db.execute("UPDATE meta SET value = '" + str(SCHEMA_VERSION + 1) + "' WHERE key = 'schema_version'")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     _flip(path, 5, 30, path.stat().st_size // 4)  # the rows, past the meta table
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:  # damaged indeed

@@ -568,3 +568,55 @@ def test_every_verdict_reason_names_its_rule_and_whose_it_is() -> None:
     assert rules["row_remap_failure"].startswith("NVIDIA") and "DCGM" in rules["retired_pages_limit"]
     assert "XID catalog" in rules["xid_79"] and rules["thermal_throttling"].startswith("gpuwear's own rule")
     assert all(code in RULES for code in rules if not code.startswith("xid_")) and rule("xid_48") == rules["xid_79"]
+
+
+def test_a_gpu_that_needs_repairs_again_within_a_week_is_a_repeat_offender() -> None:
+    """NVSentinel's MultipleRemediations rule, per GPU: two incidents calling for a reset, a reboot or service
+    within 7 days make the verdict act (repairs are not holding); 8 days apart they do not; a repeat long past is
+    history (watch). Before, the verdict weighed each incident alone and kept no history of them."""
+    from gpuwear.wear.models import RULES
+    from gpuwear.wear.schema import check_wear
+
+    day = 86400.0
+    t0 = 1.79e9
+
+    def card(*incidents: tuple[float, str], last_seen: float) -> dict[str, Any]:
+        w = GpuWear("GPU-x", name="card")
+        w.first_seen, w.last_seen = t0, last_seen
+        for wall, what in incidents:
+            w.add_incident(wall, what)
+        w2 = GpuWear.from_json(json.loads(json.dumps(w.to_json())), 2.0)  # kept in the record as saved
+        check_wear(w2.to_json())
+        return verdict(w2, WearConfig(), None, busy=0.0, above_slowdown=0.0)
+
+    v = card((t0, "xid 48"), (t0 + 3 * day, "gpu lost"), last_seen=t0 + 3 * day)
+    (repeat,) = [r for r in v["reasons"] if r["code"] == "repeat_incidents"]
+    assert repeat["severity"] == "act" and v["status"] == "act"
+    assert "2 times within 7 day(s)" in repeat["text"] and "xid 48, gpu lost" in repeat["text"]
+    assert repeat["rule"] == RULES["repeat_incidents"] and "NVSentinel" in repeat["rule"]
+    assert v["incidents"]["kept"] == 2 and v["incidents"]["mean_seconds_between"] == pytest.approx(3 * day)
+    apart = card((t0, "xid 48"), (t0 + 8 * day, "xid 48"), last_seen=t0 + 8 * day)
+    assert "repeat_incidents" not in {r["code"] for r in apart["reasons"]} and apart["status"] == "ok"
+    past = card((t0, "xid 48"), (t0 + day, "xid 48"), last_seen=t0 + 40 * day)
+    assert [r["severity"] for r in past["reasons"] if r["code"] == "repeat_incidents"] == ["watch"]
+    # the record keeps the newest 64, however many there were
+    w = GpuWear("GPU-x")
+    for i in range(100):
+        w.add_incident(t0 + i * 60, f"xid {i}")
+    assert len(w.incidents) == 64 and w.incident_list()[0] == (t0 + 36 * 60, "xid 36")
+
+
+def test_repeated_uncorrectable_errors_through_fake_nvml_make_a_repeat_offender() -> None:
+    """Through the fake NVML and the tracker: two uncorrectable ECC errors 20 s apart are two incidents (each asks
+    for a reset), and the verdict names the repeat; one is not a repeat."""
+    for faults, repeat in ((2, True), (1, False)):
+        rig = make_rig(fault_scenario("h100-sxm", *({"at": 20 + 20 * i, "gpu": 0, "kind": "ecc", "uncorrected": 1}
+                                                   for i in range(faults))), slow_interval=5)
+        tracker = WearTracker({}, WearConfig())
+        for _ in range(70):
+            rig.run(1)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
+        assert w is not None and list(w.incidents.values()) == ["uncorrectable ecc"] * faults
+        codes = {r["code"]: r["severity"] for r in verdict(w, WearConfig(), resistance_trend(w))["reasons"]}
+        assert (codes.get("repeat_incidents") == "act") is repeat, codes

@@ -149,6 +149,15 @@ def _profile(d: dict[str, Any], key: str) -> dict[str, Any]:
     return next(p for p in d["reference_profiles"] if p["profile"] == key)
 
 
+def _incidents_line(incidents: dict[str, Any]) -> str:
+    """The GPU's kept incidents (resets, reboots, service) in one line: how many, when, how far apart."""
+    first, last = (time.strftime("%Y-%m-%d", time.gmtime(incidents[k])) for k in ("first", "last"))
+    text = f"Incidents that called for a reset, a reboot or service: {incidents['kept']}"
+    if incidents["mean_seconds_between"] is None:
+        return f"{text}, on {first}"
+    return f"{text}, {first} to {last}, {incidents['mean_seconds_between'] / 86400:.1f} day(s) apart on average"
+
+
 def _health_words(d: dict[str, Any]) -> str:
     h = d["health"]
     shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
@@ -277,6 +286,8 @@ def text_report(doc: dict[str, Any]) -> str:
         for r in h["reasons"]:
             if r["severity"] == "unknown":
                 out.append(f"    Not known: {r['text']}")
+        if (incidents := h.get("incidents")) and incidents["kept"]:
+            out.append(f"    {_incidents_line(incidents)}")
         out.append(f"  In plain words: {plain_words(d)}")
         out.append(f"  {risk_seen(d)}")
         out.extend(_wear_lines(d))

@@ -21,8 +21,10 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # schema 5 had none: a number names one schema, so the files called 5 are brought to 6 by what they hold); 7: checksums
 # on the GPUs' lifetime records, the wear log and the imports (the history that never ages out); 8: job_lines (each
 # job record's lines, kept as the record is saved: listings total them without reading every record) and line_totals
-# (their sums by GPU and line name, kept by triggers: the page's shares without a pass over the lines)
-SCHEMA_VERSION = 8
+# (their sums by GPU and line name, kept by triggers: the page's shares without a pass over the lines); 9: records
+# may hold "incidents" (the newest incidents that called for a reset or a reboot), which an older gpuwear's validator
+# would refuse record by record: it refuses the whole ledger instead
+SCHEMA_VERSION = 9
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
 
@@ -181,6 +183,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     6: _record_checksums,
     7: lambda db: [db.execute(statement) for statement in _JOB_LINES],  # empty: the daemon fills it from the
     # records (readers count the rest from the records meanwhile)
+    8: lambda db: None,  # nothing to change: records without "incidents" are read as before
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
-from gpuwear.wear.schema import READING_GROUPS
+from gpuwear.wear.schema import INCIDENTS_KEPT, READING_GROUPS
 
 SCHEMA = 1
 SENSORS = ("gpu", "memory")
@@ -251,6 +251,9 @@ class GpuWear:
     seen: dict[str, int] = field(default_factory=dict)
     lost_events: int = 0
     last_event: dict[str, float] = field(default_factory=dict)  # "xid 79", "gpu lost" -> wall time, last seen
+    # the incidents that call for a GPU reset, a reboot or service (the tracker says which), newest INCIDENTS_KEPT:
+    # wall time ("%.3f") -> what ("xid 79", "gpu lost", "recovery action 1", "row remap pending", ...)
+    incidents: dict[str, str] = field(default_factory=dict)
     # per kind ("job" / "idle"): {"seconds", "energy_joules", "temperature_seconds": {°C: s}} (die)
     kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
     gate_celsius: float = 2.0
@@ -476,6 +479,19 @@ class GpuWear:
                 self.xids[str(code)] = self.xids.get(str(code), 0) + n
                 self.last_event[f"xid {code}"] = wall
 
+    def add_incident(self, wall: float, what: str) -> None:
+        """An incident that calls for a reset, a reboot or service at ``wall`` (one per what and time); the
+        INCIDENTS_KEPT newest are kept."""
+        key = f"{wall:.3f}"
+        self.incidents[key] = f"{self.incidents[key]}, {what}"[:64] if key in self.incidents else what[:64]
+        if len(self.incidents) > INCIDENTS_KEPT:
+            for old in sorted(self.incidents, key=float)[:len(self.incidents) - INCIDENTS_KEPT]:
+                del self.incidents[old]
+
+    def incident_list(self) -> list[tuple[float, str]]:
+        """The kept incidents, (wall time, what) oldest first."""
+        return sorted((float(k), v) for k, v in self.incidents.items())
+
     def add_lost(self, wall: float) -> None:
         """The GPU fell off the bus at ``wall``."""
         self.lost_events += 1
@@ -627,6 +643,9 @@ class GpuWear:
         out.seen = {**self.seen, **other.seen}
         for what, wall in other.last_event.items():
             out.last_event[what] = max(wall, out.last_event.get(what, wall))
+        for key, what in sorted(other.incidents.items(), key=lambda kv: float(kv[0])):
+            if key not in out.incidents:
+                out.add_incident(float(key), what)
         for kind, k in other.kinds.items():
             into = out.kinds.setdefault(kind, {"seconds": 0.0, "energy_joules": 0.0, "temperature_seconds": {}})
             into["seconds"] += k["seconds"]
@@ -656,7 +675,8 @@ class GpuWear:
             "fans": [vars(f) for f in self.fans], "thermal_resistance": self.thermal_resistance,
             "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
             "thresholds": self.thresholds, "health": self.health,
-            "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event, "kinds": self.kinds,
+            "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event,
+            "incidents": self.incidents, "kinds": self.kinds,
             "gate_celsius": self.gate_celsius, "seen": self.seen,
         }
 
@@ -675,7 +695,7 @@ class GpuWear:
             setattr(w, key, float(d.get(key, 0.0)))
         w.gaps, w.lost_events = int(d.get("gaps", 0)), int(d.get("lost_events", 0))
         for key in ("utilization_seconds", "temperature_seconds", "cycles", "throttle_seconds", "violation_seconds",
-                    "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event"):
+                    "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event", "incidents"):
             setattr(w, key, d.get(key, {}))
         w.covered = {k: float(v) for k, v in d.get("covered", {}).items()}
         w.seen = dict(d["seen"]) if "seen" in d else _seen_in(w)

@@ -54,6 +54,9 @@ RULES = {
     "thermal_throttling": "gpuwear's own rule: wear.health.thermal_throttle_watch_ratio of busy time throttled",
     "cooling_degrading": "gpuwear's own rule: wear.health.resistance_rise_watch_ratio rise of °C per watt",
     "memory_health_unknown": "what NVML reports of this card: no ECC counters, no memory temperature",
+    "repeat_incidents": "NVIDIA NVSentinel's MultipleRemediations rule (a node remediated more than once within 7 "
+                        "days: the repairs are not resolving the fault), applied by gpuwear per GPU to the incidents "
+                        "that call for a reset, a reboot or service (wear.health.repeat_incidents, repeat_window_days)",
 }
 
 
@@ -282,6 +285,32 @@ def resistance_trend(w: GpuWear) -> dict[str, Any] | None:
     return out
 
 
+def repeated_incidents(w: GpuWear, count: int, window: float) -> tuple[float, float, list[str]] | None:
+    """The most recent run of at least ``count`` incidents within ``window`` seconds among the GPU's kept
+    incidents: (first wall, last wall, what each was), or None."""
+    kept = w.incident_list()
+    times = [t for t, _ in kept]
+    best = None
+    start = 0
+    for end, t in enumerate(times):
+        while t - times[start] > window:
+            start += 1
+        if end - start + 1 >= count:
+            best = (start, end)
+    if best is None:
+        return None
+    start, end = best  # every incident within the window that ends at the newest qualifying one
+    return times[start], times[end], [what for _, what in kept[start:end + 1]]
+
+
+def incident_summary(w: GpuWear) -> dict[str, Any]:
+    """The GPU's kept incidents: how many, the first and last (wall), and the mean time between them (s; None
+    below two)."""
+    times = [t for t, _ in w.incident_list()]
+    return {"kept": len(times), "first": times[0] if times else None, "last": times[-1] if times else None,
+            "mean_seconds_between": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None}
+
+
 def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float | None = None,
             above_slowdown: float | None = None) -> dict[str, Any]:
     """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the card's
@@ -338,6 +367,17 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
     if w.lost_events:
         reason("act" if recent("gpu lost") else "watch", "gpu_lost",
                f"the GPU fell off the bus {w.lost_events} time(s){ago('gpu lost')}")
+    repeat = repeated_incidents(w, p.health.repeat_incidents, p.health.repeat_window_days * 86400.0)
+    if repeat is not None:
+        first, last, whats = repeat
+        days = f"{p.health.repeat_window_days:g} day(s)"
+        first_day, last_day = (time.strftime("%Y-%m-%d", time.gmtime(t)) for t in (first, last))
+        span = first_day if first_day == last_day else f"{first_day} to {last_day}"
+        recent_repeat = w.last_seen is None or w.last_seen - last <= RECENT_SECONDS
+        reason("act" if recent_repeat else "watch", "repeat_incidents",
+               f"needed a reset, a reboot or service {len(whats)} times within {days} ({span}: {', '.join(whats)}): "
+               + ("the repairs are not holding; have it checked by its vendor" if recent_repeat else
+                  "in its history; keep watching"))
     if h.get("ecc_uncorrected_aggregate", 0) > 0 and "uncorrectable_ecc" not in {r["code"] for r in reasons}:
         reason("watch", "uncorrectable_ecc_history", f"{h['ecc_uncorrected_aggregate']} uncorrectable ECC "
                "error(s) in the card's lifetime record")
@@ -364,4 +404,5 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
     status = max((r["severity"] for r in reasons if r["severity"] != "unknown"), key=STATUS_ORDER.index,
                  default="ok")
     return {"status": status, "reasons": reasons, "not_known": [r["code"] for r in reasons
-                                                               if r["severity"] == "unknown"]}
+                                                               if r["severity"] == "unknown"],
+            "incidents": incident_summary(w)}

@@ -28,6 +28,7 @@ MAX_PARTS = 1_000
 MAX_EVENTS = 200_000
 MAX_FANS = 16
 MAX_INTERVALS = 100_000  # observed intervals of one GPU: one per start or gap
+INCIDENTS_KEPT = 64  # a GPU's newest incidents kept in its record (GpuWear.incidents)
 SENSORS = ("gpu", "memory")
 KINDS = ("job", "idle", "unattributed")
 READING_GROUPS = ("clock_event_reasons", "temperature_memory", "ecc", "fans", "power", "utilization")
@@ -174,6 +175,7 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "seen": lambda v, w: mapping(v, w, lambda k: k in READING_GROUPS, lambda x, p: integer(x, p)),
     "last_event": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: wall(x, p, optional=False)),
     "kinds": lambda v, w: mapping(v, w, lambda k: k in KINDS, _kind),
+    "incidents": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: text(x, p, limit=64), limit=INCIDENTS_KEPT),
     "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
                                     limit=MAX_INTERVALS),
 }

@@ -23,6 +23,7 @@ from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import (
     BANDS,
+    XID_ACT,
     aging_bands,
     cycle_bin,
     fan_revolutions,
@@ -41,6 +42,17 @@ ABOVE_CELSIUS = tuple(range(40, 100, 5))  # "time at or above" series exported p
 CYCLE_RANGES = ((2, 5), (5, 10), (10, 20), (20, 40), (40, 1000))  # °C, [lo, hi)
 THRESHOLDS = (("gpu", "slowdown"), ("gpu", "gpu_max"), ("memory", "memory_max"))
 BASIC_THRESHOLDS = frozenset({("gpu", "slowdown"), ("memory", "memory_max")})  # exported without metrics.detail
+def _incident(key: str, before: Any, after: Any) -> str | None:
+    """The incident a change of a health reading is (one that calls for a reset, a reboot or service), or None."""
+    if key == "recovery_action" and after:
+        return f"recovery action {after}"
+    if key in ("remapped_rows_pending", "remapped_rows_failure") and after and not before:
+        return "row remap " + key.rsplit("_", 1)[1]
+    if key == "ecc_uncorrected_volatile" and isinstance(after, (int, float)) and after > (before or 0):
+        return "uncorrectable ecc"
+    return None
+
+
 _HEALTH_EVENTS = ("ecc_uncorrected_aggregate", "ecc_corrected_aggregate", "ecc_uncorrected_volatile",
                   "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
                   "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
@@ -320,6 +332,7 @@ class WearTracker:
             self._release(w, seen, None)
             if seen.up:
                 w.add_lost(wall)
+                w.add_incident(wall, "gpu lost")
                 self._event(w, wall, "gpu_lost", {})
                 self.jobs.event(ident.uuid, "gpu lost")
                 self.jobs.stop_gpu(ident.uuid, wall)
@@ -400,6 +413,8 @@ class WearTracker:
             if w.health.get(k) != before[k] and before[k] is not None:
                 self._event(w, sample.timestamp, "health", {"field": k, "from": before[k], "to": w.health.get(k)})
                 self.jobs.event(uuid, f"health {k}")
+                if (what := _incident(k, before[k], w.health.get(k))) is not None:
+                    w.add_incident(sample.timestamp, what)
 
     def end_jobs(self) -> None:
         """End every running job and idle line (a simulation stopping)."""
@@ -420,6 +435,8 @@ class WearTracker:
         if new:
             w.add_xids(new, wall)
             for code, n in new.items():
+                if code in XID_ACT:  # the catalog asks for a reset, a reboot or service
+                    w.add_incident(wall, f"xid {code}")
                 self._event(w, wall, "xid", {"xid": code, "count": n})
                 for _ in range(n):
                     self.jobs.event(w.uuid, f"xid {code}")
