@@ -599,22 +599,26 @@ def test_a_gpu_that_needs_repairs_again_within_a_week_is_a_repeat_offender() -> 
     assert "repeat_incidents" not in {r["code"] for r in apart["reasons"]} and apart["status"] == "ok"
     past = card((t0, "xid 48"), (t0 + day, "xid 48"), last_seen=t0 + 40 * day)
     assert [r["severity"] for r in past["reasons"] if r["code"] == "repeat_incidents"] == ["watch"]
-    # the record keeps the newest 64, however many there were
+    # one fault seen several ways within 10 minutes is one incident: not a repeat on its own
     w = GpuWear("GPU-x")
-    for i in range(100):
-        w.add_incident(t0 + i * 60, f"xid {i}")
-    assert len(w.incidents) == 64 and w.incident_list()[0] == (t0 + 36 * 60, "xid 36")
+    for wall, what in ((t0, "xid 79"), (t0 + 2, "gpu lost"), (t0 + 40, "xid 79")):
+        w.add_incident(wall, what)
+    assert w.incident_list() == [(t0, "xid 79, gpu lost")]
+    # the record keeps the newest 64, however many there were
+    for i in range(1, 100):
+        w.add_incident(t0 + i * 3600, f"xid {i}")
+    assert len(w.incidents) == 64 and w.incident_list()[0] == (t0 + 36 * 3600, "xid 36")
 
 
 def test_repeated_uncorrectable_errors_through_fake_nvml_make_a_repeat_offender() -> None:
-    """Through the fake NVML and the tracker: two uncorrectable ECC errors 20 s apart are two incidents (each asks
-    for a reset), and the verdict names the repeat; one is not a repeat."""
+    """Through the fake NVML and the tracker: two uncorrectable ECC errors 20 minutes apart are two incidents (each
+    asks for a reset), and the verdict names the repeat; one is not a repeat."""
     for faults, repeat in ((2, True), (1, False)):
-        rig = make_rig(fault_scenario("h100-sxm", *({"at": 20 + 20 * i, "gpu": 0, "kind": "ecc", "uncorrected": 1}
+        rig = make_rig(fault_scenario("h100-sxm", *({"at": 20 + 1200 * i, "gpu": 0, "kind": "ecc", "uncorrected": 1}
                                                    for i in range(faults))), slow_interval=5)
         tracker = WearTracker({}, WearConfig())
-        for _ in range(70):
-            rig.run(1)
+        for _ in range(300):
+            rig.run(5, interval=5)
             tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
         w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
         assert w is not None and list(w.incidents.values()) == ["uncorrectable ecc"] * faults

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
-from gpuwear.wear.schema import INCIDENTS_KEPT, READING_GROUPS
+from gpuwear.wear.schema import INCIDENT_EPISODE_SECONDS, INCIDENTS_KEPT, READING_GROUPS
 
 SCHEMA = 1
 SENSORS = ("gpu", "memory")
@@ -480,10 +480,15 @@ class GpuWear:
                 self.last_event[f"xid {code}"] = wall
 
     def add_incident(self, wall: float, what: str) -> None:
-        """An incident that calls for a reset, a reboot or service at ``wall`` (one per what and time); the
-        INCIDENTS_KEPT newest are kept."""
-        key = f"{wall:.3f}"
-        self.incidents[key] = f"{self.incidents[key]}, {what}"[:64] if key in self.incidents else what[:64]
+        """An incident that calls for a reset, a reboot or service at ``wall``. One within INCIDENT_EPISODE_SECONDS
+        after the newest kept is the same episode, added to it (one fault seen several ways: XID 79 and the GPU
+        lost, XID 48 and the uncorrectable count read on the slow interval). The INCIDENTS_KEPT newest are kept."""
+        newest = max(self.incidents, key=float, default=None)
+        if newest is not None and 0 <= wall - float(newest) <= INCIDENT_EPISODE_SECONDS:
+            if what not in self.incidents[newest].split(", "):
+                self.incidents[newest] = f"{self.incidents[newest]}, {what}"[:64]
+            return
+        self.incidents[f"{wall:.3f}"] = what[:64]
         if len(self.incidents) > INCIDENTS_KEPT:
             for old in sorted(self.incidents, key=float)[:len(self.incidents) - INCIDENTS_KEPT]:
                 del self.incidents[old]

@@ -29,6 +29,9 @@ MAX_EVENTS = 200_000
 MAX_FANS = 16
 MAX_INTERVALS = 100_000  # observed intervals of one GPU: one per start or gap
 INCIDENTS_KEPT = 64  # a GPU's newest incidents kept in its record (GpuWear.incidents)
+# incidents this close after the one before are one episode (a fault reported by the XID, then by a counter read on
+# the 30 s slow interval, or by the kernel log a few seconds apart): one reset, not two
+INCIDENT_EPISODE_SECONDS = 600.0
 SENSORS = ("gpu", "memory")
 KINDS = ("job", "idle", "unattributed")
 READING_GROUPS = ("clock_event_reasons", "temperature_memory", "ecc", "fans", "power", "utilization")
