@@ -200,13 +200,13 @@ def test_systemd_notify_readiness_watchdog_reload_and_stop(tmp_path: Path) -> No
         assert status == 200 and "gpuwear_temperature_celsius" in body
         until("WATCHDOG=1")
         until("WATCHDOG=1")  # fed again by the sampling loop
-        assert "gpuwear_clock_max_hertz" not in body  # metrics.detail is off by default
+        assert "gpuwear_performance_state" not in body  # metrics.detail is off by default
         config.write_text("sampling:\n  interval_seconds: 0.5\nwear:\n  busy_utilization_ratio: 0.5\n"
                           "metrics:\n  detail: true\n")
         proc.send_signal(signal.SIGHUP)
         until("RELOADING=1")
         until("READY=1")
-        assert "gpuwear_clock_max_hertz" in fetch(f"http://127.0.0.1:{port}/metrics")[1]
+        assert "gpuwear_performance_state" in fetch(f"http://127.0.0.1:{port}/metrics")[1]
         config.write_text("sampling:\n  interval_seconds: -3\n")
         proc.send_signal(signal.SIGHUP)
         until("RELOADING=1")

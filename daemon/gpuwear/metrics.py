@@ -204,7 +204,7 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "
        "(nvmlDeviceGetEnforcedPowerLimit).", (), _sample_field("power_limit_watts")),
     MetricDef("gpuwear_power_default_limit_watts", "gauge", "watts", "Default power limit "
-       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts"), detail=True),
+       "(nvmlDeviceGetPowerManagementDefaultLimit).", (), _sample_field("power_default_limit_watts")),
     MetricDef("gpuwear_energy_joules_total", "counter", "joules", "Energy consumed (field "
        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), continued across driver-reload resets (by default, "
        "gpuwear_lifetime_energy_joules_total counts the same energy).", (),
@@ -217,9 +217,10 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_clock_hertz", "gauge", "hertz", "Current clock (nvmlDeviceGetClockInfo).", ("clock",),
        _labelled((("graphics", "clock_graphics_hz"), ("sm", "clock_sm_hz"), ("memory", "clock_memory_hz"))),
        basic=_only("sm", "memory")),
-    MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo).",
+    MetricDef("gpuwear_clock_max_hertz", "gauge", "hertz", "Maximum clock (nvmlDeviceGetMaxClockInfo; sm and "
+       "memory by default, graphics with metrics.detail).",
        ("clock",), _labelled((("graphics", "clock_graphics_max_hz"), ("sm", "clock_sm_max_hz"),
-                             ("memory", "clock_memory_max_hz"))), detail=True),
+                             ("memory", "clock_memory_max_hz"))), basic=_only("sm", "memory")),
     MetricDef("gpuwear_performance_state", "gauge", "", "Performance state, 0 (P0, maximum) to 15 "
        "(nvmlDeviceGetPerformanceState).", (), _sample_field("performance_state"), detail=True),
     MetricDef("gpuwear_clock_event_reason_active", "gauge", "", "1 while the reason holds the clocks down "
@@ -410,7 +411,7 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
                   "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules)),
     MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
-                  "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds), detail=True),
+                  "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds)),
     MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "
                   "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds"),
                   basic=PROTECTING),
