@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,12 @@ def test_doctor_on_simulated_gpus(tmp_path: Path) -> None:
     config.write_text(f'listen: "127.0.0.1:{free_port()}"\n')
     result = gpuwear("doctor", "--simulate", "--config", str(config), "--state-dir", str(tmp_path))
     out = result.stdout
-    assert result.returncode == 1  # the RTX 4090 runs without persistence mode
-    assert "[FIX] GPU 0 NVIDIA GeForce RTX 4090: persistence mode off" in out and "nvidia-persistenced" in out
+    # the simulated RTX 4090 runs without persistence mode: a remark, not a thing to fix (it was one before)
+    assert result.returncode == 0, out
+    assert "[note] GPU 0 NVIDIA GeForce RTX 4090: persistence mode off" in out and "nvidia-persistenced" in out
     assert "[ok] GPU 1 NVIDIA H100 80GB HBM3: persistence mode on" in out
     assert "; not supported: ecc_corrected_aggregate, " in out
-    assert "1 thing(s) to fix" in out
+    assert "nothing to fix; 1 note(s)" in out
 
 
 def test_doctor_finds_the_port_taken_and_a_bad_ledger(tmp_path: Path) -> None:
@@ -53,6 +55,22 @@ def test_doctor_finds_the_port_taken_and_a_bad_ledger(tmp_path: Path) -> None:
     bad = {f.what.split(":")[0]: f.fix for f in findings if not f.ok}
     assert "ledger" in bad and "backup" in bad["ledger"]
     assert "127.0.0.1" in bad and "ss -ltnp" in bad["127.0.0.1"]
+
+
+def test_doctor_notes_a_running_gpuwear_on_its_port_but_does_not_count_it(tmp_path: Path) -> None:
+    """The README's first command runs the daemon on 127.0.0.1:9941; a doctor run beside it counted that port as a
+    thing to fix. A port held by a gpuwear daemon is a remark; one held by anything else stays a thing to fix."""
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path / "daemon"))
+    daemon = Daemon(config, open_source(config, "idle", 1.0, False))
+    daemon.start()
+    try:
+        findings = Doctor(replace(config, state_dir=str(tmp_path)),
+                          NvmlBackend(FakeNvmlLibrary(load_scenario("idle"), SystemClock())),
+                          tmp_path / "ledger.sqlite", proc=None).run()
+    finally:
+        daemon.stop()
+    (port,) = [f for f in findings if f.what.startswith(config.listen)]
+    assert port.ok and "a gpuwear daemon serves /metrics there" in port.what and "stop this one" in port.note
 
 
 @pytest.mark.slow

@@ -715,7 +715,8 @@ def test_doctor_on_wsl2_checks_dxg_not_the_nvidia_nodes(dxg: bool, tmp_path: Pat
     findings = {f.what: f for f in doctor.run()}
     opened = findings[f"WSL2: {dev / 'dxg'} opens for reading and writing"]
     assert opened.ok is dxg and (dxg or "deploy/systemd/wsl2.conf" in opened.fix)
-    assert findings["job attribution: WSL2: NVML names processes by their Windows PIDs"].ok is False
+    pids = findings["job attribution: WSL2: NVML names processes by their Windows PIDs"]
+    assert pids.ok and "unattributed" in pids.note  # nothing on this host would change it: a remark, not a fix
     assert any(w.startswith("NVIDIA driver 552.55") for w in findings)
 
 

@@ -27,7 +27,8 @@ PROCESS_FIXES = {
 class Finding:
     ok: bool
     what: str
-    fix: str = ""
+    fix: str = ""  # what to do, where not ok: a thing to fix
+    note: str = ""  # a remark on a finding that is ok, but worth knowing (never counted as a thing to fix)
 
 
 @dataclass
@@ -43,6 +44,10 @@ class Doctor:
 
     def check(self, ok: bool, what: str, fix: str = "") -> None:
         self.findings.append(Finding(ok, what, "" if ok else fix))
+
+    def remark(self, what: str, note: str) -> None:
+        """Something to know that no change here would mend (a simulated card, WSL2, this host's own daemon)."""
+        self.findings.append(Finding(True, what, "", note))
 
     def run(self) -> list[Finding]:
         self._nvml()
@@ -63,15 +68,22 @@ class Doctor:
         self._devices()
         if self.proc is not None:
             foreign = foreign_pids(self.proc)
-            self.check(foreign is None, "job attribution: NVML's process IDs are this process's" if foreign is None
-                       else f"job attribution: {foreign}", "GPU time with processes is booked as unattributed until "
-                       "then")
+            if foreign is not None and wsl2(self.proc):  # nothing here changes which PIDs NVML names
+                self.remark(f"job attribution: {foreign}", "GPU time with processes is booked as unattributed")
+            else:
+                self.check(foreign is None, "job attribution: NVML's process IDs are this process's" if foreign
+                           is None else f"job attribution: {foreign}", "GPU time with processes is booked as "
+                           "unattributed until then")
         for i, gpu in enumerate(gpus):
             persistent = self.backend.persistence_mode(i)
-            self.check(persistent is not False, f"GPU {gpu.index} {gpu.name}: persistence mode "
-                       f"{'on' if persistent else 'off' if persistent is False else 'unknown'}",
-                       "enable it (`systemctl enable --now nvidia-persistenced`): without it each NVML call "
-                       "may re-initialise the GPU, calls are slow and polling keeps the GPU awake")
+            state = "on" if persistent else "off" if persistent is False else "unknown"
+            mode = f"GPU {gpu.index} {gpu.name}: persistence mode {state}"
+            if self.proc is None and persistent is False:  # a simulated card: its driver settings are the scenario's
+                self.remark(mode, "a simulated card: on a real one, enable nvidia-persistenced")
+            else:
+                self.check(persistent is not False, mode,
+                           "enable it (`systemctl enable --now nvidia-persistenced`): without it each NVML call "
+                           "may re-initialise the GPU, calls are slow and polling keeps the GPU awake")
             try:
                 reading = self.backend.read(i, slow=True)
             except GpuLostError as exc:
@@ -179,16 +191,37 @@ class Doctor:
                 s.bind((host, port))
                 self.check(True, f"{self.config.listen} is free for /metrics")
             except OSError as exc:
-                self.check(False, f"{self.config.listen}: {exc.strerror}",
-                           "another process (a running gpuwear?) holds the port: `ss -ltnp` shows which")
+                if _gpuwear_serves(host, port):
+                    self.remark(f"{self.config.listen}: a gpuwear daemon serves /metrics there",
+                                "a second daemon with this configuration could not listen: stop this one first")
+                else:
+                    self.check(False, f"{self.config.listen}: {exc.strerror}",
+                               "another process holds the port: `ss -ltnp` shows which")
+
+
+def _gpuwear_serves(host: str, port: int) -> bool:
+    """Whether a gpuwear daemon answers /healthz on ``host:port`` (plain HTTP, within a second)."""
+    import http.client
+
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=1.0)
+        try:
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            return response.status == 200 and b"gpuwear_build_info" in response.read(1 << 20)
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException):
+        return False
 
 
 def render(findings: list[Finding], say: Callable[[str], None] = print) -> bool:
-    """Print each finding with what to fix; True when nothing needs fixing."""
+    """Print each finding with what to fix, and the remarks apart from them; True when nothing needs fixing."""
     for f in findings:
-        say(f"[{'ok' if f.ok else 'FIX'}] {f.what}")
-        if not f.ok:
-            say(f"      -> {f.fix}")
+        say(f"[{'FIX' if not f.ok else 'note' if f.note else 'ok'}] {f.what}")
+        if f.fix or f.note:
+            say(f"      -> {f.fix or f.note}")
     bad = sum(not f.ok for f in findings)
-    say("nothing to fix" if not bad else f"{bad} thing(s) to fix")
+    notes = sum(bool(f.note) for f in findings)
+    say(("nothing to fix" if not bad else f"{bad} thing(s) to fix") + (f"; {notes} note(s)" if notes else ""))
     return bad == 0
