@@ -5,6 +5,8 @@ Each case states the figure before this behaviour and after."""
 from __future__ import annotations
 
 import datetime
+import subprocess
+import sys
 import zoneinfo
 from contextlib import closing
 from pathlib import Path
@@ -377,3 +379,55 @@ def test_the_import_says_when_it_reads_row_by_row(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "gpuwear", "import", "nvidia-smi", str(path), "--timezone", "UTC",
                           "--state-dir", str(tmp_path / "s")], capture_output=True, text=True, check=True).stdout
     assert "read row by row, more slowly (a blank line" in out and "100 row(s) imported" in out
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+NAMED = "timestamp, name, temperature.gpu, power.draw [W], utilization.gpu [%]\n"
+
+
+def named_log(tmp_path: Path, name: str, card: str, start: float) -> Path:
+    path = tmp_path / name
+    path.write_text(NAMED + "".join(f"{stamp(START + start + i)}, {card}, 60, 100.00 W, 90 %\n" for i in range(30)))
+    return path
+
+
+def test_gpu_refuses_logs_that_name_different_cards(tmp_path: Path) -> None:
+    """Before: `import --gpu X a.csv b.csv` merged an A100's log and an RTX 4090's into one card without a word,
+    although the import promises logs of different cards are never merged. Now nothing is imported and one line
+    names both cards; one card named two ways ("NVIDIA " or not, case) is one card; within one file too."""
+    a100 = named_log(tmp_path, "a.csv", "NVIDIA A100-SXM4-80GB", 0)
+    geforce = named_log(tmp_path, "b.csv", "NVIDIA GeForce RTX 4090", 100)
+    result = _cli(tmp_path, "import", "nvidia-smi", str(a100), str(geforce), "--gpu", "GPU-one", "--timezone", "UTC")
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "NVIDIA A100-SXM4-80GB in" in line and "NVIDIA GeForce RTX 4090 in" in line and "never merged" in line
+    assert not (tmp_path / "s" / "ledger.sqlite").exists() or "GPU-one" not in _cli(tmp_path, "report").stdout
+    same = named_log(tmp_path, "c.csv", "a100-sxm4-80gb", 200)
+    ok = _cli(tmp_path, "import", "nvidia-smi", str(a100), str(same), "--gpu", "GPU-one", "--timezone", "UTC")
+    assert ok.returncode == 0, ok.stderr
+    both = tmp_path / "both.csv"
+    both.write_text(a100.read_text() + "".join(line for line in geforce.read_text().splitlines(keepends=True)[1:]))
+    with closing(Ledger.open(tmp_path / "other" / "ledger.sqlite")) as ledger:
+        for reader in (import_rows, columnar.import_file):  # both paths resolve a row's card the same way
+            with pytest.raises(ImportFormatError, match="names different cards"):
+                reader(both, ledger, PARAMS, gpu="GPU-two", tz=datetime.timezone.utc, say=lambda _: None)
+
+
+def test_a_clock_set_back_mid_file_is_said_in_a_few_lines_and_the_zone_is_named(tmp_path: Path) -> None:
+    """Before: a log whose clock was set back an hour half way printed one "goes back in time" line for each of its
+    1,800 later rows, and the import never said in which zone it read timestamps without an offset."""
+    rows = [(float(i), 60.0) for i in range(1800)] + [(float(i) - 3600.0 + 1800, 60.0) for i in range(1800)]
+    path = log(tmp_path, rows)
+    result = _cli(tmp_path, "import", "nvidia-smi", str(path), "--timezone", "UTC")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 6, lines
+    assert sum("goes back in time" in line for line in lines) == 6
+    assert "1795 more row(s) like those above" in lines[-1] and "clock set back" in lines[-1]
+    assert "timestamps without a UTC offset read in UTC (--timezone)" in result.stdout
+    local = _cli(tmp_path, "import", "nvidia-smi", str(log(tmp_path, [(5000.0, 60.0)], name="one.csv")))
+    assert "read in this machine's zone" in local.stdout and "--timezone names another" in local.stdout

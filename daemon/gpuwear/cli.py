@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import itertools
 import json
 import logging
 import os
@@ -558,6 +560,58 @@ class _Progress:
             print(file=sys.stderr)
 
 
+class _Said:
+    """What an import says of its rows, on stderr: the first SAID_PER_KIND lines of each kind (the message without
+    its line number), then one line with how many more there were. A log whose clock was set back an hour said
+    "timestamp goes back in time" once for each of its 1,800 later rows."""
+
+    SAID_PER_KIND = 5
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.kinds: Counter[str] = Counter()
+
+    def __call__(self, line: str) -> None:
+        where, _, message = line.partition(": ")
+        kind = message if where.startswith(f"{self.path}:") else line
+        self.kinds[kind] += 1
+        if self.kinds[kind] <= self.SAID_PER_KIND:
+            print(f"gpuwear: {printable(line)}", file=sys.stderr)
+
+    def summary(self) -> None:
+        for kind, n in self.kinds.items():
+            if n > self.SAID_PER_KIND:
+                hint = " (was the log's clock set back?)" if "goes back in time" in kind else ""
+                print(f"gpuwear: {printable(str(self.path))}: {n - self.SAID_PER_KIND} more row(s) like those above: "
+                      f"{printable(kind)}{hint}", file=sys.stderr)
+
+
+def _cards_under(gpu: str, files: list[str], ledger: Ledger, config: Config, columns: list[str] | None,
+                 tz: datetime.tzinfo | None) -> str:
+    """Which different cards the logs to import under one ``--gpu`` name, with the card the ledger knows by that
+    UUID (the name column of each log's first CARD_ROWS rows); "" when they name one card or none."""
+    from gpuwear.imports.backfill import different_cards
+    from gpuwear.imports.parse import ImportedRow, ImportFormatError, read_telemetry_csv
+
+    named: dict[str, str] = {}
+    known = ledger.load_all(config.wear.cycles.hysteresis_celsius).get(gpu)
+    if known is not None and known.name:
+        named.setdefault(known.name, "the ledger")
+    for name in files:
+        try:
+            rows = read_telemetry_csv(Path(name), columns=columns, tz=tz)
+            for row in itertools.islice((r for r in rows if isinstance(r, ImportedRow)), CARD_ROWS):
+                if row.name:
+                    named.setdefault(row.name, name)
+        except (ImportFormatError, OSError, UnicodeDecodeError):
+            continue  # the import says what is wrong with the file
+    cards = different_cards(named)
+    return "; ".join(f"{card} in {named[card]}" for card in cards)
+
+
+CARD_ROWS = 1000  # rows of each log whose card name is compared before an import under --gpu
+
+
 def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     import zoneinfo
 
@@ -598,16 +652,21 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
         except ValueError as exc:
             ledger.close()
             return _fail(str(exc), EXIT_USAGE)
+    if gpu is not None and (cards := _cards_under(gpu, args.files, ledger, config, columns, tz)):
+        ledger.close()
+        return _fail(f"--gpu {gpu}: {cards}: logs of different cards are never merged; import each card's logs "
+                     "with its own --gpu", EXIT_USAGE)
+    zone = f"{args.timezone} (--timezone)" if args.timezone else \
+        f"this machine's zone, {datetime.datetime.now().astimezone().tzname()} (--timezone names another)"
     failed = 0
     try:
         for name in args.files:
             path = Path(name)
             progress = _Progress(path) if sys.stderr.isatty() else None
+            said = _Said(path)
             try:
                 result = import_file(path, ledger, config.wear, gpu=gpu, columns=columns, tz=tz,
-                                     max_gap=args.max_gap,
-                                     say=lambda line: print(f"gpuwear: {printable(line)}", file=sys.stderr),
-                                     progress=progress)
+                                     max_gap=args.max_gap, say=said, progress=progress)
             except (ImportFormatError, OSError) as exc:
                 print(f"gpuwear: {path}: not imported: {exc}", file=sys.stderr)
                 failed += 1
@@ -619,6 +678,8 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
             finally:
                 if progress is not None:
                     progress.done()
+                said.summary()
+            _show(f"{path}: timestamps without a UTC offset read in {zone}")
             for uuid, rows in result.imported.items():
                 skipped = result.skipped.get(uuid, 0)
                 cadence, gap = result.cadence[uuid]

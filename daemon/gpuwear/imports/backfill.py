@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import statistics
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,17 +138,35 @@ def resolve_gpu(row: ImportedRow, known: dict[str, GpuWear], gpu: str | None) ->
                             "the known ones), so that logs of different cards are never merged")
 
 
+def card_name(name: str | None) -> str:
+    """A card's name as two logs of the same card agree on it: "NVIDIA A100-SXM4-80GB" and "a100-sxm4-80gb" match."""
+    text = " ".join((name or "").split()).lower()
+    return text.removeprefix("nvidia ").strip()
+
+
+def different_cards(names: Iterable[str | None]) -> list[str]:
+    """The distinct cards ``names`` name (empty names left out), sorted, when there are several; else []."""
+    cards: dict[str, str] = {}
+    for name in names:
+        if name and card_name(name):
+            cards.setdefault(card_name(name), name)
+    return sorted(cards.values()) if len(cards) > 1 else []
+
+
 def ledger_uuid(row: ImportedRow, resolved: dict[tuple[str, str | None], str], known: dict[str, GpuWear],
                 gpu: str | None) -> str:
     """The ledger UUID of a row's GPU (:func:`resolve_gpu`), remembered in ``resolved`` by the row's GPU key and
     name (the same few on every row). ImportFormatError when ``gpu`` (--gpu) names one GPU but the log, without a
-    uuid column, holds several."""
+    uuid column, holds several, or names different cards (logs of different cards are never merged)."""
     uuid = resolved.get((row.gpu, row.name))
     if uuid is None:
         uuid = resolved[row.gpu, row.name] = resolve_gpu(row, known, gpu)
         if gpu is not None and len({k for k, _ in resolved}) > 1 and not row.identity.get("uuid"):
             raise ImportFormatError(f"the log holds several GPUs ({', '.join(sorted({k for k, _ in resolved}))})"
                                     " but --gpu names one; import a log with a uuid column")
+        if gpu is not None and (cards := different_cards(name for _, name in resolved)):
+            raise ImportFormatError(f"the log names different cards ({', '.join(cards)}) but --gpu names one: logs "
+                                    "of different cards are never merged; import each card's rows with its own --gpu")
     return uuid
 
 
