@@ -176,32 +176,53 @@ def _health_words(d: dict[str, Any]) -> str:
     return text + "."
 
 
-def _gaming_days(days: float, verb: str) -> str:
-    """How many days of 4-h-a-day gaming a figure amounts to, in words (``verb``: "do" or "make")."""
-    if days >= 0.1:
-        return f"about what {roughly(days)} days of gaming 4 h a day {verb}"
-    return f"less than a tenth of what a day of gaming 4 h a day {'does' if verb == 'do' else 'makes'}"
+def _gaming_days(days: dict[str, float] | None, verb: str) -> str:
+    """How many days of 4-h-a-day gaming a figure amounts to, in words, with the band across the model's parameter
+    sets (``days``: profile_equivalent_days' entry; ``verb``: "do" or "make")."""
+    if days is None:
+        return ""
+    if days["largest"] < 0.1:
+        return f", less than a tenth of what a day of gaming 4 h a day {'does' if verb == 'do' else 'makes'}"
+    band = f"{roughly(days['smallest'])} to {roughly(days['largest'])}"
+    return f", about what {roughly(days['central'])} days of gaming 4 h a day {verb} ({band} days)"
+
+
+def _larger_stress(d: dict[str, Any]) -> str:
+    """Which mechanism is the larger stress against gaming, only where the data is long enough to compare (the
+    comparison minimum) and every pairing of the two bands agrees on it; "" otherwise."""
+    gaming = d["profile_equivalent_days"]["gaming_4h_day"]
+    heat, cycles = gaming["thermal_aging"], gaming["cycle_fatigue"]
+    if not d["comparison"]["compared"] or heat is None or cycles is None or min(heat["smallest"],
+                                                                               cycles["smallest"]) <= 0:
+        return ""
+    ratios = [cycles[c] / heat[h] for h in ("low", "central", "high") for c in ("low", "central", "high")]
+    if min(ratios) >= 1.5:
+        larger, low, high = "thermal cycling", min(ratios), max(ratios)
+    elif max(ratios) <= 1 / 1.5:
+        larger, low, high = "heat aging", 1 / max(ratios), 1 / min(ratios)
+    else:
+        return ""
+    return f" Measured against gaming, {larger} is the larger stress here ({roughly(low)} to {roughly(high)} times " \
+           "the other, across the models' parameters)."
 
 
 def plain_words(d: dict[str, Any]) -> str:
     """The answer to "is this card being worn?" in a few sentences: measured health, both wear mechanisms on a
-    scale a person grasps, against everyday references, and what it rests on."""
+    scale a person grasps, against everyday references, each figure with its band, and what it rests on."""
     health = _health_words(d)
     if d["observed_seconds"] < 60:
         return f"{health} Too little observed yet to say how it is being worn."
     a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
-    gaming = _profile(d, "gaming_4h_day")
-    heat_days = a["central"] / gaming["thermal_aging_hours_per_day"]
-    cycle_days = c["central"] / gaming["cycle_fatigue_cycles_per_day"]
-    text = (f"{health} Heat aged its chip as much as {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
-            f"would, {_gaming_days(heat_days, 'do')}; its temperature swings were worth {roughly(c['central'])} full "
+    gaming = d["profile_equivalent_days"]["gaming_4h_day"]
+    heat_days = _gaming_days(gaming["thermal_aging"], "do")
+    text = (f"{health} Heat aged its chip about as much as {_span(a['central'])} at a steady "
+            f"{a['reference_celsius']:g} °C would (central estimate; {_span(a['range']['smallest'])} to "
+            f"{_span(a['range']['largest'])} across the model's parameters){heat_days}"
+            f"; its temperature swings were worth about {roughly(c['central'])} equivalent full "
             f"{c['reference_peak_celsius'] - c['reference_range_celsius']:g} → {c['reference_peak_celsius']:g} °C "
-            f"cycles, {_gaming_days(cycle_days, 'make')}.")
-    if heat_days > 0 and cycle_days > 0:
-        larger, ratio = ("thermal cycling", cycle_days / heat_days) if cycle_days >= heat_days else (
-            "heat aging", heat_days / cycle_days)
-        if ratio >= 1.5:
-            text += f" Measured against gaming, {larger} is the larger stress here ({roughly(ratio)} times the other)."
+            f"cycles (central estimate; {roughly(c['range']['smallest'])} to {roughly(c['range']['largest'])})"
+            f"{_gaming_days(gaming['cycle_fatigue'], 'make')}.")
+    text += _larger_stress(d)
     first = d["first_seen"]
     since = f" since {time.strftime('%Y-%m-%d', time.gmtime(first))}" if first is not None else ""
     coverage = d["coverage_ratio"]
@@ -241,10 +262,11 @@ def _wear_lines(d: dict[str, Any]) -> list[str]:
     a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
     comparison = d["comparison"]
     out = ["  Wear (estimates from named models, not a remaining life):",
-           f"    Heat aging (Arrhenius): as much as {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
-           f"(central; {_range_text(a['range'], _span)})",
-           f"    Thermal cycling (Coffin-Manson): {roughly(c['central'])} full {c['reference_range_celsius']:g} °C "
-           f"cycles peaking at {c['reference_peak_celsius']:g} °C (central; {_range_text(c['range'], roughly)})"]
+           f"    Heat aging (Arrhenius): about {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
+           f"(central estimate; {_range_text(a['range'], _span)})",
+           f"    Thermal cycling (Coffin-Manson): about {roughly(c['central'])} equivalent full "
+           f"{c['reference_range_celsius']:g} °C cycles peaking at {c['reference_peak_celsius']:g} °C (central "
+           f"estimate; {_range_text(c['range'], roughly)})"]
     if comparison["compared"]:
         for mechanism, key in (("heat aging", "observed_thermal_aging_ratio"),
                                ("cycling", "observed_cycle_fatigue_ratio")):
@@ -311,8 +333,9 @@ def text_report(doc: dict[str, Any]) -> str:
         for sensor, cycles in d["thermal_cycles"].items():
             big = sum(c["count"] for c in cycles if c["range_celsius"] >= 10)
             largest = max((c["range_celsius"] for c in cycles), default=0)
-            out.append(f"    Thermal cycles ({'die' if sensor == 'gpu' else sensor}): {big:g} of 10 °C or more, "
-                       f"largest {largest} °C ({sum(c['count'] for c in cycles):g} in all)")
+            where = "die" if sensor == "gpu" else sensor
+            out.append(f"    Thermal cycles counted ({where}, rainflow): {big:g} of 10 °C or more, largest "
+                       f"{largest} °C ({sum(c['count'] for c in cycles):g} in all)")
         busy = d["busy_seconds"] or 1.0
         throttle = ", ".join(f"{k.replace('_', ' ')} {100 * v / busy:.1f} %" for k, v in d["throttle_seconds"].items()
                              if k != "gpu_idle")
@@ -325,9 +348,11 @@ def text_report(doc: dict[str, Any]) -> str:
         else:
             out.append("    Clocks held down: never (measured)")
         for fan in d["fan_wear"]:
+            basis = (f"from its speed in %, assuming a rated {fan['rated_rpm']:g} RPM (wear.fan.rated_rpm)"
+                     if fan["revolutions_estimated_from_speed_ratio"] else "measured RPM")
             out.append(f"    Fan {fan['fan']}: {fan['on_hours']:.1f} h turning, {fan['revolutions'] / 1e6:.2f} M "
-                       f"revolutions = {fan['equivalent_hours_at_rated_rpm']:.1f} h at {fan['rated_rpm']:g} RPM "
-                       f"(L10 ratings {fan['l10_hours']['low']:g} to {fan['l10_hours']['high']:g} h)")
+                       f"revolutions ({basis}) = {fan['equivalent_hours_at_rated_rpm']:.1f} h at {fan['rated_rpm']:g} "
+                       f"RPM (L10 ratings {fan['l10_hours']['low']:g} to {fan['l10_hours']['high']:g} h)")
         trend = d["thermal_resistance"]
         if trend:
             out.append(f"    Cooling: {trend['last_celsius_per_watt']:.3f} °C per W above idle at steady load "

@@ -219,6 +219,36 @@ def profile_rates(p: WearConfig) -> tuple[tuple[float, float], ...]:
                                     c.exponent.central, c.peak_term_kelvin.central)) for prof in PROFILES)
 
 
+@functools.lru_cache(maxsize=8)
+def profile_band_rates(p: WearConfig) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Per day of each reference profile, for each parameter set (low, central, high): thermal-aging hours and
+    reference cycles. A card's figure against a profile is taken with the same parameters on both sides."""
+    a, c = p.arrhenius, p.cycles
+    ea, exponent = dict(a.activation_energy_ev.items()), dict(c.exponent.items())
+    peak = dict(c.peak_term_kelvin.items())
+    return {b: tuple((thermal_aging_hours(prof.histogram(), a.reference_celsius, ea[b]),
+                      equivalent_cycles(prof.cycle_bins(), c.reference_range_celsius, c.reference_peak_celsius,
+                                        exponent[b], peak[b])) for prof in PROFILES)
+            for b in BANDS}
+
+
+def profile_equivalents(aging: dict[str, float], fatigue: dict[str, float], p: WearConfig) -> dict[str, Any]:
+    """The card's aging and fatigue in days of each reference profile, one figure per parameter set (the card's
+    and the profile's both taken with it), with the band from smallest to largest: {profile: {"thermal_aging":
+    {low, central, high, smallest, largest}, "cycle_fatigue": {...}}}; None where the profile has none per day."""
+    rates = profile_band_rates(p)
+    out: dict[str, Any] = {}
+    for i, prof in enumerate(PROFILES):
+        entry: dict[str, Any] = {}
+        for key, figure, k in (("thermal_aging", aging, 0), ("cycle_fatigue", fatigue, 1)):
+            days = {b: figure[b] / rates[b][i][k] for b in BANDS if rates[b][i][k] > 0}
+            entry[key] = None if len(days) < len(BANDS) else {
+                **{b: round(v, 6) for b, v in days.items()},
+                "smallest": round(min(days.values()), 6), "largest": round(max(days.values()), 6)}
+        out[prof.key] = entry
+    return out
+
+
 def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     """All estimates of one GPU, each a band with its model and parameters."""
     a, c = p.arrhenius, p.cycles
@@ -261,8 +291,10 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
     own = {"busy_aging_hours_per_hour": None if busy is None else round(busy, 6),
            "idle_aging_hours_per_hour": None if idle is None else round(idle, 6),
            "busy_to_idle_ratio": round(busy / idle, 4) if busy is not None and idle else None}
+    equivalents = profile_equivalents({b: aging_out[b] for b in BANDS}, {b: fatigue_out[b] for b in BANDS}, p)
     return {"thermal_aging_equivalent_hours": aging_out, "cycle_fatigue_equivalent_cycles": fatigue_out,
             "fan_wear": fans, "reference_profiles": profiles, "own_history": own,
+            "profile_equivalent_days": equivalents,
             "comparison": {"observed_seconds": round(w.observed_seconds, 3),
                            "minimum_seconds": MIN_COMPARISON_SECONDS,
                            "compared": w.observed_seconds >= MIN_COMPARISON_SECONDS}}
