@@ -71,6 +71,24 @@ def _look(browser: Any, url: str, name: str) -> dict[str, Any]:
         assert answer.location["y"] < inner, f"{width_name}: the answer is below the first screen"
         overflow = browser.execute_script("return document.documentElement.scrollWidth > window.innerWidth")
         assert not overflow, f"{width_name}: the page is wider than the screen"
+        # chart text at least 11 px as drawn (its font size times the SVG's scale on this screen)
+        smallest = browser.execute_script(
+            "return Math.min(...[...document.querySelectorAll('svg text')].map("
+            "t => parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a))")
+        assert smallest >= 11, f"{width_name}: chart text drawn at {smallest:.1f} px"
+        # a limit's label is never covered by a column of the histogram
+        covered = browser.execute_script(
+            "const out = []; for (const t of document.querySelectorAll('svg text.limit')) {"
+            " const a = t.getBoundingClientRect();"
+            " for (const r of t.closest('svg').querySelectorAll('rect')) { const b = r.getBoundingClientRect();"
+            "  if (b.width && b.height && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)"
+            "   { out.push(t.textContent); break; } } } return out;")
+        assert not covered, f"{width_name}: limit labels covered by columns: {covered}"
+        # every bar of an estimate against everyday use carries its band
+        unbanded = browser.execute_script(
+            "return [...document.querySelectorAll('.card svg')].filter("
+            "s => s.querySelectorAll('rect').length !== s.querySelectorAll('path.band').length).length")
+        assert unbanded == 0, f"{width_name}: {unbanded} estimate chart(s) with bars without their band"
         seen[width_name] = {
             section.get_attribute("id"): {e.get_attribute("data-figure"): e.get_attribute("data-value")
                                           for e in section.find_elements(By.CSS_SELECTOR, "[data-figure]")}
@@ -122,3 +140,19 @@ def test_the_daemon_serves_it_at_the_root(state: Path, browser: Any, tmp_path: P
         seen = _look(browser, f"http://127.0.0.1:{port}/", "daemon")
         doc = json.loads(gpuwear("report", "--simulated", "--state-dir", str(state), "--json").stdout)
     _same_figures(seen["desktop"], doc)
+
+
+@pytest.mark.slow
+def test_the_stress_scenario_page_keeps_its_limits_readable(browser: Any, tmp_path: Path) -> None:
+    """The stress scenario runs the die at its limits: there the histogram's columns covered the "slowdown" label
+    and the max line, at exactly the moment they matter. Its page at both widths: no label covered, no chart text
+    under 11 px, every estimate's bar with its band, the figures those of `report --json`."""
+    run_simulated(tmp_path, "stress", 3600.0, 7.0)
+    page = tmp_path / "stress.html"
+    r = gpuwear("report", "--simulated", "stress", "--state-dir", str(tmp_path), "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    assert 'class="limit"' in page.read_text()
+    seen = _look(browser, page.as_uri(), "stress")
+    doc = json.loads(gpuwear("report", "--simulated", "stress", "--state-dir", str(tmp_path), "--json").stdout)
+    for width in WIDTHS:
+        _same_figures(seen[width], doc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from gpuwear.report import duration, plain_words, risk_seen, roughly
@@ -24,7 +25,8 @@ _SHORT = {"idle_24_7": "idle, 35 °C", "gaming_4h_day": "gaming 4 h a day", "str
           "training_24_7": "training, 75 °C"}
 _CYCLE_BUCKETS = ((2, 5), (5, 10), (10, 20), (20, 30), (30, 40), (40, 60), (60, 999))
 _STYLE = """
-body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;background:#f6f7f9;color:#111827}
+body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;background:#f6f7f9;color:#111827;
+overflow-wrap:anywhere}
 main{max-width:60rem;margin:0 auto;padding:1rem}
 h1{font-size:1.5rem;margin:.5rem 0}h2{font-size:1.25rem;margin:0 0 .25rem}h3{font-size:1rem;margin:1rem 0 .25rem}
 .gpu{background:#fff;border:1px solid #e5e7eb;border-radius:.5rem;padding:1rem;margin:1rem 0}
@@ -32,7 +34,7 @@ h1{font-size:1.5rem;margin:.5rem 0}h2{font-size:1.25rem;margin:0 0 .25rem}h3{fon
 .muted{color:#4b5563;font-size:.9rem}.answer{font-size:1.05rem}
 .cards{display:flex;flex-wrap:wrap;gap:1rem}.card{flex:1 1 16rem;border:1px solid #e5e7eb;border-radius:.5rem;
 padding:.75rem}.big{font-size:1.6rem;font-weight:700}
-svg{width:100%;max-width:34rem;height:auto;display:block}svg text{font:13px system-ui,sans-serif;fill:#374151}
+svg{width:100%;max-width:34rem;height:auto;display:block}svg text{font:14px system-ui,sans-serif;fill:#374151}
 table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.2rem .4rem;border-bottom:1px solid #eee}
 .banner{background:#fef3c7;border:1px solid #f59e0b;padding:.5rem;border-radius:.25rem}
 """
@@ -46,19 +48,35 @@ def _figure(name: str, value: Any, shown: str) -> str:
     return f'<span data-figure="{_e(name)}" data-value="{_e(value)}">{_e(shown)}</span>'
 
 
-def _bars(rows: list[tuple[str, float, bool]], unit: str, width: int = 360) -> str:
-    """Horizontal bars (label, value, highlighted) on one linear scale, as an SVG (readable on a phone: the view
-    box is about a phone's width, the page caps it on a desktop)."""
-    top = max((v for _, v, _ in rows), default=0.0) or 1.0
-    height, label_w = 24 * len(rows) + 8, 125
+Bar = tuple[str, float, bool, "tuple[float, float] | None"]  # label, value, highlighted, band (smallest, largest)
+
+
+def _bars(rows: Sequence[Bar], unit: str, width: int = 360) -> str:
+    """Horizontal bars (label, value, highlighted, band) on one linear scale, as an SVG (readable on a phone: the
+    view box is about a phone's width, the page caps it on a desktop). An estimate's band is a whisker across its
+    bar, from the smallest to the largest figure of the model's parameter sets, and its value's title says both."""
+    top = max((max(v, band[1] if band else 0.0) for _, v, _, band in rows), default=0.0) or 1.0
+    height, label_w = 26 * len(rows) + 8, 118
+    room = width - label_w - 48
+
+    def x(v: float) -> float:
+        return label_w + room * v / top
+
     out = [f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{_e(unit)}">']
-    for i, (label, value, mine) in enumerate(rows):
-        y = 4 + 24 * i
-        w = max(1.0, (width - label_w - 45) * value / top) if value > 0 else 0.0
-        out.append(f'<text x="0" y="{y + 15}">{_e(label)}</text>'
-                   f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="16" '
-                   f'fill="{"#2563eb" if mine else "#9ca3af"}"/>'
-                   f'<text x="{label_w + w + 6:.1f}" y="{y + 15}">{_e(roughly(value))}</text>')
+    for i, (label, value, mine, band) in enumerate(rows):
+        y = 4 + 26 * i
+        w = max(1.0, room * value / top) if value > 0 else 0.0
+        shown = roughly(value) if band is None else f"{roughly(value)} ({roughly(band[0])} to {roughly(band[1])})"
+        out.append(f'<text x="0" y="{y + 16}">{_e(label)}</text>'
+                   f'<rect x="{label_w}" y="{y + 4}" width="{w:.1f}" height="16" '
+                   f'fill="{"#2563eb" if mine else "#9ca3af"}"><title>{_e(shown)}</title></rect>')
+        end = label_w + w
+        if band is not None:
+            lo, hi = x(band[0]), x(band[1])
+            out.append(f'<path class="band" d="M{lo:.1f} {y + 12}H{hi:.1f}M{lo:.1f} {y + 7}V{y + 17}'
+                       f'M{hi:.1f} {y + 7}V{y + 17}" stroke="#111827" stroke-width="1.5" fill="none"/>')
+            end = max(end, hi)
+        out.append(f'<text x="{end + 5:.1f}" y="{y + 16}">{_e(roughly(value))}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -71,7 +89,9 @@ def _histogram(hist: dict[str, float], thresholds: dict[str, float], sensor: str
     lo = min([temps[0], *(int(v) for v in marks.values())]) - 2
     hi = max([temps[-1], *(int(v) for v in marks.values())]) + 2
     top = max(hist.values()) / 3600 or 1.0
-    h, base, left = 190, 160, 34
+    # the limits' labels sit in a band of their own above the columns: a column never covers them
+    ceiling = 8 + 17 * max(len(marks), 1)
+    h, base, left = 180 + ceiling, 150 + ceiling, 34
     span = max(hi - lo, 1)
 
     def x(t: float) -> float:
@@ -82,27 +102,27 @@ def _histogram(hist: dict[str, float], thresholds: dict[str, float], sensor: str
     bar = max(1.0, (width - left - 10) / span - 1)
     for t in temps:
         hours = hist[str(t)] / 3600
-        bh = (base - 10) * hours / top
+        bh = (base - ceiling) * hours / top
         out.append(f'<rect x="{x(t):.1f}" y="{base - bh:.1f}" width="{bar:.1f}" height="{bh:.1f}" fill="#2563eb">'
                    f'<title>{t} °C: {_e(duration(hist[str(t)]))}</title></rect>')
     for i, (name, value) in enumerate(sorted(marks.items(), key=lambda kv: kv[1])):
         label = {"gpu_max": "max", "memory_max": "max"}.get(name, name)  # staggered: limits sit close together
         anchor = "end" if x(value) > width * 0.6 else "start"
         dx = -3 if anchor == "end" else 3
-        out.append(f'<line x1="{x(value):.1f}" y1="10" x2="{x(value):.1f}" y2="{base}" stroke="#b91c1c" '
-                   f'stroke-dasharray="4 3"/><text x="{x(value) + dx:.1f}" y="{22 + 15 * i}" fill="#b91c1c" '
-                   f'text-anchor="{anchor}">{_e(label)} {value:g} °C</text>')
+        out.append(f'<line x1="{x(value):.1f}" y1="{4 + 17 * i}" x2="{x(value):.1f}" y2="{base}" stroke="#b91c1c" '
+                   f'stroke-dasharray="4 3"/><text class="limit" x="{x(value) + dx:.1f}" y="{16 + 17 * i}" '
+                   f'fill="#b91c1c" text-anchor="{anchor}">{_e(label)} {value:g} °C</text>')
     for t in range(math.ceil(lo / 10) * 10, hi + 1, 10):
         out.append(f'<text x="{x(t) - 8:.1f}" y="{base + 16}">{t}°</text>')
-    out.append(f'<text x="0" y="14">{_e(roughly(top))} h</text></svg>')
+    out.append(f'<text x="0" y="{ceiling + 4}">{_e(roughly(top))} h</text></svg>')
     return "".join(out)
 
 
 def _cycles(cycles: list[dict[str, float]]) -> str:
-    rows = []
+    rows: list[Bar] = []
     for lo, hi in _CYCLE_BUCKETS:
         n = sum(c["count"] for c in cycles if lo <= c["range_celsius"] < hi)
-        rows.append((f"{lo}–{hi} °C" if hi < 999 else f"{lo} °C and more", n, False))
+        rows.append((f"{lo}–{hi} °C" if hi < 999 else f"{lo} °C and more", n, False, None))  # counted: no band
     return _bars(rows, "cycles by size")
 
 
@@ -113,9 +133,10 @@ def _references(d: dict[str, Any], key: str, per_day: str, label: str) -> str:
                 f'observed, {_e(duration(d["comparison"]["minimum_seconds"]))} needed.</p>')
     days = d["observed_seconds"] / 86400
     mine = d[key]["central"] / days
-    rows = [(_SHORT[p["profile"]], p[per_day], False) for p in d["reference_profiles"]
-            if p["profile"] in WORD_PROFILES]
-    rows.insert(1, ("this card", mine, True))
+    band = (d[key]["range"]["smallest"] / days, d[key]["range"]["largest"] / days)
+    rows: list[Bar] = [(_SHORT[p["profile"]], p[per_day], False, (p[f"{per_day}_range"][0], p[f"{per_day}_range"][1]))
+                       for p in d["reference_profiles"] if p["profile"] in WORD_PROFILES]
+    rows.insert(1, ("this card", mine, True, band))
     return (f'<p class="muted">{_e(label)} per day: this card (per day observed) and everyday use</p>'
             + _bars(rows, label))
 
@@ -129,7 +150,7 @@ def _jobs(uuid: str, jobs: dict[str, Any] | None) -> str:
         return '<h3>Jobs</h3><p class="muted">No job recorded for this GPU.</p>'
     top = sorted(merged.items(), key=lambda kv: -kv[1])[:8]
     return ("<h3>Who caused its heat aging (% of it, by recorded job)</h3>"
-            + _bars([(name, share, False) for name, share in top], "% of its thermal aging"))
+            + _bars([(name, share, False, None) for name, share in top], "% of its thermal aging"))
 
 
 def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:

@@ -269,11 +269,17 @@ def estimates(w: GpuWear, p: WearConfig) -> dict[str, Any]:
         fatigue_out["memory"] = fatigue_bands(w, "memory", p)
     days = w.observed_seconds / 86400.0 if w.observed_seconds >= MIN_COMPARISON_SECONDS else 0.0
     profiles = []
-    for prof, (per_day_aging, per_day_cycles) in zip(PROFILES, profile_rates(p), strict=True):
+    bands = profile_band_rates(p)
+    for i, (prof, (per_day_aging, per_day_cycles)) in enumerate(zip(PROFILES, profile_rates(p), strict=True)):
+        aging_band = [bands[b][i][0] for b in BANDS]
+        cycle_band = [bands[b][i][1] for b in BANDS]
         profiles.append({
             "profile": prof.key, "description": prof.text,
             "thermal_aging_hours_per_day": round(per_day_aging, 6),
             "cycle_fatigue_cycles_per_day": round(per_day_cycles, 6),
+            # across the parameter sets, smallest to largest
+            "thermal_aging_hours_per_day_range": [round(min(aging_band), 6), round(max(aging_band), 6)],
+            "cycle_fatigue_cycles_per_day_range": [round(min(cycle_band), 6), round(max(cycle_band), 6)],
             "observed_thermal_aging_ratio": round(aging_out["central"] / (per_day_aging * days), 4)
             if days > 0 and per_day_aging > 0 else None,
             "observed_cycle_fatigue_ratio": round(fatigue_out["central"] / (per_day_cycles * days), 4)
