@@ -82,7 +82,11 @@ def test_forget_removes_one_gpu_and_nothing_else(tmp_path: Path) -> None:
     """`gpuwear forget GPU`: its record, imports, events and job shares go; the other GPU's figures stay exactly;
     without a terminal it needs --yes. Before: no way to forget a GPU."""
     run_simulated(tmp_path, "demo", 600.0, 3.0)
-    trace = Path(__file__).parent / "fixtures" / "traces" / "rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv"
+    real = Path(__file__).parent / "fixtures" / "traces" / "rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv"
+    # the real log, named as the simulated H100 it is imported under (a log of another card is refused: never
+    # merged into this one)
+    trace = tmp_path / "h100.csv"
+    trace.write_text(real.read_text().replace("NVIDIA RTX 6000 Ada Generation", "NVIDIA H100 80GB HBM3"))
     h100 = "GPU-00000001-5111-4a7e-9c3d-000000000001"
     assert gpuwear("import", "nvidia-smi", str(trace), "--gpu", h100, "--timezone", "UTC", "--state-dir",
                    str(tmp_path), "--simulated").returncode == 0

@@ -9,6 +9,7 @@ import json
 import math
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -624,3 +625,51 @@ def test_repeated_uncorrectable_errors_through_fake_nvml_make_a_repeat_offender(
         assert w is not None and list(w.incidents.values()) == ["uncorrectable ecc"] * faults
         codes = {r["code"]: r["severity"] for r in verdict(w, WearConfig(), resistance_trend(w))["reasons"]}
         assert (codes.get("repeat_incidents") == "act") is repeat, codes
+
+
+def test_a_gpu_that_bleeds_corrected_errors_under_load_is_watched_against_its_peers() -> None:
+    """NVIDIA/DCGM #313: a GB200 leaked ~17,700 corrected ECC errors a second under load, 0 at idle, while every
+    peer read 0, and every monitor called it healthy. Here two H100s train; one leaks 20 corrected errors a second
+    at full load (fault ecc_bleed). Its rate per loaded hour is kept in its record (error_counts), the verdict
+    watches it with its evidence and its rule (gpuwear's own, citing the field case), and its peer stays ok. A
+    driver reload (the counter back to 0) is a new baseline, never negative errors. Without a peer of its product
+    it is not judged (its own 30-day baseline is not kept yet)."""
+    from gpuwear.wear.models import RULES, peer_rates
+
+    train = [{"kind": "train", "seconds": 4 * 3600, "utilization": 1.0}]
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": train}, {"product": "h100-sxm", "schedule": train}],
+                    "faults": [{"at": 10, "gpu": 0, "kind": "ecc_bleed", "corrected_per_second": 20},
+                               {"at": 3000, "gpu": 0, "kind": "driver_reload"}]}, slow_interval=30)
+    params = replace(WearConfig(), max_gap_seconds=60.0)
+    tracker = WearTracker({}, params)
+    for _ in range(2 * 3600 // 10):
+        rig.run(10, interval=10)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    uuids = [g.identity.uuid for g in rig.sampler.snapshot.gpus]
+    wears = {u: tracker.wear(u) for u in uuids}
+    bleeding, peer = wears[uuids[0]], wears[uuids[1]]
+    assert bleeding is not None and peer is not None
+    loaded, _ = bleeding.error_rates(3600)["ecc_corrected"]
+    assert loaded is not None and 60_000 <= loaded <= 80_000, loaded  # 20 a second at full load: 72,000 an hour
+    assert peer.error_rates(3600)["ecc_corrected"][0] == 0.0
+    peers = peer_rates(wears, params)  # type: ignore[arg-type]
+    v = verdict(bleeding, params, None, peers=peers[uuids[0]])
+    (reason,) = [r for r in v["reasons"] if r["code"] == "bleeding_errors"]
+    assert reason["severity"] == "watch" and "corrected ECC errors per loaded hour" in reason["text"]
+    assert "1 peer(s) of the same product: 0 (median)" in reason["text"] and reason["rule"] == RULES["bleeding_errors"]
+    assert "gpuwear's own rule" in reason["rule"] and "DCGM #313" in reason["rule"]
+    assert "bleeding_errors" not in {r["code"] for r in verdict(peer, params, None, peers=peers[uuids[1]])["reasons"]}
+    assert "bleeding_errors" not in {r["code"] for r in verdict(bleeding, params, None)["reasons"]}  # no peers
+    # the live verdict, as /metrics and the page show it, judges it the same way
+    assert "bleeding_errors" in {r["code"] for r in tracker.views[uuids[0]].verdict["reasons"]}
+    assert "bleeding_errors" not in {r["code"] for r in tracker.views[uuids[1]].verdict["reasons"]}
+
+
+def test_the_runbook_lists_every_reason_code_with_its_rule() -> None:
+    """docs/alerts.md's table of reason codes, which the health alerts point at for each code's rule: every code
+    of wear.models.RULES is in it, with its rule word for word."""
+    from gpuwear.wear.models import RULES
+
+    table = (Path(__file__).resolve().parent.parent / "docs" / "alerts.md").read_text()
+    for code, rule in RULES.items():
+        assert f"| `{code}` | {rule} |" in table, code

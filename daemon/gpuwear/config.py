@@ -154,6 +154,9 @@ class HealthConfig:
     resistance_rise_watch_ratio: float = _key(0.15, _number(0.01, 10))
     repeat_incidents: int = _key(2, _integer(2, 1000))
     repeat_window_days: float = _key(7.0, _number(0.01, 3650))
+    bleeding_peer_ratio: float = _key(10.0, _number(1, 1e6))
+    bleeding_floor_per_loaded_hour: float = _key(1000.0, _number(0, 1e15))
+    bleeding_min_loaded_hours: float = _key(1.0, _number(0.01, 1e5))
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ The JSON keys are a contract (see README): add keys, never rename or remove them
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.ledger import Event, Ledger
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import WORD_PROFILES, estimates, resistance_trend, verdict
+from gpuwear.wear.models import WORD_PROFILES, estimates, peer_rates, resistance_trend, verdict
 from gpuwear.wear.schema import READING_GROUPS
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
@@ -35,11 +36,13 @@ def readings(w: GpuWear, live: bool) -> dict[str, str]:
 EVENTS_SHOWN = 50  # the newest events of each GPU a report lists
 
 
-def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = True) -> dict[str, Any]:
+def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = True,
+                 peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
     """The report of one GPU: measured health first, then stress, then estimate bands. ``live``: the ledger holds
-    live history of it (else only imported logs, which say nothing about what the card could report)."""
+    live history of it (else only imported logs, which say nothing about what the card could report); ``peers``:
+    the loaded-hour error rates of the host's other GPUs of its product (models.peer_rates)."""
     est = estimates(w, p)
-    health = verdict(w, p, resistance_trend(w))
+    health = verdict(w, p, resistance_trend(w), peers=peers)
     if not live:
         for r in health["reasons"]:
             if r["code"] == "memory_health_unknown":
@@ -97,9 +100,12 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
 
 def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]], ledger: str,
              simulated: bool, live: set[str] | None = None) -> dict[str, Any]:
-    """``live``: the GPUs the ledger holds live history of (None: all of them)."""
+    """``live``: the GPUs the ledger holds live history of (None: all of them); they alone are each other's peers
+    (an imported history is another host's)."""
+    peers = peer_rates({w.uuid: w for w in wears if live is None or w.uuid in live}, p)
     return {"ledger": ledger, "simulated": simulated,
-            "gpus": [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live) for w in wears]}
+            "gpus": [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid))
+                     for w in wears]}
 
 
 _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not reported by this card"}

@@ -174,6 +174,7 @@ def new_wear(uuid: str, known: dict[str, GpuWear], gate: float) -> GpuWear:
     """A fresh accumulator for an import, with the thresholds the ledger read from that card (its shutdown
     threshold judges the log's die readings)."""
     w = GpuWear(uuid, gate_celsius=gate)
+    w.count_errors = False  # error rates are the live daemon's: the columnar reader does not count them either
     if uuid in known:
         w.thresholds = dict(known[uuid].thresholds)
     return w

@@ -23,8 +23,9 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # job record's lines, kept as the record is saved: listings total them without reading every record) and line_totals
 # (their sums by GPU and line name, kept by triggers: the page's shares without a pass over the lines); 9: records
 # may hold "incidents" (the newest incidents that called for a reset or a reboot), which an older gpuwear's validator
-# would refuse record by record: it refuses the whole ledger instead
-SCHEMA_VERSION = 9
+# would refuse record by record: it refuses the whole ledger instead; 10: records may hold "error_counts" (error
+# counters by loaded and idle time), for the same reason
+SCHEMA_VERSION = 10
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
 
@@ -184,6 +185,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     7: lambda db: [db.execute(statement) for statement in _JOB_LINES],  # empty: the daemon fills it from the
     # records (readers count the rest from the records meanwhile)
     8: lambda db: None,  # nothing to change: records without "incidents" are read as before
+    9: lambda db: None,  # nothing to change: records without "error_counts" are read as before
 }
 
 

@@ -188,7 +188,7 @@ XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrec
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
                "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
                "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing",
-               "pcie_downgrade", "nvlink_errors")
+               "pcie_downgrade", "nvlink_errors", "ecc_bleed")
 
 
 @dataclass(frozen=True)
@@ -280,6 +280,10 @@ class GpuState:
     ecc_uncorrected_volatile: int = 0
     ecc_corrected_aggregate: int = 0
     ecc_uncorrected_aggregate: int = 0
+    # corrected errors a second at full load from a failing memory (scaled by utilization: 0 at idle), and the
+    # fraction of one carried from step to step (the fault "ecc_bleed": NVIDIA/DCGM #313's GB200)
+    ecc_bleed_per_second: float = 0.0
+    ecc_bleed_carry: float = 0.0
     retired_single_bit: int = 0
     retired_double_bit: int = 0
     retired_pending: bool = False
@@ -371,6 +375,11 @@ class SimGpu:
             return
         phase, into = self.phase_at(t)
         s.utilization = phase.utilization_at(into)
+        if s.ecc_bleed_per_second:
+            bled = s.ecc_bleed_per_second * s.utilization * dt + s.ecc_bleed_carry
+            s.ecc_bleed_carry = bled - int(bled)
+            s.ecc_corrected_volatile += int(bled)
+            s.ecc_corrected_aggregate += int(bled)
         s.processes = phase.pids or ((synthetic_pid(phase.job),) if phase.job else ())
         reasons = 0
         # Thermal slowdown: software steps the clocks down above gpu_max, hardware halves them
@@ -443,6 +452,8 @@ class SimGpu:
             s.ecc_corrected_aggregate += corrected
             s.ecc_uncorrected_volatile += uncorrected
             s.ecc_uncorrected_aggregate += uncorrected
+        elif k == "ecc_bleed":  # from now on, corrected errors a second at full load
+            s.ecc_bleed_per_second = float(prm.get("corrected_per_second", 1000.0))
         elif k == "not_supported":
             s.unsupported.add(str(prm["field"]))
         elif k == "hang":

@@ -196,6 +196,24 @@ SEEN_FIELDS: dict[str, tuple[str, ...]] = {
     "ecc": ("ecc_enabled", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate"),
     "fans": ("fan_speed_ratio", "fan_speed_rpm"), "power": ("power_watts",), "utilization": ("utilization_gpu_ratio",)}
 assert tuple(SEEN_FIELDS) == READING_GROUPS
+# the error counters whose rates per loaded and idle hour a history keeps (GpuWear.error_counts): corrected ECC
+# errors since the driver loaded (NVML_FI_DEV_ECC_SBE_VOL_TOTAL), PCIe replays (NVML_FI_DEV_PCIE_REPLAY_COUNTER) and
+# NVLink CRC errors, flit and data, summed over the links (nvmlDeviceGetNvLinkErrorCounter)
+ERROR_COUNTERS = ("ecc_corrected", "pcie_replays", "nvlink_crc")
+LOADED_UTILIZATION = 0.1  # utilization at or above which an error counter's time counts as loaded
+
+
+def _counters(s: GpuSample) -> list[tuple[str, float]]:
+    out = []
+    if s.ecc_corrected_volatile is not None:
+        out.append(("ecc_corrected", float(s.ecc_corrected_volatile)))
+    if s.pcie_replays is not None:
+        out.append(("pcie_replays", float(s.pcie_replays)))
+    if s.nvlink_crc_flit_errors is not None and s.nvlink_crc_data_errors is not None:
+        out.append(("nvlink_crc", float(s.nvlink_crc_flit_errors + s.nvlink_crc_data_errors)))
+    return out
+
+
 HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
                  "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
                  "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
@@ -260,6 +278,14 @@ class GpuWear:
     # previous readings of cumulative NVML counters (valid only while samples are contiguous)
     last_energy: float | None = None
     last_violation: dict[str, float] = field(default_factory=dict)
+    # error counters by load (ERROR_COUNTERS -> [loaded s, loaded events, idle s, idle events]): where their rates
+    # per loaded and per idle hour come from (error_rates)
+    error_counts: dict[str, list[float]] = field(default_factory=dict)
+    # the counters' last readings and the loaded / idle seconds since each last changed; never saved (a restart
+    # takes a new baseline: what a counter gained meanwhile is not known, never a rate)
+    last_counts: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    count_errors: bool = field(default=True, repr=False, compare=False)  # off for imported logs (both readers)
+    pending_load: dict[str, list[float]] = field(default_factory=dict, repr=False, compare=False)
     # the weighted sums kept of this history's histograms (weighted), by id(histogram), while it lives; never saved
     weighed: dict[int, _Weighed] = field(default_factory=dict, repr=False, compare=False)
     # the days of thermal_resistance with data, sorted (resistance_days), with the map and its size they came from
@@ -284,6 +310,7 @@ class GpuWear:
             self.gaps += 1
         self.last_energy = None
         self.last_violation = {}
+        self.last_counts, self.pending_load = {}, {}
         self.thermal.idle_run = self.thermal.load_run = 0.0
         self.thermal.last_celsius = None
 
@@ -331,6 +358,7 @@ class GpuWear:
             return baseline
         interval = self._measure(s, dt, cycles)
         self.apply(interval)
+        self._errors(s, dt)
         # within the record's span: wall and monotonic clocks part by a little (a read's duration, a slewing clock)
         first, last = self.first_seen or s.timestamp, self.last_seen or s.timestamp
         self.cover(max(s.timestamp - dt, first), min(s.timestamp, last))
@@ -426,7 +454,35 @@ class GpuWear:
         if weighed is not None:
             _add(weighed.gained, key, value)
 
+    def _errors(self, s: GpuSample, dt: float) -> None:
+        """Each error counter's events, booked to loaded or idle time: the seconds since the counter last changed
+        go to loaded or idle by the GPU's utilization (LOADED_UTILIZATION), and what it gained when it changes to
+        the side that held most of them (counters the slow interval reads change every 30 s at most). A counter
+        that goes down (a driver reload restarts it) is a new baseline, never negative events."""
+        util = s.utilization_gpu_ratio
+        if util is None or not self.count_errors:
+            return
+        loaded = util >= LOADED_UTILIZATION
+        for name, value in _counters(s):
+            totals = self.error_counts.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            totals[0 if loaded else 2] += dt
+            pending = self.pending_load.setdefault(name, [0.0, 0.0])
+            pending[0 if loaded else 1] += dt
+            last = self.last_counts.get(name)
+            if last is not None and value > last:
+                totals[1 if pending[0] >= pending[1] else 3] += value - last
+            if last is None or value != last:
+                self.pending_load[name] = [0.0, 0.0]
+
+    def error_rates(self, min_seconds: float = 0.0) -> dict[str, tuple[float | None, float | None]]:
+        """Events per loaded and per idle hour of each error counter (None where it was read for under
+        ``min_seconds`` of that side)."""
+        return {name: (t[1] * 3600 / t[0] if t[0] > min_seconds and t[0] > 0 else None,
+                       t[3] * 3600 / t[2] if t[2] > min_seconds and t[2] > 0 else None)
+                for name, t in self.error_counts.items()}
+
     def _baselines(self, s: GpuSample) -> None:
+        self.last_counts = dict(_counters(s))
         self.last_energy = s.energy_joules
         self.last_violation = {k: v for k, v in (("power", s.violation_power_seconds),
                                                  ("thermal", s.violation_thermal_seconds)) if v is not None}
@@ -648,6 +704,9 @@ class GpuWear:
         out.seen = {**self.seen, **other.seen}
         for what, wall in other.last_event.items():
             out.last_event[what] = max(wall, out.last_event.get(what, wall))
+        for name, counts in other.error_counts.items():
+            mine = out.error_counts.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            out.error_counts[name] = [x + y for x, y in zip(mine, counts, strict=True)]
         for key, what in sorted(other.incidents.items(), key=lambda kv: float(kv[0])):
             if key not in out.incidents:
                 out.add_incident(float(key), what)
@@ -681,7 +740,7 @@ class GpuWear:
             "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
             "thresholds": self.thresholds, "health": self.health,
             "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event,
-            "incidents": self.incidents, "kinds": self.kinds,
+            "incidents": self.incidents, "error_counts": self.error_counts, "kinds": self.kinds,
             "gate_celsius": self.gate_celsius, "seen": self.seen,
         }
 
@@ -703,6 +762,7 @@ class GpuWear:
                     "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event", "incidents"):
             setattr(w, key, d.get(key, {}))
         w.covered = {k: float(v) for k, v in d.get("covered", {}).items()}
+        w.error_counts = {k: [float(x) for x in v] for k, v in d.get("error_counts", {}).items()}
         w.seen = dict(d["seen"]) if "seen" in d else _seen_in(w)
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]

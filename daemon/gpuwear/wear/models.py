@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,11 @@ RULES = {
     "thermal_throttling": "gpuwear's own rule: wear.health.thermal_throttle_watch_ratio of busy time throttled",
     "cooling_degrading": "gpuwear's own rule: wear.health.resistance_rise_watch_ratio rise of °C per watt",
     "memory_health_unknown": "what NVML reports of this card: no ECC counters, no memory temperature",
+    "bleeding_errors": "gpuwear's own rule, not NVIDIA's: an error rate per loaded hour at least "
+                       "wear.health.bleeding_peer_ratio times the median of the host's GPUs of the same product, and "
+                       "above wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
+                       "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
+                       "#313, NVIDIA/NVSentinel #1748)",
     "repeat_incidents": "NVIDIA NVSentinel's MultipleRemediations rule (a node remediated more than once within 7 "
                         "days: the repairs are not resolving the fault), applied by gpuwear per GPU to the incidents "
                         "that call for a reset, a reboot or service (wear.health.repeat_incidents, repeat_window_days)",
@@ -323,6 +329,10 @@ def resistance_trend(w: GpuWear) -> dict[str, Any] | None:
     return out
 
 
+def _per_hour(rate: float) -> str:
+    return f"{rate / 1e6:.1f} M" if rate >= 1e6 else f"{rate / 1e3:.1f} k" if rate >= 1e4 else f"{rate:.0f}"
+
+
 def repeated_incidents(w: GpuWear, count: int, window: float) -> tuple[float, float, list[str]] | None:
     """The most recent run of at least ``count`` incidents within ``window`` seconds among the GPU's kept
     incidents: (first wall, last wall, what each was), or None."""
@@ -349,14 +359,41 @@ def incident_summary(w: GpuWear) -> dict[str, Any]:
             "mean_seconds_between": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None}
 
 
+_ERROR_WORDS = {"ecc_corrected": "corrected ECC errors", "pcie_replays": "PCIe replays",
+                "nvlink_crc": "NVLink CRC errors"}
+
+
+def error_rates(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | None]]:
+    """Each error counter's rate per loaded and per idle hour, None below wear.health.bleeding_min_loaded_hours of
+    that side."""
+    return w.error_rates(p.health.bleeding_min_loaded_hours * 3600.0)
+
+
+def peer_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, dict[str, list[float]]]:
+    """For each GPU (by UUID), the loaded-hour rates of each error counter of the other GPUs of the same product
+    (card name) among ``wears``: what the bleeding rule compares it with."""
+    rates = {uuid: (w.name.strip().lower(), error_rates(w, p)) for uuid, w in wears.items()}
+    out: dict[str, dict[str, list[float]]] = {}
+    for uuid, (name, _) in rates.items():
+        peers: dict[str, list[float]] = {}
+        for other, (other_name, theirs) in rates.items():
+            if other != uuid and other_name == name and name:
+                for counter, (loaded, _) in theirs.items():
+                    if loaded is not None:
+                        peers.setdefault(counter, []).append(loaded)
+        out[uuid] = peers
+    return out
+
+
 def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float | None = None,
-            above_slowdown: float | None = None) -> dict[str, Any]:
+            above_slowdown: float | None = None, peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
     """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the card's
     resistance_trend; ``busy`` and ``above_slowdown``: its busy seconds and seconds at or above its slowdown
     temperature, when the caller has them already.
 
     Reason codes are a fixed set (they label a metric); the text explains each in plain words, and ``rule`` says
-    which rule it applies and whose (NVIDIA's, or gpuwear's own).
+    which rule it applies and whose (NVIDIA's, or gpuwear's own). ``peers``: the loaded-hour error rates of the
+    host's other GPUs of the same product (:func:`peer_rates`), without which a GPU is not judged to bleed errors.
     """
     reasons: list[dict[str, str]] = []
 
@@ -405,6 +442,16 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
     if w.lost_events:
         reason("act" if recent("gpu lost") else "watch", "gpu_lost",
                f"the GPU fell off the bus {w.lost_events} time(s){ago('gpu lost')}")
+    for counter, (loaded, idle) in error_rates(w, p).items():
+        theirs = (peers or {}).get(counter, [])
+        if loaded is None or not theirs or loaded < p.health.bleeding_floor_per_loaded_hour:
+            continue
+        median = statistics.median(theirs)
+        if loaded >= p.health.bleeding_peer_ratio * median:
+            at_idle = "" if idle is None else f", {_per_hour(idle)} per idle hour"
+            reason("watch", "bleeding_errors", f"{_per_hour(loaded)} {_ERROR_WORDS.get(counter, counter)} per loaded "
+                   f"hour{at_idle}; its {len(theirs)} peer(s) of the same product: {_per_hour(median)} (median): a "
+                   "fault that shows under load; have it tested")
     repeat = repeated_incidents(w, p.health.repeat_incidents, p.health.repeat_window_days * 86400.0)
     if repeat is not None:
         first, last, whats = repeat

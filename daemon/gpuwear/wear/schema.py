@@ -179,6 +179,7 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "last_event": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: wall(x, p, optional=False)),
     "kinds": lambda v, w: mapping(v, w, lambda k: k in KINDS, _kind),
     "incidents": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: text(x, p, limit=64), limit=INCIDENTS_KEPT),
+    "error_counts": lambda v, w: mapping(v, w, lambda k: len(k) <= 32, _error_counts, limit=16),
     "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
                                     limit=MAX_INTERVALS),
 }
@@ -283,6 +284,14 @@ def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, An
     for i, event in enumerate(events):
         check_event(event, f"events[{i}]")
     return doc
+
+
+def _error_counts(value: Any, where: str) -> None:
+    """[loaded s, loaded events, idle s, idle events], each a number of 0 or more."""
+    if not isinstance(value, list) or len(value) != 4:
+        raise SchemaError(where, "expected [loaded seconds, loaded events, idle seconds, idle events]")
+    for i, x in enumerate(value):
+        number(x, _join(where, i), 0.0, 1e18)
 
 
 def _is_wall_key(key: str) -> bool:

@@ -28,6 +28,7 @@ from gpuwear.wear.models import (
     cycle_bin,
     fan_revolutions,
     fatigue_bands,
+    peer_rates,
     resistance_trend,
     thermal_aging_hours,
     verdict,
@@ -104,7 +105,8 @@ class WearView(NamedTuple):
     jobs: tuple[Job, ...]  # running on the GPU now
 
 
-def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True) -> WearView:
+def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True,
+         peers: Mapping[str, list[float]] | None = None) -> WearView:
     """Build the exported view of one GPU's accumulators (their weighted sums are kept with them from view to view,
     taking what the bins gained: GpuWear.weighted). ``detail`` off (metrics.detail): only what the default metrics
     show, without the time above each temperature, the low and high bands, the memory's cycles and cycle fatigue,
@@ -144,7 +146,7 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
         above_threshold=MappingProxyType(thresholds), cycles=MappingProxyType(cycles),
         fans=tuple((f.on_seconds, round(fan_revolutions(f, p), 1)) for f in w.fans),
         estimates=MappingProxyType(est),
-        verdict=MappingProxyType(verdict(w, p, trend, busy, thresholds.get(("gpu", "slowdown")))),
+        verdict=MappingProxyType(verdict(w, p, trend, busy, thresholds.get(("gpu", "slowdown")), peers)),
         thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
         attributed=MappingProxyType({
             kind: (k["seconds"], k["energy_joules"],
@@ -201,10 +203,13 @@ class WearTracker:
                 views = self._views
                 if views is None:
                     running = self.jobs.running()
+                    shown = {uuid: self._shown(uuid) for uuid in self._present}
+                    peers = peer_rates({uuid: self._wears[uuid] for uuid in self._present if uuid in self._wears},
+                                       self._params)  # the host's own GPUs, not imported histories
                     views = self._views = MappingProxyType({
-                        uuid: view(self._shown(uuid), self._params, self._jobs_shown(uuid, running.get(uuid, ())),
-                                   self._detail)
-                        for uuid in self._present})
+                        uuid: view(w, self._params, self._jobs_shown(uuid, running.get(uuid, ())), self._detail,
+                                   peers.get(uuid))
+                        for uuid, w in shown.items()})
         return views
 
     def _jobs_shown(self, uuid: str, running: Iterable[JobRecord]) -> tuple[Job, ...]:
