@@ -673,3 +673,30 @@ def test_the_runbook_lists_every_reason_code_with_its_rule() -> None:
     table = (Path(__file__).resolve().parent.parent / "docs" / "alerts.md").read_text()
     for code, rule in RULES.items():
         assert f"| `{code}` | {rule} |" in table, code
+
+
+@pytest.mark.slow
+def test_driver_calls_that_stall_under_load_are_remembered_and_watched() -> None:
+    """NVIDIA/DCGM #313: the GB200's driver calls hung only under load. Three hangs of the H100's NVML calls while
+    it trains, each past the sampler's deadline (one hang counted once, however many ticks it lasts), are kept in
+    its record by load and make the verdict watch, saying they came only under load; the RTX 4090 beside it, not."""
+    import time
+
+    rig = make_rig({"gpus": [{"product": "rtx4090", "schedule": [{"kind": "train", "seconds": 3600}]},
+                             {"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 3600,
+                                                                   "utilization": 1.0}]}],
+                    "faults": [{"at": 3.5 + 4 * i, "gpu": 1, "kind": "hang", "seconds": 0.6} for i in range(3)]})
+    rig.sampler.deadline = 0.2
+    rig.sampler.timer = time.perf_counter
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(16):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        time.sleep(0.3)  # a hung call returns within two ticks
+    rig.sampler.close()
+    rtx, h100 = (tracker.wear(g.identity.uuid) for g in rig.sampler.snapshot.gpus)
+    assert h100 is not None and rtx is not None
+    assert h100.error_counts["nvml_stalls"][1:4:2] == [3.0, 0.0], h100.error_counts  # 3 under load, 0 idle
+    (reason,) = [r for r in verdict(h100, WearConfig(), None)["reasons"] if r["code"] == "stalled_calls"]
+    assert "3 times (3 under load, 0 idle) only under load" in reason["text"] and "gpuwear's own" in reason["rule"]
+    assert "stalled_calls" not in {r["code"] for r in verdict(rtx, WearConfig(), None)["reasons"]}

@@ -201,6 +201,7 @@ assert tuple(SEEN_FIELDS) == READING_GROUPS
 # NVLink CRC errors, flit and data, summed over the links (nvmlDeviceGetNvLinkErrorCounter)
 ERROR_COUNTERS = ("ecc_corrected", "pcie_replays", "nvlink_crc")
 LOADED_UTILIZATION = 0.1  # utilization at or above which an error counter's time counts as loaded
+STALLS = "nvml_stalls"  # error_counts' entry for NVML reads past the deadline (the sampler's), by load
 
 
 def _counters(s: GpuSample) -> list[tuple[str, float]]:
@@ -473,6 +474,12 @@ class GpuWear:
                 totals[1 if pending[0] >= pending[1] else 3] += value - last
             if last is None or value != last:
                 self.pending_load[name] = [0.0, 0.0]
+        self.error_counts.setdefault(STALLS, [0.0, 0.0, 0.0, 0.0])[0 if loaded else 2] += dt
+
+    def add_stalls(self, reads: int, loaded: bool) -> None:
+        """NVML reads of this GPU that ran past the sampler's deadline, under load or idle (error_counts[STALLS])."""
+        if reads > 0:
+            self.error_counts.setdefault(STALLS, [0.0, 0.0, 0.0, 0.0])[1 if loaded else 3] += reads
 
     def error_rates(self, min_seconds: float = 0.0) -> dict[str, tuple[float | None, float | None]]:
         """Events per loaded and per idle hour of each error counter (None where it was read for under

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.wear.accumulate import FanWear, GpuWear, weighted_sum
+from gpuwear.wear.accumulate import STALLS, FanWear, GpuWear, weighted_sum
 
 BOLTZMANN_EV_PER_K = 8.617333262e-5
 KELVIN = 273.15
@@ -60,6 +60,9 @@ RULES = {
                        "above wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
                        "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
                        "#313, NVIDIA/NVSentinel #1748)",
+    "stalled_calls": "gpuwear's own rule, not NVIDIA's: wear.health.stall_watch_count NVML reads past the sampler's "
+                     "deadline (sampling.nvml_deadline_seconds) in the GPU's record (the field case: a GB200 whose "
+                     "driver calls hung only under load: NVIDIA/DCGM #313)",
     "repeat_incidents": "NVIDIA NVSentinel's MultipleRemediations rule (a node remediated more than once within 7 "
                         "days: the repairs are not resolving the fault), applied by gpuwear per GPU to the incidents "
                         "that call for a reset, a reboot or service (wear.health.repeat_incidents, repeat_window_days)",
@@ -444,6 +447,8 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
                f"the GPU fell off the bus {w.lost_events} time(s){ago('gpu lost')}")
     for counter, (loaded, idle) in error_rates(w, p).items():
         theirs = (peers or {}).get(counter, [])
+        if counter == STALLS:
+            continue
         if loaded is None or not theirs or loaded < p.health.bleeding_floor_per_loaded_hour:
             continue
         median = statistics.median(theirs)
@@ -452,6 +457,12 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
             reason("watch", "bleeding_errors", f"{_per_hour(loaded)} {_ERROR_WORDS.get(counter, counter)} per loaded "
                    f"hour{at_idle}; its {len(theirs)} peer(s) of the same product: {_per_hour(median)} (median): a "
                    "fault that shows under load; have it tested")
+    stalls = w.error_counts.get(STALLS)
+    if stalls and stalls[1] + stalls[3] >= p.health.stall_watch_count:
+        under, idle_stalls = int(stalls[1]), int(stalls[3])
+        only = " only under load, as the calls of a failing GPU hang in the field" if not idle_stalls else ""
+        reason("watch", "stalled_calls", f"its NVML reads missed the sampler's deadline {under + idle_stalls} times "
+               f"({under} under load, {idle_stalls} idle){only}: a driver or GPU fault; check the kernel log")
     repeat = repeated_incidents(w, p.health.repeat_incidents, p.health.repeat_window_days * 86400.0)
     if repeat is not None:
         first, last, whats = repeat

@@ -20,7 +20,7 @@ from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
-from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.accumulate import LOADED_UTILIZATION, GpuWear
 from gpuwear.wear.models import (
     BANDS,
     XID_ACT,
@@ -163,6 +163,9 @@ class _Seen:
     up: bool = True
     down_since: float | None = None
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
+    stalls: int = 0  # the sampler's since-start count of ticks its read was past the deadline, last seen
+    stalling: bool = False  # the last tick found it past the deadline (one hang: one stall, however many ticks)
+    loaded: bool = False  # the GPU's utilization at the last reading was at or above LOADED_UTILIZATION
     interrupted: bool = False  # a tick without a reading since the last integrated sample
     before: tuple[float, float] | None = None  # (wall, °C) of the last die reading believed
     before_memory: tuple[float, float] | None = None  # (wall, °C) of the last memory (HBM) reading believed
@@ -333,6 +336,13 @@ class WearTracker:
                 self._clock_behind(w, wall)
                 self.clock_jumped = True
         self._xids(w, seen, status, wall)
+        stalls = status.errors.get("stalled", 0)
+        if stalls > seen.stalls and not seen.stalling:  # a read past the deadline: booked to the load it was under
+            w.add_stalls(1, seen.loaded)
+            self._event(w, wall, "stall", {"loaded": seen.loaded})
+        seen.stalling, seen.stalls = stalls > seen.stalls, stalls
+        if status.sample is not None and status.sample.utilization_gpu_ratio is not None:
+            seen.loaded = status.sample.utilization_gpu_ratio >= LOADED_UTILIZATION
         if not status.up:
             self._release(w, seen, None)
             if seen.up:
