@@ -92,6 +92,11 @@ def test_a_cards_history_follows_it_to_another_box(tmp_path: Path) -> None:
     assert "0 part(s) imported, 1 skipped (already imported)" in again.stdout
     b = json.loads(gpuwear("report", "--json", "--state-dir", str(box_b)).stdout)["gpus"]
     assert len(b) == 1 and b[0]["uuid"] == a["uuid"]
+    # marked in the real ledger wherever it shows (before: no mark at all)
+    assert b[0]["name"] == f"{a['name']} (simulated)"
+    assert f"{a['name']} (simulated)" in gpuwear("report", "--state-dir", str(box_b)).stdout
+    listed = json.loads(gpuwear("jobs", "--json", "--state-dir", str(box_b)).stdout)["jobs"]
+    assert [j["name"] for j in listed] == [f"simulated: ledger:{export}"], listed
     for key in ("observed_seconds", "energy_joules"):
         assert b[0][key] == a[key]
     assert b[0]["thermal_aging_equivalent_hours"]["central"] == a["thermal_aging_equivalent_hours"]["central"]

@@ -10,6 +10,8 @@ from gpuwear.ledger import EXPORT_VERSION, Ledger
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.schema import SchemaError, check_export
 
+SIMULATED_MARK = " (simulated)"  # the name of a card whose history a simulation made, in a real ledger
+
 
 def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated: bool = False,
                          latest: float | None = None) -> dict[str, int]:
@@ -27,6 +29,9 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated:
         raise ImportFormatError("the history of a simulated GPU (exported with --simulated): import it into a "
                                 "simulation's ledger (--simulated SCENARIO), or pass --allow-simulated")
     uuid = str(doc["uuid"])
+    simulated = bool(doc.get("simulated"))
+    if simulated:  # marked wherever it goes: its name in report, jobs and the page, its imports' source
+        source = f"simulated: {source}"
     for n, part in enumerate(doc["parts"], 1):
         if (part.get("last_seen") or 0.0) > latest_time(latest):
             when = datetime.datetime.fromtimestamp(part["last_seen"], datetime.timezone.utc)
@@ -45,6 +50,8 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated:
             skipped += 1
             continue
         covered.append((first, last))
+        if simulated and not str(part.get("name", "")).endswith(SIMULATED_MARK):
+            part = {**part, "name": f"{part.get('name') or 'GPU'}{SIMULATED_MARK}"[-256:]}
         imports.append((uuid, source, first, last, 0, part))
     ledger.save([], [], imports)
     return {"imported": len(imports), "skipped": skipped}
