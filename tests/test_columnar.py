@@ -63,7 +63,7 @@ def same(path: Path, tmp: Path, block_bytes: int | None = None, ledger_from: Pat
     b, rb, said_b = _run(path, tmp / f"cols-{tag}.db", False, block_bytes, ledger_from=ledger_from, **kw)
     assert rb.reader == "columns"
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # every float, exactly
-    counts = ("imported", "skipped", "excluded", "cadence", "problems", "dropped")
+    counts = ("imported", "skipped", "excluded", "cadence", "median_interval", "problems", "dropped")
     assert {k: getattr(ra, k) for k in counts} == {k: getattr(rb, k) for k in counts}
     assert said_a == said_b
     return a, ra

@@ -431,3 +431,12 @@ def test_a_clock_set_back_mid_file_is_said_in_a_few_lines_and_the_zone_is_named(
     assert "timestamps without a UTC offset read in UTC (--timezone)" in result.stdout
     local = _cli(tmp_path, "import", "nvidia-smi", str(log(tmp_path, [(5000.0, 60.0)], name="one.csv")))
     assert "read in this machine's zone" in local.stdout and "--timezone names another" in local.stdout
+
+
+def test_the_cadence_said_is_the_median_interval_of_the_whole_log(tmp_path: Path) -> None:
+    """Before: "a row every 0.513 s" for the RTX 4060 trace, whose logger wrote 2 rows a second for its first
+    minutes and then one a second (median 1.00 s over the file): the first 200 intervals spoke for the file."""
+    trace = Path(__file__).parent / "fixtures" / "traces" / "rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv"
+    result = _cli(tmp_path, "import", "nvidia-smi", str(trace), "--gpu", "GPU-4060", "--timezone", "UTC")
+    assert result.returncode == 0, result.stderr
+    assert "a row every 1 s (median)" in result.stdout, result.stdout

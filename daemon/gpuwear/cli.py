@@ -682,8 +682,9 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
             _show(f"{path}: timestamps without a UTC offset read in {zone}")
             for uuid, rows in result.imported.items():
                 skipped = result.skipped.get(uuid, 0)
-                cadence, gap = result.cadence[uuid]
-                every = f"a row every {cadence:.3g} s, " if cadence is not None else ""
+                _, gap = result.cadence[uuid]
+                median = result.median_interval.get(uuid)
+                every = f"a row every {median:.3g} s (median), " if median is not None else ""
                 _show(f"{path}: GPU {uuid}: {rows} row(s) imported"
                       + (f", {skipped} skipped (already imported)" if skipped else "")
                       + f" ({every}pauses over {gap:g} s not counted as observed)")

@@ -72,6 +72,16 @@ class _Gpu:
     skipped: int = 0
     dropped: int = 0
     excluded: Counter[str] = field(default_factory=Counter)
+    intervals_ms: Counter[int] = field(default_factory=Counter)  # every interval between two readings (ms)
+    entry: tuple[float, str] | None = None  # the last entry fed: (time, kind)
+
+
+def _entry(g: _Gpu, r: _Reading) -> None:
+    """An entry in the file's order: its interval from the reading before it counted (readings only), then fed."""
+    if r.kind == "reading" and g.entry is not None and g.entry[1] == "reading":
+        g.intervals_ms[round((r.timestamp - g.entry[0]) * 1000)] += 1
+    g.entry = (r.timestamp, r.kind)
+    _feed(g, r)
 
 
 @dataclass
@@ -84,6 +94,8 @@ class FileResult:
     skipped: dict[str, int] = field(default_factory=dict)
     excluded: dict[str, Counter[str]] = field(default_factory=dict)
     cadence: dict[str, tuple[float | None, float]] = field(default_factory=dict)
+    # the median interval between two readings over the whole file (ms resolution), per GPU: the cadence said
+    median_interval: dict[str, float | None] = field(default_factory=dict)
     problems: int = 0
     dropped: int = 0
     reader: str = "rows"  # "columns" (the fast path) or "rows: <why the fast path could not read it>"
@@ -103,6 +115,20 @@ class GpuImport:
     cadence: float | None
     max_gap: float | None
     dropped: int
+    intervals_ms: Counter[int] = field(default_factory=Counter)  # every interval between two readings, in ms
+
+
+def median_ms(counts: Counter[int]) -> float | None:
+    """The (lower) median of intervals counted by whole milliseconds, in seconds; None without any."""
+    total = sum(counts.values())
+    if not total:
+        return None
+    seen = 0
+    for ms in sorted(counts):
+        seen += counts[ms]
+        if 2 * seen >= total:
+            return ms / 1000.0
+    return None  # not reached
 
 
 def finish(path: Path, ledger: Ledger, params: WearConfig, gpus: list[GpuImport], problems: int,
@@ -116,6 +142,7 @@ def finish(path: Path, ledger: Ledger, params: WearConfig, gpus: list[GpuImport]
         result.skipped[g.uuid] = g.skipped
         result.excluded[g.uuid] = g.excluded
         result.cadence[g.uuid] = (g.cadence, g.max_gap or params.max_gap_seconds)
+        result.median_interval[g.uuid] = median_ms(g.intervals_ms)
         result.dropped += g.dropped
     return result
 
@@ -285,7 +312,7 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
             timestamp = item.later  # the hour the clock repeats at the end of summer time, its second pass
         if g.spans and any(a <= timestamp <= b for a, b in g.spans):
             g.skipped += 1
-            _feed(g, _Reading(timestamp, kind="covered"))  # no interval across time counted elsewhere
+            _entry(g, _Reading(timestamp, kind="covered"))  # no interval across time counted elsewhere
             continue
         if g.last_time is not None and timestamp <= g.last_time:
             if timestamp == g.last_time:
@@ -304,14 +331,15 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
             g.excluded["above_shutdown"] += 1
         if not _has_readings(values):
             g.excluded["no_readings"] += 1
-            _feed(g, _Reading(timestamp, kind="gap"))
+            _entry(g, _Reading(timestamp, kind="gap"))
             continue
         if shutdown is not None and "threshold_shutdown_celsius" in values:
             g.wear.thresholds["shutdown"] = shutdown
-        _feed(g, _Reading(timestamp, values, item.name or ""))
+        _entry(g, _Reading(timestamp, values, item.name or ""))
     for g in gpus.values():
         _settle(g)
         _judged(g, g.spike.flush(), g.memory_spike.flush())
     return finish(path, ledger, params, [GpuImport(g.uuid, g.wear, g.first, g.last, g.rows, g.skipped, g.excluded,
-                                                   g.cadence, g.max_gap, g.dropped) for g in gpus.values()],
+                                                   g.cadence, g.max_gap, g.dropped, g.intervals_ms)
+                                         for g in gpus.values()],
                   result.problems, "rows")

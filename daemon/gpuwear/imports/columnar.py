@@ -484,6 +484,8 @@ class _Gpu:
     skipped: int = 0
     dropped: int = 0
     excluded: Counter[str] = field(default_factory=Counter)
+    intervals_ms: Counter[int] = field(default_factory=Counter)  # as the row path's: every interval between readings
+    entry: tuple[float, int] | None = None  # the last entry fed: (time, kind)
 
     def covered(self, t: Floats) -> Bools:
         if not self.starts:
@@ -646,6 +648,13 @@ def _feed(g: _Gpu, s: Series) -> None:
     """The cadence stage (entries held until the gap threshold is known), then the spike stage."""
     if not len(s):
         return
+    time, kind = s.time, s.kind
+    if g.entry is not None:  # the interval from the last entry of the block before
+        time, kind = np.concatenate([[g.entry[0]], time]), np.concatenate([[g.entry[1]], kind])
+    both = (kind[1:] == READING) & (kind[:-1] == READING)
+    ms, counts = np.unique(np.round((time[1:] - time[:-1])[both] * 1000).astype(np.int64), return_counts=True)
+    g.intervals_ms.update(dict(zip(ms.tolist(), counts.tolist(), strict=True)))
+    g.entry = (float(s.time[-1]), int(s.kind[-1]))
     if g.max_gap is None:
         g.buffered.append(s)
         reading = s.kind == READING
@@ -755,7 +764,7 @@ def _import(path: Path, ledger: Ledger, params: WearConfig, gpu: str | None, col
     for line, message in messages:
         say(f"{path}:{line}: {message}; row skipped")
     results = [GpuImport(g.uuid, g.wear, g.carry.first, g.carry.last, g.carry.rows, g.skipped, g.excluded,
-                         g.cadence, g.max_gap, g.dropped) for g in gpus.values()]
+                         g.cadence, g.max_gap, g.dropped, g.intervals_ms) for g in gpus.values()]
     return finish(path, ledger, params, results, len(messages), reader="columns")
 
 
