@@ -43,6 +43,8 @@ ABOVE_CELSIUS = tuple(range(40, 100, 5))  # "time at or above" series exported p
 CYCLE_RANGES = ((2, 5), (5, 10), (10, 20), (20, 40), (40, 1000))  # °C, [lo, hi)
 THRESHOLDS = (("gpu", "slowdown"), ("gpu", "gpu_max"), ("memory", "memory_max"))
 BASIC_THRESHOLDS = frozenset({("gpu", "slowdown"), ("memory", "memory_max")})  # exported without metrics.detail
+
+
 def _incident(key: str, before: Any, after: Any) -> str | None:
     """The incident a change of a health reading is (one that calls for a reset, a reboot or service), or None."""
     if key == "recovery_action" and after:
