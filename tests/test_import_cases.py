@@ -440,3 +440,24 @@ def test_the_cadence_said_is_the_median_interval_of_the_whole_log(tmp_path: Path
     result = _cli(tmp_path, "import", "nvidia-smi", str(trace), "--gpu", "GPU-4060", "--timezone", "UTC")
     assert result.returncode == 0, result.stderr
     assert "a row every 1 s (median)" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("where", ["first row", "last row", "first row after a gap", "last row before a gap"])
+def test_a_glitch_with_one_neighbour_is_not_believed(where: str, tmp_path: Path) -> None:
+    """Before: a 0 °C glitch as the first or last row of a log, or beside a gap, was believed (judging a spike
+    needed a neighbour on each side): it added a 60 °C cycle, 0.84-1.69 reference cycles. Now a reading whose one
+    neighbour, within 10 s, is 30 °C or more away is a spike there too; both readers agree."""
+    rows: list[tuple[float, float | None]] = [(float(i), 60.0 + (i % 3)) for i in range(600)]
+    rows += [(float(i), 60.0 + (i % 3)) for i in range(4000, 4600)]  # a gap of an hour between
+    glitch = {"first row": 0, "last row": len(rows) - 1, "first row after a gap": 600,
+              "last row before a gap": 599}[where]
+    rows[glitch] = (rows[glitch][0], 0.0)
+    path = log(tmp_path, rows)
+    result, wear = run(tmp_path, path)
+    assert result.excluded[next(iter(result.imported))]["spike"] == 1
+    assert biggest_cycle(wear) < 10, wear.all_cycles("gpu")
+    with closing(Ledger.open(tmp_path / "rows" / "ledger.sqlite")) as ledger:  # the row path: the same
+        rows_result = import_rows(path, ledger, PARAMS, tz=datetime.timezone.utc, say=lambda _: None)
+        rows_wear = next(iter(ledger.load_imported(PARAMS.cycles.hysteresis_celsius).values()))
+    assert rows_result.excluded == result.excluded
+    assert rows_wear.to_json() == wear.to_json()

@@ -478,6 +478,7 @@ class _Gpu:
     intervals: int = 0
     cadence: float | None = None
     held: Series | None = None  # the last reading, awaiting its next to be judged
+    spike_last: float | None = None  # the time of the last entry judged, when a reading (None: a break)
     before: tuple[float, float] | None = None  # the spike filter's last believed die reading (s, °C)
     before_memory: tuple[float, float] | None = None  # and memory reading
     carry: Carry = field(default_factory=Carry)
@@ -693,16 +694,17 @@ def _judge(g: _Gpu, s: Series, final: bool) -> None:
     if not len(s):
         return
     reading = s.kind == READING
-    spike = spikes(s.time, s.die, reading, g.before)
-    memory_spike = spikes(s.time, s.memory, reading, g.before_memory)
+    spike = spikes(s.time, s.die, reading, g.before, g.spike_last)
+    memory_spike = spikes(s.time, s.memory, reading, g.before_memory, g.spike_last)
     if not final and s.kind[-1] == READING:  # its verdict needs the next entry: it waits for the next piece
         g.held = s.take(slice(len(s) - 1, None))
         s, reading = s.take(slice(0, len(s) - 1)), reading[:-1]
         spike, memory_spike = spike[:-1], memory_spike[:-1]
         if not len(s):
             return
-    g.before = believed_after(s.time, s.die, reading, spike, g.before)
-    g.before_memory = believed_after(s.time, s.memory, reading, memory_spike, g.before_memory)
+    g.before = believed_after(s.time, s.die, reading, spike, g.before, g.spike_last)
+    g.before_memory = believed_after(s.time, s.memory, reading, memory_spike, g.before_memory, g.spike_last)
+    g.spike_last = float(s.time[-1]) if reading[-1] else None
     _count(g.excluded, "spike", int(spike.sum()))
     _count(g.excluded, "memory_spike", int(memory_spike.sum()))
     s = dataclasses.replace(s, die=np.where(spike, np.nan, s.die), memory=np.where(memory_spike, np.nan, s.memory))

@@ -29,7 +29,7 @@ from gpuwear.wear.accumulate import (
     GpuWear,
     cycle_key,
 )
-from gpuwear.wear.plausibility import SPIKE_CELSIUS, SPIKE_SECONDS
+from gpuwear.wear.plausibility import EDGE_SPIKE_CELSIUS, SPIKE_CELSIUS, SPIKE_SECONDS
 from gpuwear.wear.rainflow import RainflowCounter
 
 Floats = npt.NDArray[np.float64]
@@ -101,25 +101,51 @@ def turning_points(x: Floats) -> Floats:
     return y[tp]
 
 
-def spikes(time: Floats, celsius: Floats, reading: Bools, before: tuple[float, float] | None) -> Bools:
+def series_breaks(time: Floats, reading: Bools, last_time: float | None) -> Bools:
+    """Where the spike filter's series break: at a break entry, and at a reading more than SPIKE_SECONDS after the
+    reading before it (``last_time``: the entry before the first, when it was a reading)."""
+    breaks = ~reading
+    if len(time):
+        previous = np.concatenate([[np.nan if last_time is None else last_time], time[:-1]])
+        was_reading = np.concatenate([[last_time is not None], reading[:-1]])
+        breaks = breaks | (reading & was_reading & (time - previous > SPIKE_SECONDS))
+    return breaks
+
+
+def spikes(time: Floats, celsius: Floats, reading: Bools, before: tuple[float, float] | None,
+           last_time: float | None = None) -> Bools:
     """:class:`~gpuwear.wear.plausibility.SpikeFilter` over entries (readings and breaks) of which the last is
     decided with no next, given ``before``, the last believed reading. A reading's 'before' is the previous
     reading with a temperature since the last break, unless that one was a spike, in which case this one cannot
-    be one (the spike's next reading came back within SPIKE_CELSIUS / 3 of the spike's own 'before')."""
+    be one (the spike's next reading came back within SPIKE_CELSIUS / 3 of the spike's own 'before'). A series also
+    breaks between two readings more than SPIKE_SECONDS apart (:func:`series_breaks`; ``last_time``: the time of the
+    entry before these, when it was a reading). A reading with a neighbour on one side only, within SPIKE_SECONDS,
+    is judged by that one (plausibility.edge_spike)."""
+    breaks = series_breaks(time, reading, last_time)
     if before is not None:
         time = np.concatenate([[before[0]], time])
         celsius = np.concatenate([[before[1]], celsius])
         reading = np.concatenate([[True], reading])
+        breaks = np.concatenate([[False], breaks])
     n = len(time)
     has = reading & ~np.isnan(celsius)
-    segment = np.cumsum(~reading)  # a break resets the filter
+    segment = np.cumsum(breaks)  # a break resets the filter
     index = np.where(has, np.arange(n), -1)
     prev = np.maximum.accumulate(np.concatenate([[-1], index[:-1]]))
     same = (prev >= 0) & (segment[np.clip(prev, 0, None)] == segment)
     following = np.zeros(n, dtype=bool)
-    following[:-1] = has[1:]  # the next entry is a reading with a temperature (a break decides: no spike)
-    candidates = np.flatnonzero(has & same & following)
+    following[:-1] = has[1:] & ~breaks[1:]  # the next entry is a reading with a temperature in the same series
     out = np.zeros(n, dtype=bool)
+    first = 1 if before is not None else 0  # the entry carried in is not judged again
+    # a series' first reading, judged by its next one (EDGE_SPIKE_CELSIUS); when it is a spike, the one after it is
+    # the series' first in turn (nothing before it is believed), and so on
+    for i in np.flatnonzero(has & ~same & following).tolist():
+        j = i
+        while j >= first and following[j] and time[j + 1] - time[j] <= SPIKE_SECONDS \
+                and abs(celsius[j] - celsius[j + 1]) >= EDGE_SPIKE_CELSIUS:
+            out[j] = True
+            j += 1
+    candidates = np.flatnonzero(has & same & following)
     if len(candidates):
         p, k = prev[candidates], candidates + 1
         t, c = time[candidates], celsius[candidates]
@@ -130,13 +156,22 @@ def spikes(time: Floats, celsius: Floats, reading: Bools, before: tuple[float, f
         for i, pi in zip(candidates[found].tolist(), p[found].tolist(), strict=True):
             if not out[pi]:  # in order: a spike's successor is never one
                 out[i] = True
+    # a series' last reading (a break or the end after it), judged by the believed one before it
+    last = np.ones(n, dtype=bool)
+    last[:-1] = breaks[1:]
+    for i in np.flatnonzero(has & same & last).tolist():
+        pi = int(prev[i])
+        if i >= first and not out[pi] and time[i] - time[pi] <= SPIKE_SECONDS \
+                and abs(celsius[i] - celsius[pi]) >= EDGE_SPIKE_CELSIUS:
+            out[i] = True
     return out[1:] if before is not None else out
 
 
 def believed_after(time: Floats, celsius: Floats, reading: Bools, spike: Bools,
-                   before: tuple[float, float] | None) -> tuple[float, float] | None:
-    """The spike filter's 'before' after these entries: the last believed reading since the last break."""
-    breaks = np.flatnonzero(~reading)
+                   before: tuple[float, float] | None, last_time: float | None = None) -> tuple[float, float] | None:
+    """The spike filter's 'before' after these entries: the last believed reading since the last break (a break
+    entry, or two readings more than SPIKE_SECONDS apart: :func:`series_breaks`)."""
+    breaks = np.flatnonzero(series_breaks(time, reading, last_time))
     believed = np.flatnonzero(reading & ~np.isnan(celsius) & ~spike)
     if len(believed) and (not len(breaks) or believed[-1] > breaks[-1]):
         return float(time[believed[-1]]), float(celsius[believed[-1]])

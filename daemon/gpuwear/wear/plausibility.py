@@ -11,6 +11,9 @@ that are not believed").
   seconds: the fast (die) time constant fitted on the real traces is ~19 s. Readings further apart than
   that are not judged this way (a 60 s log may truly swing between 40 and 70 °C). One 140 °C glitch in a
   45 °C log otherwise adds a 95 °C cycle (worth ~7 reference cycles) and multiplies Arrhenius aging by ~5.
+  A reading with a neighbour on one side only within SPIKE_SECONDS (the first or last of a series: of a log,
+  or beside a gap or a pause over SPIKE_SECONDS) is judged by that one: EDGE_SPIKE_CELSIUS away (:func:`edge_spike`;
+  :class:`SpikeFilter`, the importers' filter, applies it).
 
 Die and memory (HBM) readings are judged each on their own, by the same rules (a memory spike is counted as
 ``memory_spike``); the shutdown threshold is the die's alone.
@@ -28,6 +31,10 @@ from typing import Generic, TypeVar
 
 SPIKE_CELSIUS = 15.0
 SPIKE_SECONDS = 10.0  # neighbours further apart than this do not judge a reading
+# a reading with one neighbour only (the first of a log or after a gap, the last before a gap or the end) is a
+# spike when that neighbour, within SPIKE_SECONDS, is this much away: twice the two-sided rule's jump, as one
+# neighbour cannot say it comes back (a 0 °C first row beside a 60 °C log added a 60 °C cycle)
+EDGE_SPIKE_CELSIUS = 2 * SPIKE_CELSIUS
 SHUTDOWN_MARGIN_CELSIUS = 5.0
 DEFAULT_SHUTDOWN_CELSIUS = 110.0  # NVML shutdown thresholds are about 90-105 °C
 
@@ -63,6 +70,20 @@ def is_spike(before: tuple[float, float] | None, time: float, celsius: float | N
     return abs(down) >= SPIKE_CELSIUS and (up > 0) == (down > 0) and abs(next_celsius - before[1]) <= SPIKE_CELSIUS / 3
 
 
+def edge_spike(before: tuple[float, float] | None, time: float, celsius: float | None, next_time: float | None,
+               next_celsius: float | None) -> bool:
+    """Whether a reading with a neighbour on one side only is a lone spike: no believed reading before it (the
+    first of a series) and the next one within SPIKE_SECONDS at least EDGE_SPIKE_CELSIUS away; or none after it
+    (the series ends) and the one before it so."""
+    if celsius is None:
+        return False
+    if before is None and next_time is not None and next_celsius is not None:
+        return next_time - time <= SPIKE_SECONDS and abs(celsius - next_celsius) >= EDGE_SPIKE_CELSIUS
+    if before is not None and next_time is None:
+        return time - before[0] <= SPIKE_SECONDS and abs(celsius - before[1]) >= EDGE_SPIKE_CELSIUS
+    return False
+
+
 @dataclass
 class SpikeFilter(Generic[T]):
     """Readings in time order in, each out one step later with its verdict: (item, True) when it is a lone
@@ -73,7 +94,10 @@ class SpikeFilter(Generic[T]):
     spikes: int = 0
 
     def push(self, item: T, time: float, celsius: float | None) -> tuple[T, bool] | None:
-        out = self._decide(time, celsius)
+        if self._held is not None and time - self._held[1] > SPIKE_SECONDS:  # too far to judge each other: the
+            out = self.reset()  # held reading ends its series, this one begins the next
+        else:
+            out = self._decide(time, celsius)
         self._held = (item, time, celsius)
         return out
 
@@ -92,7 +116,7 @@ class SpikeFilter(Generic[T]):
         if self._held is None:
             return None
         item, t, c = self._held
-        spike = is_spike(self._before, t, c, time, celsius)
+        spike = is_spike(self._before, t, c, time, celsius) or edge_spike(self._before, t, c, time, celsius)
         if c is not None and not spike:
             self._before = (t, c)
         self.spikes += spike
