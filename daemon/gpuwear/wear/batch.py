@@ -173,7 +173,7 @@ def believed_after(time: Floats, celsius: Floats, reading: Bools, spike: Bools,
     entry, or two readings more than SPIKE_SECONDS apart: :func:`series_breaks`)."""
     breaks = np.flatnonzero(series_breaks(time, reading, last_time))
     believed = np.flatnonzero(reading & ~np.isnan(celsius) & ~spike)
-    if len(believed) and (not len(breaks) or believed[-1] > breaks[-1]):
+    if len(believed) and (not len(breaks) or believed[-1] >= breaks[-1]):  # a series may start at a reading
         return float(time[believed[-1]]), float(celsius[believed[-1]])
     return None if len(breaks) else before
 
