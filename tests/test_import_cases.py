@@ -461,3 +461,23 @@ def test_a_glitch_with_one_neighbour_is_not_believed(where: str, tmp_path: Path)
         rows_wear = next(iter(ledger.load_imported(PARAMS.cycles.hysteresis_celsius).values()))
     assert rows_result.excluded == result.excluded
     assert rows_wear.to_json() == wear.to_json()
+
+
+def test_an_imported_card_is_judged_against_its_products_shutdown_threshold(tmp_path: Path) -> None:
+    """Before: every imported card was judged against 110 + 5 °C, so a log naming an A100 held at 100 °C was
+    believed, though an A100 shuts down at 92 °C (nvidia-smi -q: "GPU Shutdown Temp : 92 C"). Now a log whose name
+    column names a product of known shutdown threshold is judged against it, by both readers; an unknown name
+    keeps the general limit."""
+    header = "timestamp, name, temperature.gpu, power.draw [W], utilization.gpu [%]\n"
+    for card, believed in (("NVIDIA A100-SXM4-80GB", False), ("Some Other GPU", True)):
+        path = tmp_path / f"{card[:4]}.csv"
+        path.write_text(header + "".join(f"{stamp(START + i)}, {card}, {100 if 20 <= i < 40 else 60}, 300.00 W, 99 %\n"
+                                         for i in range(120)))
+        result, wear = run(tmp_path / card[:4], path, gpu=f"GPU-{card[:4]}")
+        uuid = next(iter(result.imported))
+        assert (result.excluded[uuid].get("above_shutdown", 0) == 0) is believed, result.excluded
+        with closing(Ledger.open(tmp_path / card[:4] / "rows" / "ledger.sqlite")) as ledger:
+            rows = import_rows(path, ledger, PARAMS, gpu=f"GPU-{card[:4]}", tz=datetime.timezone.utc,
+                               say=lambda _: None)
+            assert rows.excluded == result.excluded  # the row reader judges it the same
+        assert ("100" in wear.temperature_seconds.get("gpu", {})) is believed

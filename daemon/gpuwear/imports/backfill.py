@@ -24,7 +24,7 @@ from gpuwear.imports.parse import ImportedRow, ImportFormatError, RowProblem, re
 from gpuwear.ledger import Ledger
 from gpuwear.sample import GpuSample, validated
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.plausibility import SpikeFilter, above_shutdown
+from gpuwear.wear.plausibility import SpikeFilter, above_shutdown, product_shutdown
 
 CADENCE_INTERVALS = 200  # a GPU's first intervals in a file, whose median is the log's cadence
 GAP_CADENCE_MULTIPLE = 5.0  # a pause longer than this many sampling intervals is a gap, not observed time
@@ -197,13 +197,16 @@ def ledger_uuid(row: ImportedRow, resolved: dict[tuple[str, str | None], str], k
     return uuid
 
 
-def new_wear(uuid: str, known: dict[str, GpuWear], gate: float) -> GpuWear:
+def new_wear(uuid: str, known: dict[str, GpuWear], gate: float, name: str | None = None) -> GpuWear:
     """A fresh accumulator for an import, with the thresholds the ledger read from that card (its shutdown
-    threshold judges the log's die readings)."""
+    threshold judges the log's die readings), else the shutdown threshold of the product the log's first row names
+    (plausibility.product_shutdown)."""
     w = GpuWear(uuid, gate_celsius=gate)
     w.count_errors = False  # error rates are the live daemon's: the columnar reader does not count them either
     if uuid in known:
         w.thresholds = dict(known[uuid].thresholds)
+    elif (shutdown := product_shutdown(name)) is not None:
+        w.thresholds["shutdown"] = shutdown
     return w
 
 
@@ -304,7 +307,7 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
         uuid = ledger_uuid(item, resolved, known, gpu)
         g = gpus.get(uuid)
         if g is None:
-            g = gpus[uuid] = _Gpu(uuid, new_wear(uuid, known, gate), ledger.covered(uuid), max_gap,
+            g = gpus[uuid] = _Gpu(uuid, new_wear(uuid, known, gate, item.name), ledger.covered(uuid), max_gap,
                                   params.max_gap_seconds)
         timestamp = item.timestamp
         if g.last_time is not None and timestamp < g.last_time and item.later is not None \

@@ -505,8 +505,8 @@ def _count(counter: Counter[str], key: str, n: int) -> None:
 
 
 def _new_gpu(uuid: str, ledger: Ledger, known: dict[str, GpuWear], params: WearConfig,
-             max_gap: float | None) -> _Gpu:
-    w = new_wear(uuid, known, params.cycles.hysteresis_celsius)
+             max_gap: float | None, name: str | None) -> _Gpu:
+    w = new_wear(uuid, known, params.cycles.hysteresis_celsius, name)
     spans = sorted(ledger.covered(uuid))
     ends = list(np.maximum.accumulate([b for _, b in spans])) if spans else []
     return _Gpu(uuid, w, [a for a, _ in spans], [float(e) for e in ends], max_gap, params.max_gap_seconds,
@@ -747,10 +747,10 @@ def _import(path: Path, ledger: Ledger, params: WearConfig, gpu: str | None, col
             if message is not None:
                 problems.append((int(block.lines[i]), message))
         rows = np.flatnonzero(ok)
-        for uuid, mine in _identities(block, rows, resolved, known, gpu):
+        for uuid, mine, name in _identities(block, rows, resolved, known, gpu):
             g = gpus.get(uuid)
             if g is None:
-                g = gpus[uuid] = _new_gpu(uuid, ledger, known, params, max_gap)
+                g = gpus[uuid] = _new_gpu(uuid, ledger, known, params, max_gap, name)
             t, covered, accepted, duplicate, back = _order(g, block.ts[mine], block.later[mine])
             g.skipped += int(covered.sum())
             _count(g.excluded, "duplicate_timestamp", int(duplicate.sum()))
@@ -777,8 +777,9 @@ def _empty() -> Series:
 
 
 def _identities(block: _Block, rows: Ints, resolved: dict[tuple[str, Any], str], known: dict[str, GpuWear],
-                gpu: str | None) -> Iterator[tuple[str, Ints]]:
-    """The rows of each GPU (by ledger UUID, in order of first appearance), resolved as the row path does."""
+                gpu: str | None) -> Iterator[tuple[str, Ints, str | None]]:
+    """The rows of each GPU (by ledger UUID, in order of first appearance), resolved as the row path does, with the
+    name its first row gives."""
     if not len(rows):
         return
     code = np.zeros(len(rows), dtype=np.int64)
@@ -790,6 +791,7 @@ def _identities(block: _Block, rows: Ints, resolved: dict[tuple[str, Any], str],
         code = code * (len(c.distinct) + 1) + np.where(c.status[rows] == VALUE, c.codes[rows] + 1, 0)
     keys, first = np.unique(code, return_index=True)
     groups: dict[str, list[Ints]] = {}
+    names: dict[str, str | None] = {}
     for key, i in sorted(zip(keys.tolist(), first.tolist(), strict=True), key=lambda p: p[1]):
         row = int(rows[i])
         identity = {name: c.python(row) for name in (*_IDENTITY, "serial") if (c := block.cols.get(name)) is not None
@@ -798,6 +800,7 @@ def _identities(block: _Block, rows: Ints, resolved: dict[tuple[str, Any], str],
                                     {}, identity)
         uuid = ledger_uuid(item, resolved, known, gpu)
         groups.setdefault(uuid, []).append(rows[code == key])
+        names.setdefault(uuid, item.name)
     for uuid, parts in groups.items():
-        yield uuid, parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+        yield uuid, parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts)), names[uuid]
 

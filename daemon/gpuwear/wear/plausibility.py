@@ -26,6 +26,7 @@ functions. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -39,6 +40,20 @@ SHUTDOWN_MARGIN_CELSIUS = 5.0
 DEFAULT_SHUTDOWN_CELSIUS = 110.0  # NVML shutdown thresholds are about 90-105 °C
 
 T = TypeVar("T")
+
+# shutdown thresholds of products an imported log names (its name column), for a card the ledger has no thresholds
+# of: "GPU Shutdown Temp : 92 C" in the `nvidia-smi -q` of A100 80GB PCIe, A100-SXM4, A800 PCIe and H100 80GB HBM3
+# cards in public bug reports. A name matching none is judged against DEFAULT_SHUTDOWN_CELSIUS.
+PRODUCT_SHUTDOWN_CELSIUS = ((re.compile(r"\bA100\b"), 92.0), (re.compile(r"\bA800\b"), 92.0),
+                            (re.compile(r"\bH100\b"), 92.0))
+
+
+def product_shutdown(name: str | None) -> float | None:
+    """The shutdown threshold (°C) of the product a card's name names, where known (PRODUCT_SHUTDOWN_CELSIUS)."""
+    for pattern, celsius in PRODUCT_SHUTDOWN_CELSIUS:
+        if name and pattern.search(name):
+            return celsius
+    return None
 
 
 def shutdown_limit(shutdown: float | None) -> float:
