@@ -700,3 +700,24 @@ def test_driver_calls_that_stall_under_load_are_remembered_and_watched() -> None
     (reason,) = [r for r in verdict(h100, WearConfig(), None)["reasons"] if r["code"] == "stalled_calls"]
     assert "3 times (3 under load, 0 idle) only under load" in reason["text"] and "gpuwear's own" in reason["rule"]
     assert "stalled_calls" not in {r["code"] for r in verdict(rtx, WearConfig(), None)["reasons"]}
+
+
+def test_a_card_that_runs_just_below_its_slowdown_temperature_is_watched_for_headroom() -> None:
+    """Issue 29's margins: the verdict watched time above the slowdown temperature only, so a card held at 1-5 °C
+    below it for most of its busy time, one warm day from slowing down, read ok. Now 25 % or more of busy time
+    within 5 °C below it is a watch (gpuwear's own rule); 10 °C below is not."""
+    from gpuwear.wear.models import RULES
+
+    for celsius, watched in ((86, True), (79, False)):
+        w = GpuWear("GPU-x", name="card")
+        w.thresholds["slowdown"] = 89.0
+        w.temperature_seconds = {"gpu": {str(celsius): 3000.0, "40": 1000.0}}
+        w.utilization_seconds = {"100": 3000.0, "0": 1000.0}
+        v = verdict(w, WearConfig(), None)
+        reasons = {r["code"]: r for r in v["reasons"]}
+        assert ("close_to_slowdown" in reasons) is watched, v
+        if watched:
+            assert reasons["close_to_slowdown"]["severity"] == "watch"
+            assert "100 % of busy time within 5 °C below its slowdown temperature (89 °C)" in \
+                reasons["close_to_slowdown"]["text"]
+            assert reasons["close_to_slowdown"]["rule"] == RULES["close_to_slowdown"]

@@ -60,6 +60,8 @@ RULES = {
                        "above wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
                        "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
                        "#313, NVIDIA/NVSentinel #1748)",
+    "close_to_slowdown": "gpuwear's own rule: wear.health.margin_watch_ratio of busy time within "
+                         "wear.health.margin_celsius below the card's slowdown temperature (NVML's threshold)",
     "stalled_calls": "gpuwear's own rule, not NVIDIA's: wear.health.stall_watch_count NVML reads past the sampler's "
                      "deadline (sampling.nvml_deadline_seconds) in the GPU's record (the field case: a GB200 whose "
                      "driver calls hung only under load: NVIDIA/DCGM #313)",
@@ -486,6 +488,13 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
     thermal = w.throttle_seconds.get("sw_thermal_slowdown", 0.0) + w.throttle_seconds.get("hw_thermal_slowdown", 0.0)
     if busy is None:
         busy = w.busy_seconds(p.busy_utilization_ratio)
+    if slowdown is not None and busy > 0:
+        # headroom: the time just below the slowdown temperature (time above it has its own reason)
+        near = w.seconds_at_or_above("gpu", slowdown - p.health.margin_celsius) - w.seconds_at_or_above("gpu", slowdown)
+        if near >= p.health.margin_watch_ratio * busy:
+            reason("watch", "close_to_slowdown", f"{100 * min(near / busy, 1):.0f} % of busy time within "
+                   f"{p.health.margin_celsius:g} °C below its slowdown temperature ({slowdown:g} °C): little "
+                   "headroom; a warmer room or dust takes it into slowdown")
     if busy > 0 and thermal / busy >= p.health.thermal_throttle_watch_ratio:
         reason("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time: "
                "the card protects itself by slowing down; check cooling and airflow")
