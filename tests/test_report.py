@@ -259,3 +259,34 @@ def test_a_command_without_a_real_ledger_points_at_the_simulated_ones(tmp_path: 
     empty.mkdir()
     run = gpuwear("report", "--state-dir", str(empty), check=False)
     assert "no ledger at" in run.stderr and "--simulated" not in run.stderr, run.stderr
+
+
+def test_the_report_names_a_gpu_of_the_host_not_seen_since_the_others(tmp_path: Path) -> None:
+    """Issue 29: a GPU that fell off the bus, or was taken out, simply stopped in the report, which showed its last
+    figures as any other card's. Now a GPU of this host (not an imported history) last seen an hour or more before
+    the host's others is said not seen since then, with what it may mean and how to retire it."""
+    from gpuwear.config import WearConfig
+    from gpuwear.report import document, text_report
+    from gpuwear.sample import GpuSample
+    from gpuwear.wear.accumulate import GpuWear
+
+    cards = []
+    for uuid, end in (("GPU-here", 1.8e9 + 2 * 86400), ("GPU-gone", 1.8e9)):
+        w = GpuWear(uuid, name="card")
+        for i in range(120):
+            w.add(GpuSample(timestamp=end - 120 + i, monotonic=float(i), temperature_gpu_celsius=50.0),
+                  0.0 if i == 0 else 1.0)
+        cards.append(w)
+    doc = document(cards, WearConfig(), {}, "ledger", False)
+    gone = {g["uuid"]: g.get("not_seen") for g in doc["gpus"]}
+    assert gone["GPU-here"] is None
+    assert gone["GPU-gone"] == {"last_seen": 1.8e9 - 1, "host_last_seen": 1.8e9 + 2 * 86400 - 1}
+    text = text_report(doc)
+    (line,) = [line for line in text.splitlines() if "NOT SEEN" in line]
+    assert "gpuwear forget GPU-gone" in line and "2027-01-15" in line
+    from gpuwear.page import render
+
+    html = render(doc)
+    assert html.count("Not seen since 2027-01-15") == 1 and "gpuwear forget GPU-gone" in html
+    # an imported history (another host's) is never said missing
+    assert "not_seen" not in document(cards, WearConfig(), {}, "ledger", False, live={"GPU-here"})["gpus"][1]

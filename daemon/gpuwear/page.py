@@ -161,6 +161,11 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
            f'<p class="muted">{_e(d["uuid"])}' + (f', serial {_e(d["serial"])}' if d["serial"] else "") + "</p>",
            f'<p><span class="verdict" style="background:{colour}" data-figure="status" data-value="{h["status"]}">'
            f'{status}</span> ']
+    if (gone := d.get("not_seen")) is not None:
+        since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(gone["last_seen"]))
+        out.insert(2, f'<p class="banner missing"><strong>Not seen since {_e(since)}</strong>, while this host&#x27;s '
+                      "other GPUs were seen later: missing (off the bus?) or taken out "
+                      f'(<code>gpuwear forget {_e(d["uuid"])}</code>).</p>')
     shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
     out.append("; ".join(f'{_e(r["text"])} <span class="muted">(rule: {_e(r["rule"])})</span>' for r in shown)
                if shown else "nothing it reports asks for action")

@@ -103,9 +103,18 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
     """``live``: the GPUs the ledger holds live history of (None: all of them); they alone are each other's peers
     (an imported history is another host's)."""
     peers = peer_rates({w.uuid: w for w in wears if live is None or w.uuid in live}, p)
-    return {"ledger": ledger, "simulated": simulated,
-            "gpus": [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid))
-                     for w in wears]}
+    gpus = [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid))
+            for w in wears]
+    # a GPU of this host not seen for an hour before the others' last sighting: missing (off the bus, out of the
+    # box) or removed; the daemon's /healthz and metrics say it live, the ledger can only say when
+    host = [g["last_seen"] for g in gpus if g["sampled_live"] and g["last_seen"] is not None]
+    for g in gpus:
+        if g["sampled_live"] and g["last_seen"] is not None and host and g["last_seen"] < max(host) - NOT_SEEN_SECONDS:
+            g["not_seen"] = {"last_seen": g["last_seen"], "host_last_seen": max(host)}
+    return {"ledger": ledger, "simulated": simulated, "gpus": gpus}
+
+
+NOT_SEEN_SECONDS = 3600.0  # a host's GPU last seen this long before its others is reported as not seen since
 
 
 _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not reported by this card"}
@@ -306,6 +315,12 @@ def text_report(doc: dict[str, Any]) -> str:
         serial = f", serial {d['serial']}" if d["serial"] else ""
         out.append(f"{d['name'] or 'unknown GPU'} ({d['uuid']}{serial})")
         h = d["health"]
+        if (gone := d.get("not_seen")) is not None:
+            since, host = (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(gone[k])) for k in ("last_seen",
+                                                                                               "host_last_seen"))
+            out.append(f"  NOT SEEN since {since}, while this host's other GPUs were seen until {host}: missing (off "
+                       f"the bus? the daemon's /healthz names it while it runs) or taken out (gpuwear forget "
+                       f"{d['uuid']})")
         shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
         out.append(f"  Health: {h['status'].upper()}" + (": nothing it reports asks for action" if not shown else ""))
         for r in shown:
