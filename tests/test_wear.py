@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import random
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -662,6 +663,15 @@ def test_a_gpu_that_bleeds_corrected_errors_under_load_is_watched_against_its_pe
     assert "bleeding_errors" not in {r["code"] for r in verdict(bleeding, params, None)["reasons"]}  # no peers
     # the live verdict, as /metrics and the page show it, judges it the same way
     assert "bleeding_errors" in {r["code"] for r in tracker.views[uuids[0]].verdict["reasons"]}
+    # and the counts behind the rates, with metrics.detail
+    from gpuwear.collector import encode
+    from gpuwear.metrics import DaemonInfo, Published
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="")
+    text = encode(Published(rig.sampler.snapshot, tracker.views, None, info), False, detail=True).decode()
+    events = re.search(rf'^gpuwear_lifetime_error_events_total{{counter="ecc_corrected",gpu="0",load="loaded",'
+                       rf'uuid="{uuids[0]}"}} (\S+)$', text, re.M)
+    assert events is not None and float(events.group(1)) == bleeding.error_counts["ecc_corrected"][1] > 0
     assert "bleeding_errors" not in {r["code"] for r in tracker.views[uuids[1]].verdict["reasons"]}
 
 

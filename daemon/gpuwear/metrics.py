@@ -410,6 +410,14 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "was first seen.", (), _value(lambda v: v.coverage)),
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
                   "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules)),
+    MetricDef("gpuwear_lifetime_error_events_total", "counter", "", "Corrected ECC errors, PCIe replays, NVLink CRC "
+                  "errors and NVML reads past the deadline (nvml_stalls), by the load the GPU was under (utilization "
+                  "at or above 10 %: loaded), over its life; divided by the seconds of the next family, the rates the "
+                  "verdict's bleeding_errors and stalled_calls judge.", ("counter", "load"),
+                  lambda v: [(key, e) for key, (e, _) in sorted(v.errors.items())], detail=True),
+    MetricDef("gpuwear_lifetime_error_watched_seconds_total", "counter", "seconds", "Observed time each error "
+                  "counter was read, by load.", ("counter", "load"),
+                  lambda v: [(key, s) for key, (_, s) in sorted(v.errors.items())], detail=True),
     MetricDef("gpuwear_lifetime_power_limit_seconds_total", "counter", "seconds", "Observed time at or above "
                   "99 % of the enforced power limit.", (), _value(lambda v: v.power_limit_seconds)),
     MetricDef("gpuwear_lifetime_throttle_seconds_total", "counter", "seconds", "Observed time with each "

@@ -105,6 +105,8 @@ class WearView(NamedTuple):
     thermal_resistance: float | None  # °C/W, the latest day's
     attributed: Mapping[str, tuple[float, float, float]]  # job/idle -> (seconds, joules, central aging s)
     jobs: tuple[Job, ...]  # running on the GPU now
+    # error counters by load (GpuWear.error_counts): (counter, "loaded" | "idle") -> (events, seconds watched)
+    errors: Mapping[tuple[str, str], tuple[float, float]] = MappingProxyType({})
 
 
 def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True,
@@ -156,6 +158,9 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
                                               p.arrhenius.activation_energy_ev.central, w))
             for kind, k in sorted(w.kinds.items())}),
         jobs=jobs,
+        errors=MappingProxyType({(name, load): (c[1 + 2 * i], c[2 * i])
+                                 for name, c in sorted(w.error_counts.items())
+                                 for i, load in enumerate(("loaded", "idle"))}) if detail else MappingProxyType({}),
     )
 
 
