@@ -167,13 +167,17 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
                       "other GPUs were seen later: missing (off the bus?) or taken out "
                       f'(<code>gpuwear forget {_e(d["uuid"])}</code>).</p>')
     shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
-    out.append("; ".join(f'{_e(r["text"])} <span class="muted">(rule: {_e(r["rule"])})</span>' for r in shown)
-               if shown else "nothing it reports asks for action")
+    out.append("nothing it reports asks for action" if not shown else
+               f"{len(shown)} reason(s), below" if len(shown) > 1 else _e(shown[0]["text"]))
     out.append("</p>")
+    # the answer on the first screen of a phone, the reasons' rules after it (two reasons with their rules filled it)
+    out.append(f'<p class="answer">{_e(plain_words(d))}</p>')
+    if len(shown) > 1 or any(r["rule"] for r in shown):
+        out.append("<ul>" + "".join(f'<li>{_e(r["text"])} <span class="muted">(rule: {_e(r["rule"])})</span></li>'
+                                    for r in shown) + "</ul>")
     for r in h["reasons"]:
         if r["severity"] == "unknown":
             out.append(f'<p class="muted">Not known: {_e(r["text"])}</p>')
-    out.append(f'<p class="answer">{_e(plain_words(d))}</p>')
     out.append(f'<p class="muted">{_e(risk_seen(d))}</p>')
     out.append('<div class="cards"><div class="card"><h3>Heat aging (Arrhenius)</h3>'
                f'<div class="big">{_figure("thermal_aging_central_hours", a["central"], duration(a["central"] * 3600))}'
