@@ -754,3 +754,22 @@ def test_peer_rates_are_the_other_gpus_of_the_same_product() -> None:
                     if loaded is not None:
                         pairwise.setdefault(counter, []).append(loaded)
         assert {c: sorted(v) for c, v in fast[uuid].items()} == {c: sorted(v) for c, v in pairwise.items()}, uuid
+
+
+def test_every_verdict_reason_code_is_given_once() -> None:
+    """A code labels one series of gpuwear_health_reason: a GPU bleeding corrected errors and PCIe replays at once
+    gave two bleeding_errors reasons, two samples of one series, which Prometheus refuses as a scrape."""
+    from gpuwear.wear.models import peer_rates
+
+    p = WearConfig()
+    wears = {}
+    for i in range(3):
+        w = GpuWear(f"GPU-{i}", name="NVIDIA H100 80GB HBM3")
+        events = 1e6 if i == 0 else 0.0
+        w.error_counts = {"ecc_corrected": [7200.0, events, 100.0, 0.0], "pcie_replays": [7200.0, events, 100.0, 0.0]}
+        wears[w.uuid] = w
+    v = verdict(wears["GPU-0"], p, None, peers=peer_rates(wears, p)["GPU-0"])
+    codes = [r["code"] for r in v["reasons"]]
+    assert len(codes) == len(set(codes)) and codes.count("bleeding_errors") == 1, codes
+    (bleed,) = [r for r in v["reasons"] if r["code"] == "bleeding_errors"]
+    assert "corrected ECC errors per loaded hour" in bleed["text"] and "PCIe replays per loaded hour" in bleed["text"]

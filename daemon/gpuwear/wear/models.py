@@ -455,6 +455,7 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
     if w.lost_events:
         reason("act" if recent("gpu lost") else "watch", "gpu_lost",
                f"the GPU fell off the bus {w.lost_events} time(s){ago('gpu lost')}")
+    bleeding = []  # one reason for every counter that bleeds: a code labels one series of the health metric
     for counter, (loaded, idle) in error_rates(w, p).items():
         theirs = (peers or {}).get(counter, [])
         if counter == STALLS:
@@ -464,9 +465,10 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
         median = statistics.median(theirs)
         if loaded >= p.health.bleeding_peer_ratio * median:
             at_idle = "" if idle is None else f", {_per_hour(idle)} per idle hour"
-            reason("watch", "bleeding_errors", f"{_per_hour(loaded)} {_ERROR_WORDS.get(counter, counter)} per loaded "
-                   f"hour{at_idle}; its {len(theirs)} peer(s) of the same product: {_per_hour(median)} (median): a "
-                   "fault that shows under load; have it tested")
+            bleeding.append(f"{_per_hour(loaded)} {_ERROR_WORDS.get(counter, counter)} per loaded hour{at_idle}; its "
+                            f"{len(theirs)} peer(s) of the same product: {_per_hour(median)} (median)")
+    if bleeding:
+        reason("watch", "bleeding_errors", "; ".join(bleeding) + ": a fault that shows under load; have it tested")
     stalls = w.error_counts.get(STALLS)
     if stalls and stalls[1] + stalls[3] >= p.health.stall_watch_count:
         under, idle_stalls = int(stalls[1]), int(stalls[3])
