@@ -634,7 +634,7 @@ def test_a_gpu_that_bleeds_corrected_errors_under_load_is_watched_against_its_pe
     at full load (fault ecc_bleed). Its rate per loaded hour is kept in its record (error_counts), the verdict
     watches it with its evidence and its rule (gpuwear's own, citing the field case), and its peer stays ok. A
     driver reload (the counter back to 0) is a new baseline, never negative errors. Without a peer of its product
-    it is not judged (its own 30-day baseline is not kept yet)."""
+    it is judged against its own past, which two hours do not make (test_a_gpu_alone_is_judged_against_its_own_past)."""
     from gpuwear.wear.models import RULES, peer_rates
 
     train = [{"kind": "train", "seconds": 4 * 3600, "utilization": 1.0}]
@@ -673,6 +673,63 @@ def test_a_gpu_that_bleeds_corrected_errors_under_load_is_watched_against_its_pe
                        rf'uuid="{uuids[0]}"}} (\S+)$', text, re.M)
     assert events is not None and float(events.group(1)) == bleeding.error_counts["ecc_corrected"][1] > 0
     assert "bleeding_errors" not in {r["code"] for r in tracker.views[uuids[1]].verdict["reasons"]}
+
+
+def _lone_gpu(rates_by_day: list[float], hours_a_day: float = 8.0) -> GpuWear:
+    """A GPU alone on its host, loaded ``hours_a_day`` a day (a sample every 10 minutes, idle the rest of the day), its
+    corrected ECC errors rising at ``rates_by_day[d]`` per loaded hour on day d."""
+    w = GpuWear("GPU-lone", name="NVIDIA H100 80GB HBM3")
+    count, t, midnight = 0.0, 0.0, 20834 * 86400.0  # day d of the list is a UTC day
+    for rate in rates_by_day:
+        for minute in range(0, 24 * 60, 10):
+            loaded = minute < hours_a_day * 60
+            count += rate / 6.0 if loaded else 0.0
+            w.add(GpuSample(timestamp=midnight + t, monotonic=t, temperature_gpu_celsius=50.0,
+                            utilization_gpu_ratio=1.0 if loaded else 0.0, ecc_corrected_volatile=int(count)),
+                  0.0 if t == 0 else 600.0)
+            t += 600.0
+    return w
+
+
+def test_a_gpu_alone_is_judged_against_its_own_past() -> None:
+    """Issue 38: a GPU with no peer of its product (alone on its host) is watched when its corrected errors per
+    loaded hour over its last two UTC days are 10 x its own over the 30 days before, and above the floor. Kept
+    through the ledger's JSON, merged record by record. Not watched: a steady high rate (its own normal), a rise
+    below the floor, a record too young for a baseline, a GPU with peers (judged against them)."""
+    from gpuwear.wear.accumulate import SCHEMA
+    from gpuwear.wear.models import RULES, peer_rates
+    from gpuwear.wear.schema import check_wear
+
+    p = WearConfig()
+    bleeding = _lone_gpu([20.0] * 31 + [20_000.0] * 2)
+    recent, before = bleeding.own_error_rates(30, 3600)["ecc_corrected"]
+    assert recent is not None and before is not None
+    assert 19_000 <= recent <= 20_000 and 15 <= before <= 25, (recent, before)
+    assert len(bleeding.error_days) == 33
+    v = verdict(bleeding, p, None, peers=peer_rates({"GPU-lone": bleeding}, p)["GPU-lone"])
+    (reason,) = [r for r in v["reasons"] if r["code"] == "bleeding_errors"]
+    assert "per loaded hour over its last two days" in reason["text"], reason
+    assert "its own over the 30 days before: 20" in reason["text"] and reason["rule"] == RULES["bleeding_errors"]
+    assert "bleeding_baseline_days" in reason["rule"]
+    # its record carries the days through the ledger's JSON, and a merge adds day to day
+    back = GpuWear.from_json(json.loads(json.dumps(bleeding.to_json())), bleeding.gate_celsius)
+    assert back.error_days == bleeding.error_days
+    check_wear(json.loads(json.dumps(bleeding.to_json())), schema=SCHEMA)
+    twice = back.merged(bleeding)
+    day = max(bleeding.error_days)
+    assert twice.error_days[day]["ecc_corrected"] == [2 * x for x in bleeding.error_days[day]["ecc_corrected"]]
+    # the newest 62 days are kept, however long the record
+    assert len(_lone_gpu([20.0] * 70, hours_a_day=1).error_days) == 62
+
+    def codes(w: GpuWear, peers: dict[str, list[float]] | None = None) -> set[str]:
+        return {r["code"] for r in verdict(w, p, None, peers=peers)["reasons"]}
+
+    assert "bleeding_errors" not in codes(_lone_gpu([20_000.0] * 33))  # steady: its own normal
+    assert "bleeding_errors" not in codes(_lone_gpu([20.0] * 31 + [900.0] * 2))  # 45 x, below the floor
+    assert "bleeding_errors" not in codes(_lone_gpu([20_000.0] * 2))  # no past to compare with
+    assert "bleeding_errors" not in codes(_lone_gpu([20.0] * 31 + [20_000.0] * 2, hours_a_day=0.5))  # too little load
+    # with a peer of its product reading the counter, the peer is the judge: one bleeding as much is no outlier
+    assert "bleeding_errors" not in codes(bleeding, peers={"ecc_corrected": [19_000.0]})
 
 
 def test_the_runbook_lists_every_reason_code_with_its_rule() -> None:

@@ -24,8 +24,9 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # (their sums by GPU and line name, kept by triggers: the page's shares without a pass over the lines); 9: records
 # may hold "incidents" (the newest incidents that called for a reset or a reboot), which an older gpuwear's validator
 # would refuse record by record: it refuses the whole ledger instead; 10: records may hold "error_counts" (error
-# counters by loaded and idle time), for the same reason
-SCHEMA_VERSION = 10
+# counters by loaded and idle time), for the same reason; 11: records may hold "error_days" (the error counters'
+# loaded time and events by UTC day), for the same reason
+SCHEMA_VERSION = 11
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
 
@@ -186,6 +187,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     # records (readers count the rest from the records meanwhile)
     8: lambda db: None,  # nothing to change: records without "incidents" are read as before
     9: lambda db: None,  # nothing to change: records without "error_counts" are read as before
+    10: lambda db: None,  # nothing to change: records without "error_days" are read as before
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
-from gpuwear.wear.schema import INCIDENT_EPISODE_SECONDS, INCIDENTS_KEPT, READING_GROUPS
+from gpuwear.wear.schema import ERROR_DAYS_KEPT, INCIDENT_EPISODE_SECONDS, INCIDENTS_KEPT, READING_GROUPS
 
 SCHEMA = 1
 SENSORS = ("gpu", "memory")
@@ -202,6 +202,13 @@ assert tuple(SEEN_FIELDS) == READING_GROUPS
 ERROR_COUNTERS = ("ecc_corrected", "pcie_replays", "nvlink_crc")
 LOADED_UTILIZATION = 0.1  # utilization at or above which an error counter's time counts as loaded
 STALLS = "nvml_stalls"  # error_counts' entry for NVML reads past the deadline (the sampler's), by load
+RECENT_ERROR_DAYS = 2  # the UTC days (the last one and the one before) judged against a GPU's own baseline
+
+
+@functools.lru_cache(maxsize=4)
+def utc_day(day_number: int) -> str:
+    """The ISO date of a UTC day, by its number since 1970 (``int(wall // 86400)``)."""
+    return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day_number)).isoformat()
 
 
 def _counters(s: GpuSample) -> list[tuple[str, float]]:
@@ -282,6 +289,10 @@ class GpuWear:
     # error counters by load (ERROR_COUNTERS -> [loaded s, loaded events, idle s, idle events]): where their rates
     # per loaded and per idle hour come from (error_rates)
     error_counts: dict[str, list[float]] = field(default_factory=dict)
+    # the same counters' loaded seconds and the events booked to them by UTC day (day -> counter -> [loaded s,
+    # loaded events]), the newest ERROR_DAYS_KEPT days: a GPU without peers is judged against its own past
+    # (own_error_rates)
+    error_days: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     # the counters' last readings and the loaded / idle seconds since each last changed; never saved (a restart
     # takes a new baseline: what a counter gained meanwhile is not known, never a rate)
     last_counts: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
@@ -464,14 +475,25 @@ class GpuWear:
         if util is None or not self.count_errors:
             return
         loaded = util >= LOADED_UTILIZATION
+        day_key = utc_day(int(s.timestamp // 86400))
+        day = self.error_days.get(day_key)
+        if day is None:
+            day = self.error_days[day_key] = {}
+            for old in sorted(self.error_days)[:-ERROR_DAYS_KEPT]:
+                del self.error_days[old]
         for name, value in _counters(s):
             totals = self.error_counts.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             totals[0 if loaded else 2] += dt
+            if loaded:
+                day.setdefault(name, [0.0, 0.0])[0] += dt
             pending = self.pending_load.setdefault(name, [0.0, 0.0])
             pending[0 if loaded else 1] += dt
             last = self.last_counts.get(name)
             if last is not None and value > last:
-                totals[1 if pending[0] >= pending[1] else 3] += value - last
+                booked_loaded = pending[0] >= pending[1]
+                totals[1 if booked_loaded else 3] += value - last
+                if booked_loaded:
+                    day.setdefault(name, [0.0, 0.0])[1] += value - last
             if last is None or value != last:
                 self.pending_load[name] = [0.0, 0.0]
         self.error_counts.setdefault(STALLS, [0.0, 0.0, 0.0, 0.0])[0 if loaded else 2] += dt
@@ -487,6 +509,29 @@ class GpuWear:
         return {name: (t[1] * 3600 / t[0] if t[0] > min_seconds and t[0] > 0 else None,
                        t[3] * 3600 / t[2] if t[2] > min_seconds and t[2] > 0 else None)
                 for name, t in self.error_counts.items()}
+
+    def own_error_rates(self, baseline_days: int, min_seconds: float = 0.0) -> dict[str, tuple[float | None,
+                                                                                               float | None]]:
+        """Each error counter's events per loaded hour over the last RECENT_ERROR_DAYS UTC days of the record (to
+        the day of ``last_seen``) and over the ``baseline_days`` days before them (error_days); None where it was
+        read under load for ``min_seconds`` or less in that window."""
+        if self.last_seen is None or not self.error_days:
+            return {}
+        last = int(self.last_seen // 86400)
+        recent = {utc_day(last - i) for i in range(RECENT_ERROR_DAYS)}
+        baseline = {utc_day(last - RECENT_ERROR_DAYS - i) for i in range(baseline_days)}
+        sums: dict[str, list[float]] = {}
+        for day, counters in self.error_days.items():
+            side = 0 if day in recent else 2 if day in baseline else None
+            if side is None:
+                continue
+            for name, (seconds, events) in counters.items():
+                acc = sums.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+                acc[side] += seconds
+                acc[side + 1] += events
+        return {name: (t[1] * 3600 / t[0] if t[0] > min_seconds and t[0] > 0 else None,
+                       t[3] * 3600 / t[2] if t[2] > min_seconds and t[2] > 0 else None)
+                for name, t in sums.items()}
 
     def _baselines(self, s: GpuSample) -> None:
         self.last_counts = dict(_counters(s))
@@ -714,6 +759,13 @@ class GpuWear:
         for name, counts in other.error_counts.items():
             mine = out.error_counts.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             out.error_counts[name] = [x + y for x, y in zip(mine, counts, strict=True)]
+        for day, counters in other.error_days.items():
+            mine_day = out.error_days.setdefault(day, {})
+            for name, counts in counters.items():
+                before = mine_day.get(name, [0.0, 0.0])
+                mine_day[name] = [x + y for x, y in zip(before, counts, strict=True)]
+        for old in sorted(out.error_days)[:-ERROR_DAYS_KEPT]:
+            del out.error_days[old]
         for key, what in sorted(other.incidents.items(), key=lambda kv: float(kv[0])):
             if key not in out.incidents:
                 out.add_incident(float(key), what)
@@ -747,7 +799,8 @@ class GpuWear:
             "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
             "thresholds": self.thresholds, "health": self.health,
             "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event,
-            "incidents": self.incidents, "error_counts": self.error_counts, "kinds": self.kinds,
+            "incidents": self.incidents, "error_counts": self.error_counts,
+            "error_days": self.error_days, "kinds": self.kinds,
             "gate_celsius": self.gate_celsius, "seen": self.seen,
         }
 
@@ -770,6 +823,8 @@ class GpuWear:
             setattr(w, key, d.get(key, {}))
         w.covered = {k: float(v) for k, v in d.get("covered", {}).items()}
         w.error_counts = {k: [float(x) for x in v] for k, v in d.get("error_counts", {}).items()}
+        w.error_days = {day: {k: [float(x) for x in v] for k, v in counters.items()}
+                        for day, counters in d.get("error_days", {}).items()}
         w.seen = dict(d["seen"]) if "seen" in d else _seen_in(w)
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]

@@ -56,7 +56,9 @@ RULES = {
     "cooling_degrading": "gpuwear's own rule: wear.health.resistance_rise_watch_ratio rise of °C per watt",
     "memory_health_unknown": "what NVML reports of this card: no ECC counters, no memory temperature",
     "bleeding_errors": "gpuwear's own rule, not NVIDIA's: an error rate per loaded hour at least "
-                       "wear.health.bleeding_peer_ratio times the median of the host's GPUs of the same product, and "
+                       "wear.health.bleeding_peer_ratio times the median of the host's GPUs of the same product (a GPU "
+                       "without such peers: its rate over its last two UTC days against its own over the "
+                       "wear.health.bleeding_baseline_days before them), and "
                        "above wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
                        "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
                        "#313, NVIDIA/NVSentinel #1748)",
@@ -406,7 +408,8 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
 
     Reason codes are a fixed set (they label a metric); the text explains each in plain words, and ``rule`` says
     which rule it applies and whose (NVIDIA's, or gpuwear's own). ``peers``: the loaded-hour error rates of the
-    host's other GPUs of the same product (:func:`peer_rates`), without which a GPU is not judged to bleed errors.
+    host's other GPUs of the same product (:func:`peer_rates`); a counter no peer reads is judged against the GPU's
+    own past (GpuWear.own_error_rates).
     """
     reasons: list[dict[str, str]] = []
 
@@ -456,11 +459,22 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
         reason("act" if recent("gpu lost") else "watch", "gpu_lost",
                f"the GPU fell off the bus {w.lost_events} time(s){ago('gpu lost')}")
     bleeding = []  # one reason for every counter that bleeds: a code labels one series of the health metric
+    own: dict[str, tuple[float | None, float | None]] | None = None
     for counter, (loaded, idle) in error_rates(w, p).items():
         theirs = (peers or {}).get(counter, [])
         if counter == STALLS:
             continue
-        if loaded is None or not theirs or loaded < p.health.bleeding_floor_per_loaded_hour:
+        if not theirs:  # no peer of its product reads this counter: the GPU's last days against its own past
+            if own is None:
+                own = w.own_error_rates(p.health.bleeding_baseline_days, p.health.bleeding_min_loaded_hours * 3600.0)
+            lately, before = own.get(counter, (None, None))
+            if (lately is not None and before is not None and lately >= p.health.bleeding_floor_per_loaded_hour
+                    and lately >= p.health.bleeding_peer_ratio * before):
+                bleeding.append(f"{_per_hour(lately)} {_ERROR_WORDS.get(counter, counter)} per loaded hour over its "
+                                f"last two days; no peer of the same product; its own over the "
+                                f"{p.health.bleeding_baseline_days} days before: {_per_hour(before)}")
+            continue
+        if loaded is None or loaded < p.health.bleeding_floor_per_loaded_hour:
             continue
         median = statistics.median(theirs)
         if loaded >= p.health.bleeding_peer_ratio * median:

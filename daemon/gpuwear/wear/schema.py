@@ -29,6 +29,7 @@ MAX_EVENTS = 200_000
 MAX_FANS = 16
 MAX_INTERVALS = 100_000  # observed intervals of one GPU: one per start or gap
 INCIDENTS_KEPT = 64  # a GPU's newest incidents kept in its record (GpuWear.incidents)
+ERROR_DAYS_KEPT = 62  # the UTC days of error counts a GPU's record keeps (GpuWear.error_days)
 # incidents this close after the one before are one episode (a fault reported by the XID, then by a counter read on
 # the 30 s slow interval, or by the kernel log a few seconds apart): one reset, not two
 INCIDENT_EPISODE_SECONDS = 600.0
@@ -180,6 +181,7 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "kinds": lambda v, w: mapping(v, w, lambda k: k in KINDS, _kind),
     "incidents": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: text(x, p, limit=64), limit=INCIDENTS_KEPT),
     "error_counts": lambda v, w: mapping(v, w, lambda k: len(k) <= 32, _error_counts, limit=16),
+    "error_days": lambda v, w: mapping(v, w, lambda k: bool(_DAY.fullmatch(k)), _error_day, limit=ERROR_DAYS_KEPT),
     "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
                                     limit=MAX_INTERVALS),
 }
@@ -284,6 +286,18 @@ def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, An
     for i, event in enumerate(events):
         check_event(event, f"events[{i}]")
     return doc
+
+
+def _error_day(value: Any, where: str) -> None:
+    """One UTC day of error_days: counter -> [loaded s, loaded events], each a number of 0 or more."""
+    mapping(value, where, lambda k: len(k) <= 32, _error_day_counts, limit=16)
+
+
+def _error_day_counts(value: Any, where: str) -> None:
+    if not isinstance(value, list) or len(value) != 2:
+        raise SchemaError(where, "expected [loaded seconds, loaded events]")
+    for i, x in enumerate(value):
+        number(x, _join(where, i), 0.0, 1e18)
 
 
 def _error_counts(value: Any, where: str) -> None:
