@@ -266,6 +266,28 @@ def logs(draw: st.DrawFn) -> tuple[str, int]:
     return "\n".join(lines) + "\n", draw(st.sampled_from([512, 1000, 4096, 1 << 22]))
 
 
+@pytest.mark.parametrize("block_bytes", [512, 4096, 1 << 22])
+def test_a_log_whose_cadence_changes_is_judged_stretch_by_stretch(tmp_path: Path, block_bytes: int) -> None:
+    """Issue 30: 300 rows at 1 s, then two hours at 60 s (``nvidia-smi -l 1``, then ``-l 60``). The log's
+    threshold comes from its first 200 intervals (1 s: 30 s), so every 60 s interval was a gap: 7,200 s
+    unobserved, no energy, no heat. Each interval is now also judged by the five before it: the 60 s stretch is
+    observed time once it has shown its cadence (its first three intervals are gaps), in both readers alike. A
+    threshold given by the user is used alone."""
+    start = 1_761_000_000.0
+    times = [start + i for i in range(300)] + [start + 299 + 60 * i for i in range(1, 121)]
+    lines = ["timestamp, uuid, temperature.gpu, power.draw [W]"]
+    lines += [datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y/%m/%d %H:%M:%S.000") + ", GPU-x, 60, 200"
+              for t in times]
+    path = tmp_path / "mixed.csv"
+    path.write_text("\n".join(lines) + "\n")
+    docs, result = same(path, tmp_path, block_bytes)
+    doc = docs["GPU-x"][0]
+    assert doc["observed_seconds"] == 299 + 117 * 60 and doc["gap_seconds"] == 3 * 60, doc["gap_seconds"]
+    assert doc["gaps"] == 3 and result.cadence["GPU-x"] == (1.0, 30.0)
+    given, _ = same(path, tmp_path, block_bytes, max_gap=30.0)
+    assert given["GPU-x"][0]["observed_seconds"] == 299 and given["GPU-x"][0]["gap_seconds"] == 120 * 60
+
+
 @pytest.mark.parametrize("rows", [
     ["2025/10/20 22:40:01.000, "],  # found by test_random_logs: the columnar path said nothing of it
     ["2025/10/20 22:40:01.000, GPU-x, 40", "2025/10/20 22:40:02.000, GPU-x"],

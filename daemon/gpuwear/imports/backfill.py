@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,21 +24,11 @@ from gpuwear.imports.parse import ImportedRow, ImportFormatError, RowProblem, re
 from gpuwear.ledger import Ledger
 from gpuwear.sample import GpuSample, validated
 from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.cadence import STRETCH_INTERVALS, gap_threshold, stretch_threshold
 from gpuwear.wear.plausibility import SpikeFilter, above_shutdown, product_shutdown
 
 CADENCE_INTERVALS = 200  # a GPU's first intervals in a file, whose median is the log's cadence
-GAP_CADENCE_MULTIPLE = 5.0  # a pause longer than this many sampling intervals is a gap, not observed time
-MAX_IMPORT_GAP_SECONDS = 3600.0  # ... but never more than an hour, however sparse the log
 NOT_READINGS = ("threshold_", "power_limit_watts", "power_default_limit_watts", "_max_hz")
-
-
-def gap_threshold(cadence: float | None, live_max_gap: float) -> float:
-    """The longest pause between two rows that still counts as observed time: GAP_CADENCE_MULTIPLE times the
-    log's median interval, at least the live daemon's ``max_gap_seconds`` and at most MAX_IMPORT_GAP_SECONDS.
-    A log kept with ``nvidia-smi -l 60`` integrates its 60 s intervals; a 1 s log keeps the live 30 s."""
-    if cadence is None:
-        return live_max_gap
-    return min(max(live_max_gap, GAP_CADENCE_MULTIPLE * cadence), max(live_max_gap, MAX_IMPORT_GAP_SECONDS))
 
 
 @dataclass
@@ -58,6 +48,9 @@ class _Gpu:
     spans: list[tuple[float, float]]
     max_gap: float | None  # the gap threshold: given, or found from the cadence
     live_max_gap: float  # the live daemon's, the least a threshold found from the cadence can be
+    # a threshold found from the cadence is also judged stretch by stretch (wear.cadence), a given one is not
+    by_stretch: bool = True
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=STRETCH_INTERVALS))  # the last intervals
     buffered: list[_Reading] = field(default_factory=list)  # held until the cadence is known
     intervals: list[float] = field(default_factory=list)
     cadence: float | None = None
@@ -234,7 +227,9 @@ def _integrate(g: _Gpu, r: _Reading, spike: bool = False, memory_spike: bool = F
         dt = 0.0
     else:
         dt = r.timestamp - g.previous
-        if dt > g.max_gap:
+        limit = stretch_threshold(g.max_gap, g.recent, g.live_max_gap) if g.by_stretch else g.max_gap
+        g.recent.append(dt)
+        if dt > limit:
             g.wear.gap(dt)
             dt = 0.0
     g.gap_from = None
@@ -308,7 +303,7 @@ def import_rows(path: Path, ledger: Ledger, params: WearConfig, *, gpu: str | No
         g = gpus.get(uuid)
         if g is None:
             g = gpus[uuid] = _Gpu(uuid, new_wear(uuid, known, gate, item.name), ledger.covered(uuid), max_gap,
-                                  params.max_gap_seconds)
+                                  params.max_gap_seconds, by_stretch=max_gap is None)
         timestamp = item.timestamp
         if g.last_time is not None and timestamp < g.last_time and item.later is not None \
                 and item.later >= g.last_time:

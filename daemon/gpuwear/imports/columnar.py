@@ -40,7 +40,6 @@ from gpuwear.imports.backfill import (
     FileResult,
     GpuImport,
     finish,
-    gap_threshold,
     ledger_uuid,
     new_wear,
 )
@@ -62,6 +61,7 @@ from gpuwear.wear.batch import (
     integrate,
     spikes,
 )
+from gpuwear.wear.cadence import gap_threshold
 from gpuwear.wear.plausibility import shutdown_limit
 
 BLOCK_BYTES = 4 << 20  # arrow reads this much of the file at a time (~20k nvidia-smi rows)
@@ -473,6 +473,7 @@ class _Gpu:
     max_gap: float | None
     live_max_gap: float
     limit_celsius: float  # a die reading above it is above the card's shutdown threshold
+    by_stretch: bool = True  # as the row path's: a threshold found from the cadence is judged stretch by stretch
     last_time: float | None = None
     buffered: list[Series] = field(default_factory=list)  # until the cadence is known
     intervals: int = 0
@@ -510,7 +511,7 @@ def _new_gpu(uuid: str, ledger: Ledger, known: dict[str, GpuWear], params: WearC
     spans = sorted(ledger.covered(uuid))
     ends = list(np.maximum.accumulate([b for _, b in spans])) if spans else []
     return _Gpu(uuid, w, [a for a, _ in spans], [float(e) for e in ends], max_gap, params.max_gap_seconds,
-                shutdown_limit(w.thresholds.get("shutdown")))
+                shutdown_limit(w.thresholds.get("shutdown")), by_stretch=max_gap is None)
 
 
 def _order(g: _Gpu, t: Floats, later: Floats) -> tuple[Floats, Bools, Bools, Bools, Bools]:
@@ -709,7 +710,7 @@ def _judge(g: _Gpu, s: Series, final: bool) -> None:
     _count(g.excluded, "memory_spike", int(memory_spike.sum()))
     s = dataclasses.replace(s, die=np.where(spike, np.nan, s.die), memory=np.where(memory_spike, np.nan, s.memory))
     assert g.max_gap is not None
-    integrate(g.wear, s, g.max_gap, g.carry)
+    integrate(g.wear, s, g.max_gap, g.carry, g.live_max_gap if g.by_stretch else None)
 
 
 # --- the import --------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuwear.sample import CLOCK_EVENT_REASONS
 from gpuwear.wear.accumulate import (
@@ -29,6 +30,7 @@ from gpuwear.wear.accumulate import (
     GpuWear,
     cycle_key,
 )
+from gpuwear.wear.cadence import GAP_CADENCE_MULTIPLE, MAX_IMPORT_GAP_SECONDS, STRETCH_INTERVALS
 from gpuwear.wear.plausibility import EDGE_SPIKE_CELSIUS, SPIKE_CELSIUS, SPIKE_SECONDS
 from gpuwear.wear.rainflow import RainflowCounter
 
@@ -81,6 +83,23 @@ class Carry:
     gap_pending: bool = False  # the last break was a gap: the time from ``last`` to the next reading is a gap
     rows: int = 0
     first: float | None = None
+    recent: tuple[float, ...] = ()  # the last STRETCH_INTERVALS intervals between readings with no break
+
+
+def stretch_limits(d: Floats, recent: tuple[float, ...], max_gap: float, live_max_gap: float) -> Floats:
+    """:func:`wear.cadence.stretch_threshold` for each of the intervals ``d`` in turn, ``recent`` the intervals
+    before the first (the row reader's, held equal by tests/test_columnar.py)."""
+    ext = np.concatenate([np.asarray(recent, dtype=float), d])
+    k = len(recent)
+    limits = np.full(len(d), max_gap)
+    i = k + np.arange(len(d)) - STRETCH_INTERVALS  # the first of the STRETCH_INTERVALS before each
+    ok = i >= 0
+    if ok.any():
+        medians = np.median(sliding_window_view(ext[:-1], STRETCH_INTERVALS), axis=1)[i[ok]]
+        stretch = np.minimum(np.maximum(live_max_gap, GAP_CADENCE_MULTIPLE * medians),
+                             max(live_max_gap, MAX_IMPORT_GAP_SECONDS))
+        limits[ok] = np.maximum(max_gap, stretch)
+    return limits
 
 
 def turning_points(x: Floats) -> Floats:
@@ -200,10 +219,11 @@ def _bins(into: dict[str, float], keys: Ints, weights: Floats) -> None:
         into[str(k + lo)] = float(sums[k])
 
 
-def integrate(w: GpuWear, s: Series, max_gap: float, carry: Carry) -> None:
+def integrate(w: GpuWear, s: Series, max_gap: float, carry: Carry, live_max_gap: float | None = None) -> None:
     """Integrate decided entries into ``w`` as ``GpuWear.add``/``gap`` would, reading by reading, with the
-    import's rules (backfill._integrate): an interval longer than ``max_gap`` is a gap; after a gap break, the
-    time since the last reading is a gap; after a covered break, the next reading is a baseline."""
+    import's rules (backfill._integrate): an interval longer than ``max_gap`` is a gap (with ``live_max_gap``, the
+    threshold found from the cadence, also judged stretch by stretch: :mod:`gpuwear.wear.cadence`); after a gap
+    break, the time since the last reading is a gap; after a covered break, the next reading is a baseline."""
     reading = s.kind == READING
     positions = np.flatnonzero(reading)
     n = len(positions)
@@ -227,7 +247,15 @@ def integrate(w: GpuWear, s: Series, max_gap: float, carry: Carry) -> None:
     d = t - previous
     gap_seconds = np.zeros(n)
     after_gap = broken & (last_kind == GAP) & ~np.isnan(previous)
-    long = ~broken & (d > max_gap)
+    if live_max_gap is None:
+        long = ~broken & (d > max_gap)
+    else:
+        unbroken = ~broken
+        limits = np.full(n, max_gap)
+        limits[unbroken] = stretch_limits(d[unbroken], carry.recent, max_gap, live_max_gap)
+        long = unbroken & (d > limits)
+        carry.recent = tuple(np.concatenate([np.asarray(carry.recent, dtype=float), d[unbroken]])[
+            -STRETCH_INTERVALS:].tolist())
     gap = after_gap | long
     gap_seconds[gap] = d[gap]
     dt = np.where(~broken & ~long, d, 0.0)
