@@ -208,7 +208,9 @@ def test_missing_nvml_library_is_a_clear_error() -> None:
 def test_all_fields_are_sample_fields() -> None:
     names = set(GpuSample.__dataclass_fields__)
     assert set(ALL_FIELDS) <= names
-    assert names - set(ALL_FIELDS) == {"timestamp", "monotonic"}
+    from gpuwear.backends.aer import FILES
+
+    assert names - set(ALL_FIELDS) == {"timestamp", "monotonic", *(field for field, _, _ in FILES)}  # AER: sysfs
 
 
 @pytest.mark.slow

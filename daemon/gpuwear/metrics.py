@@ -263,6 +263,11 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "service (nvmlDeviceGetRemappedRows failureOccurred).", (), _sample_field("remapped_rows_failure")),
     MetricDef("gpuwear_pcie_replays_total", "counter", "", "PCIe replays (field "
        "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays")),
+    MetricDef("gpuwear_pcie_aer_errors_total", "counter", "", "PCIe errors the kernel's AER driver counted at the "
+       "GPU's PCI function since boot, by severity (Linux sysfs aer_dev_correctable, aer_dev_nonfatal and "
+       "aer_dev_fatal totals; health.pcie_aer); absent where the kernel does not expose them.", ("severity",),
+       _labelled((("correctable", "pcie_aer_correctable"), ("nonfatal", "pcie_aer_nonfatal"),
+                  ("fatal", "pcie_aer_fatal"))), detail=True),
     MetricDef("gpuwear_pcie_link_downgraded", "gauge", "", "1 when the GPU's PCIe link trained below what the "
        "device and its slot allow: fewer lanes, or a lower generation while the GPU is busy (at idle the link "
        "slows down to save power by design); 0 otherwise (nvmlDeviceGet{Curr,Max}PcieLink{Width,Generation}).", (),

@@ -99,6 +99,11 @@ class GpuSample:
     pcie_link_generation_max: int | None = None
     pcie_link_width: int | None = None
     pcie_link_width_max: int | None = None
+    # PCIe errors the kernel's AER driver counted at the GPU's PCI function since boot (slow; Linux sysfs
+    # aer_dev_correctable / aer_dev_nonfatal / aer_dev_fatal totals, backends/aer.py): not NVML's
+    pcie_aer_correctable: int | None = None
+    pcie_aer_nonfatal: int | None = None
+    pcie_aer_fatal: int | None = None
     # NVLink, over the GPU's links (nvmlDeviceGetNvLinkState link after link until INVALID_ARGUMENT): how many are
     # active, and nvmlDeviceGetNvLinkErrorCounter summed over every link (DL_CRC_FLIT, DL_CRC_DATA, DL_REPLAY,
     # DL_RECOVERY; they restart at a driver reload); None on a GPU without NVLink
@@ -183,6 +188,9 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "remapped_rows_corrected": (0, 1e6),
     "remapped_rows_uncorrected": (0, 1e6),
     "pcie_replays": (0, 1e12),
+    "pcie_aer_correctable": (0, 1e15),
+    "pcie_aer_nonfatal": (0, 1e15),
+    "pcie_aer_fatal": (0, 1e15),
     "pcie_link_generation": (1, 8),
     "pcie_link_generation_max": (1, 8),
     "pcie_link_width": (1, 64),

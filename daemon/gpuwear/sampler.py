@@ -196,8 +196,11 @@ class Sampler:
                  timer: Callable[[], float] = time.perf_counter, deadline_seconds: float = 0.0,
                  driver_errors: tuple[type[BaseException], ...] = (),
                  unavailable_errors: tuple[type[BaseException], ...] = (),
-                 fatal_errors: tuple[type[BaseException], ...] = ()) -> None:
+                 fatal_errors: tuple[type[BaseException], ...] = (),
+                 aer: Callable[[str | None], dict[str, int]] | None = None) -> None:
         self.backend = backend
+        # the PCIe AER counts of a GPU's PCI function by its bus id, asked with each slow read (backends/aer.py)
+        self.aer = aer
         self.clock = clock
         # NVML's event thread and the kernel log's race in real time, whatever the clock of the samples (--speed):
         # the window in which the two report one XID is measured on this
@@ -458,6 +461,8 @@ class Sampler:
             self._drop(gpu, "energy_joules", energy, "implausible next to the counter's last value")
             values["energy_joules"] = None
         if slow:  # a slow read holds every field; fast reads reuse its slow ones
+            if self.aer is not None:
+                values.update(self._validated(gpu, dict(self.aer(gpu.identity.pci_bus_id))))
             gpu.last_slow = now
             gpu.slow_values = values
         merged = {**gpu.slow_values, **values}

@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from gpuwear import __version__
+from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters
 from gpuwear.backends.nvml import (
     DEFAULT_LIBRARY,
     GpuLostError,
@@ -100,10 +102,16 @@ def _info(backend: str, scenario: str) -> DaemonInfo:
                       scenario=scenario)
 
 
-def _sampler(backend: NvmlBackend, clock: Clock, config: Config) -> Sampler:
+def _sampler(backend: NvmlBackend, clock: Clock, config: Config, simulated: bool = True) -> Sampler:
+    """The sampler of ``backend``'s GPUs; ``simulated``: they are not this machine's PCI devices, so their AER
+    counts are read only from a tree that health.pcie_aer names."""
+    aer = config.health.pcie_aer
+    root = None if aer == "off" or (aer == "auto" and simulated) else SYSFS_PCI_DEVICES if aer == "auto" else \
+        Path(aer)
     return Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
                    deadline_seconds=config.sampling.nvml_deadline_seconds, driver_errors=(NvmlDriverError,),
-                   unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,))
+                   unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,),
+                   aer=None if root is None else AerCounters(root).read)
 
 
 DRIVER_RETRY_SECONDS = 2.0
@@ -140,7 +148,7 @@ def open_source(config: Config, simulate: str | None, speed: float, simulate_if_
     """
     if simulate is None:
         clock: Clock = SystemClock()
-        sampler = _sampler(NvmlBackend(library), clock, config)
+        sampler = _sampler(NvmlBackend(library), clock, config, simulated=False)
         try:
             _open_waiting(sampler, config.sampling.driver_wait_seconds, 0.0 if simulate_if_no_gpu else None)
             return Source(sampler, clock, _info("nvml", ""), 1.0, foreign_pids=foreign_pids())

@@ -225,7 +225,8 @@ def _counters(s: GpuSample) -> list[tuple[str, float]]:
 HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
                  "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
                  "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
-                 "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action")
+                 "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
+                 "pcie_aer_nonfatal", "pcie_aer_fatal")
 
 
 def _seen_in(w: GpuWear) -> dict[str, int]:

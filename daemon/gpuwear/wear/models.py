@@ -62,6 +62,10 @@ RULES = {
                        "above wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
                        "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
                        "#313, NVIDIA/NVSentinel #1748)",
+    "pcie_aer_uncorrectable": "gpuwear's own rule: any uncorrectable PCIe error (non-fatal or fatal) the Linux "
+                              "kernel's AER driver counted at the GPU's PCI function since boot (sysfs "
+                              "aer_dev_nonfatal and aer_dev_fatal, "
+                              "Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats)",
     "close_to_slowdown": "gpuwear's own rule: wear.health.margin_watch_ratio of busy time within "
                          "wear.health.margin_celsius below the card's slowdown temperature (NVML's threshold)",
     "stalled_calls": "gpuwear's own rule, not NVIDIA's: wear.health.stall_watch_count NVML reads past the sampler's "
@@ -437,6 +441,11 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
                "check reports the GPU as failing; have it checked by its vendor")
     elif retired > 0:
         reason("watch", "retired_pages", f"{retired} retired memory page(s): normal in small numbers; keep watching")
+    fatal, nonfatal = h.get("pcie_aer_fatal", 0), h.get("pcie_aer_nonfatal", 0)
+    if fatal > 0 or nonfatal > 0:
+        reason("watch", "pcie_aer_uncorrectable", f"{fatal + nonfatal} uncorrectable PCIe error(s) since boot "
+               f"({fatal} fatal, {nonfatal} non-fatal), as the kernel counts them at the GPU's PCI function: the link, "
+               "a riser or the slot; reseat the card or try another slot if they grow")
     if h.get("remapped_rows_uncorrected", 0) > 0 or h.get("remapped_rows_corrected", 0) > 0:
         n = h.get("remapped_rows_uncorrected", 0) + h.get("remapped_rows_corrected", 0)
         reason("watch", "remapped_rows", f"{n} memory row(s) remapped: the spare rows did their job; keep watching")

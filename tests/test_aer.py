@@ -1,0 +1,121 @@
+"""PCIe AER counts from sysfs (issue 29 item 3): read from a tree laid out as the kernel's, to the verdict and the
+metric."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from conftest import make_rig
+from gpuwear.backends.aer import AerCounters, sysfs_address, total
+from gpuwear.config import Config, HostHealthConfig, WearConfig
+from gpuwear.wear.models import RULES, verdict
+from gpuwear.wear.tracker import WearTracker
+
+# the sample outputs of Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats (Linux 4.19)
+ABI_CORRECTABLE = """Receiver Error 2
+Bad TLP 0
+Bad DLLP 0
+RELAY_NUM Rollover 0
+Replay Timer Timeout 0
+Advisory Non-Fatal 0
+Corrected Internal Error 0
+Header Log Overflow 0
+TOTAL_ERR_COR 2
+"""
+# later kernels' aer.c names the errors in short (aer_uncorrectable_error_string); the totals keep their names
+SHORT_NONFATAL = """Undefined 0
+DLP 0
+SDES 0
+TLP 0
+FCP 0
+CmpltTO 1
+CmpltAbrt 0
+UnxCmplt 0
+RxOF 0
+MalfTLP 0
+ECRC 0
+UnsupReq 0
+ACSViol 0
+UncorrIntErr 0
+BlockedTLP 0
+AtomicOpBlocked 0
+TLPBlockedErr 0
+PoisonTLPBlocked 0
+TOTAL_ERR_NONFATAL 1
+"""
+
+
+def tree(root: Path, address: str, **files: str) -> Path:
+    folder = root / address
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return root
+
+
+def test_the_kernels_files_are_read_by_their_totals(tmp_path: Path) -> None:
+    assert sysfs_address("00000000:3B:00.0") == "0000:3b:00.0"
+    assert sysfs_address("0000:3b:00.0") == "0000:3b:00.0"  # the 4-digit domain of older bindings
+    assert sysfs_address("00010000:3B:00.0") is None  # no such domain (16 bits)
+    for bad in (None, "", "../../etc:00:00.0", "3B:00.0", "00000000:3B:00.8", "00000000:3B:00.0/x"):
+        assert sysfs_address(bad) is None, bad
+    assert total(ABI_CORRECTABLE, "TOTAL_ERR_COR") == 2 and total(SHORT_NONFATAL, "TOTAL_ERR_NONFATAL") == 1
+    assert total("TOTAL_ERR_COR -1\n", "TOTAL_ERR_COR") is None and total("", "TOTAL_ERR_COR") is None
+    root = tree(tmp_path, "0000:3b:00.0", aer_dev_correctable=ABI_CORRECTABLE, aer_dev_nonfatal=SHORT_NONFATAL,
+                aer_dev_fatal="TOTAL_ERR_FATAL garbage\n")
+    aer = AerCounters(root)
+    # a count that cannot be read is absent, never 0
+    assert aer.read("00000000:3B:00.0") == {"pcie_aer_correctable": 2, "pcie_aer_nonfatal": 1}
+    assert aer.read("00000000:5E:00.0") == {} and aer.read(None) == {}
+    (root / "0000:3b:00.0" / "aer_dev_correctable").unlink()
+    (root / "0000:3b:00.0" / "aer_dev_correctable").mkdir()  # unreadable as a file
+    assert aer.read("00000000:3B:00.0") == {"pcie_aer_nonfatal": 1}
+
+
+def test_an_uncorrectable_pcie_error_reaches_the_verdict_and_the_detail_metric(tmp_path: Path) -> None:
+    """Two H100s over the fake NVML, the kernel's AER counts of their PCI functions in a tree: the one whose
+    function counted a non-fatal uncorrectable error is watched with its rule, the other is not; the counts are
+    exported with metrics.detail only (the default health budget is full on NVLink GPUs). Simulated GPUs are
+    not this machine's devices: health.pcie_aer auto reads nothing for them, a path does."""
+    from gpuwear import service
+    from gpuwear.backends.nvml import NvmlBackend
+    from gpuwear.collector import encode
+    from gpuwear.metrics import DaemonInfo, Published
+
+    rig = make_rig({"gpus": [{"product": "h100-sxm"}, {"product": "h100-sxm"}]}, slow_interval=5)
+    bus = [g.identity.pci_bus_id for g in rig.sampler.snapshot.gpus]
+    root = tmp_path / "devices"
+    for i, bus_id in enumerate(bus):
+        address = sysfs_address(bus_id)
+        assert address is not None
+        tree(root, address, aer_dev_correctable=ABI_CORRECTABLE, aer_dev_fatal="TOTAL_ERR_FATAL 0\n",
+             aer_dev_nonfatal=SHORT_NONFATAL if i == 0 else "TOTAL_ERR_NONFATAL 0\n")
+    config = replace(Config(), health=HostHealthConfig(pcie_aer=str(root)))
+    assert service._sampler(NvmlBackend(rig.library), rig.clock, config).aer is not None
+    assert service._sampler(NvmlBackend(rig.library), rig.clock, Config()).aer is None  # auto, simulated
+    rig.sampler.aer = AerCounters(root).read
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(30):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    uuids = [g.identity.uuid for g in rig.sampler.snapshot.gpus]
+    first, second = (tracker.wear(u) for u in uuids)
+    assert first is not None and second is not None
+    (reason,) = [r for r in verdict(first, WearConfig(), None)["reasons"] if r["code"] == "pcie_aer_uncorrectable"]
+    assert reason["severity"] == "watch" and "1 uncorrectable PCIe error(s) since boot (0 fatal, 1 non-fatal)" \
+        in reason["text"] and reason["rule"] == RULES["pcie_aer_uncorrectable"]
+    assert "pcie_aer_uncorrectable" not in {r["code"] for r in verdict(second, WearConfig(), None)["reasons"]}
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="")
+    published = Published(rig.sampler.snapshot, tracker.views, None, info)
+    default = encode(published, False).decode()
+    detail = encode(published, False, detail=True).decode()
+    assert "gpuwear_pcie_aer_errors_total" not in default
+    assert re.search(rf'^gpuwear_health_reason{{[^}}]*code="pcie_aer_uncorrectable"[^}}]*uuid="{uuids[0]}"', default,
+                     re.M)
+    assert not re.search(rf'code="pcie_aer_uncorrectable"[^}}]*uuid="{uuids[1]}"', default)
+    for severity, value in (("correctable", 2), ("nonfatal", 1), ("fatal", 0)):
+        assert re.search(rf'^gpuwear_pcie_aer_errors_total{{gpu="0",severity="{severity}",uuid="{uuids[0]}"}} '
+                         rf'{value}\.0$', detail, re.M), severity
+    rig.backend.close()
