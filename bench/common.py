@@ -4,6 +4,7 @@ process's RSS and written bytes from /proc, and an HTTP GET that answers (0, b""
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -36,6 +37,12 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user and system CPU time so far (/proc/PID/stat utime + stime), seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def written(pid: int) -> int:
     """The bytes a process caused to be written to storage (/proc/PID/io write_bytes)."""
     for line in Path(f"/proc/{pid}/io").read_text().splitlines():
@@ -62,12 +69,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def start_daemon(state: Path, scenario: Path, speed: float) -> tuple[subprocess.Popen[bytes], int, float]:
-    """``gpuwear run --simulate SCENARIO --speed S`` on ``state``: (process, port, seconds to its first /metrics)."""
+def start_daemon(state: Path, scenario: Path, speed: float,
+                 config: Path | None = None) -> tuple[subprocess.Popen[bytes], int, float]:
+    """``gpuwear run --simulate SCENARIO --speed S [--config FILE]`` on ``state``: (process, port, seconds to its
+    first /metrics)."""
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen(gpuwear("run", "--simulate", str(scenario), "--speed", str(speed), "--listen",
-                                    f"127.0.0.1:{port}", "--state-dir", str(state)),
+    proc = subprocess.Popen(gpuwear("run", *(("--config", str(config)) if config is not None else ()), "--simulate",
+                                    str(scenario), "--speed", str(speed), "--listen", f"127.0.0.1:{port}",
+                                    "--state-dir", str(state)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     while time.monotonic() - started < 120:
         status, _ = get(f"http://127.0.0.1:{port}/metrics", timeout=5)
