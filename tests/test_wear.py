@@ -769,6 +769,48 @@ def test_driver_calls_that_stall_under_load_are_remembered_and_watched() -> None
     assert "stalled_calls" not in {r["code"] for r in verdict(rtx, WearConfig(), None)["reasons"]}
 
 
+def test_slow_driver_calls_are_kept_by_load_in_the_gpus_record() -> None:
+    """Issue 38 item 3: the latency history of a GPU's NVML reads, in its record. Three reads of the H100 held
+    0.15 s each while it trains (under the sampler's deadline: slow, not stalled) are kept as slow reads under
+    load, through the ledger's JSON and its validator; they are said in the verdict's stalled_calls reason and in
+    `report`; the RTX 4090 beside it has none."""
+    import time
+
+    from gpuwear.wear.accumulate import SCHEMA
+    from gpuwear.wear.models import slow_reads_text
+    from gpuwear.wear.schema import check_wear
+
+    rig = make_rig({"gpus": [{"product": "rtx4090", "schedule": [{"kind": "train", "seconds": 3600}]},
+                             {"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 3600,
+                                                                   "utilization": 1.0}]}],
+                    "faults": [{"at": 3.5 + 4 * i, "gpu": 1, "kind": "hang", "seconds": 0.15} for i in range(3)]})
+    rig.sampler.deadline = 2.0
+    rig.sampler.timer = time.perf_counter
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(16):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    rig.sampler.close()
+    rtx, h100 = (tracker.wear(g.identity.uuid) for g in rig.sampler.snapshot.gpus)
+    assert h100 is not None and rtx is not None
+    assert h100.slow_reads == {"loaded": {"0.1": 3}} and rtx.slow_reads == {}, (h100.slow_reads, rtx.slow_reads)
+    assert "nvml_stalls" not in h100.error_counts or h100.error_counts["nvml_stalls"][1] == 0
+    doc = json.loads(json.dumps(h100.to_json()))
+    check_wear(doc, schema=SCHEMA)
+    assert GpuWear.from_json(doc, h100.gate_celsius).slow_reads == h100.slow_reads
+    assert GpuWear.from_json(doc, 2.0).merged(h100).slow_reads == {"loaded": {"0.1": 6}}
+    assert slow_reads_text(h100.slow_reads) == "reads of 0.1 s or more: 3 under load, 0 idle"
+    w = GpuWear("GPU-x")
+    for seconds, loaded in ((0.05, True), (0.1, True), (1.5, True), (12.0, False), (0.3, False)):
+        w.add_read(seconds, loaded)
+    assert w.slow_reads == {"loaded": {"0.1": 1, "1": 1}, "idle": {"10": 1, "0.1": 1}}
+    assert slow_reads_text(w.slow_reads) == ("reads of 0.1 s or more: 2 under load (1 of 1 s or more), 2 idle "
+                                             "(1 of 1 s or more)")
+    w.error_counts["nvml_stalls"] = [3600.0, 3.0, 0.0, 0.0]
+    (reason,) = [r for r in verdict(w, WearConfig(), None)["reasons"] if r["code"] == "stalled_calls"]
+    assert "; reads of 0.1 s or more: 2 under load" in reason["text"], reason
+
+
 def test_a_card_that_runs_just_below_its_slowdown_temperature_is_watched_for_headroom() -> None:
     """Issue 29's margins: the verdict watched time above the slowdown temperature only, so a card held at 1-5 °C
     below it for most of its busy time, one warm day from slowing down, read ok. Now 25 % or more of busy time

@@ -12,7 +12,7 @@ from typing import Any
 from gpuwear.config import WearConfig
 from gpuwear.ledger import Event, Ledger
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import WORD_PROFILES, estimates, peer_rates, resistance_trend, verdict
+from gpuwear.wear.models import WORD_PROFILES, estimates, peer_rates, resistance_trend, slow_reads_text, verdict
 from gpuwear.wear.schema import READING_GROUPS
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
@@ -331,6 +331,8 @@ def text_report(doc: dict[str, Any]) -> str:
                 out.append(f"    Not known: {r['text']}")
         if (incidents := h.get("incidents")) and incidents["kept"]:
             out.append(f"    {_incidents_line(incidents)}")
+        if slow := slow_reads_text(h.get("slow_reads") or {}):
+            out.append(f"    Its NVML {slow} (a tick's read of the GPU)")
         out.append(f"  In plain words: {plain_words(d)}")
         out.append(f"  {risk_seen(d)}")
         out.extend(_wear_lines(d))

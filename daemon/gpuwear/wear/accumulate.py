@@ -202,10 +202,11 @@ assert tuple(SEEN_FIELDS) == READING_GROUPS
 ERROR_COUNTERS = ("ecc_corrected", "pcie_replays", "nvlink_crc")
 LOADED_UTILIZATION = 0.1  # utilization at or above which an error counter's time counts as loaded
 STALLS = "nvml_stalls"  # error_counts' entry for NVML reads past the deadline (the sampler's), by load
+SLOW_READ_SECONDS = (10.0, 1.0, 0.1)  # the bins of slow_reads, slowest first: a read at or above each is counted
 RECENT_ERROR_DAYS = 2  # the UTC days (the last one and the one before) judged against a GPU's own baseline
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=128)
 def utc_day(day_number: int) -> str:
     """The ISO date of a UTC day, by its number since 1970 (``int(wall // 86400)``)."""
     return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day_number)).isoformat()
@@ -294,6 +295,9 @@ class GpuWear:
     # loaded events]), the newest ERROR_DAYS_KEPT days: a GPU without peers is judged against its own past
     # (own_error_rates)
     error_days: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # the GPU's slow NVML reads (a tick's read of the GPU, the sampler's timer), by load ("loaded" / "idle") and
+    # by how slow (SLOW_READ_SECONDS: "0.1" for 0.1 s or more, "1", "10"): what precedes calls that hang
+    slow_reads: dict[str, dict[str, int]] = field(default_factory=dict)
     # the counters' last readings and the loaded / idle seconds since each last changed; never saved (a restart
     # takes a new baseline: what a counter gained meanwhile is not known, never a rate)
     last_counts: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
@@ -503,6 +507,15 @@ class GpuWear:
         """NVML reads of this GPU that ran past the sampler's deadline, under load or idle (error_counts[STALLS])."""
         if reads > 0:
             self.error_counts.setdefault(STALLS, [0.0, 0.0, 0.0, 0.0])[1 if loaded else 3] += reads
+
+    def add_read(self, seconds: float, loaded: bool) -> None:
+        """One read of this GPU that took ``seconds``: counted in slow_reads when it took 0.1 s or more."""
+        for floor in SLOW_READ_SECONDS:
+            if seconds >= floor:
+                side = self.slow_reads.setdefault("loaded" if loaded else "idle", {})
+                key = f"{floor:g}"
+                side[key] = side.get(key, 0) + 1
+                return
 
     def error_rates(self, min_seconds: float = 0.0) -> dict[str, tuple[float | None, float | None]]:
         """Events per loaded and per idle hour of each error counter (None where it was read for under
@@ -767,6 +780,10 @@ class GpuWear:
                 mine_day[name] = [x + y for x, y in zip(before, counts, strict=True)]
         for old in sorted(out.error_days)[:-ERROR_DAYS_KEPT]:
             del out.error_days[old]
+        for load, bins in other.slow_reads.items():
+            mine_bins = out.slow_reads.setdefault(load, {})
+            for key, n in bins.items():
+                mine_bins[key] = mine_bins.get(key, 0) + n
         for key, what in sorted(other.incidents.items(), key=lambda kv: float(kv[0])):
             if key not in out.incidents:
                 out.add_incident(float(key), what)
@@ -801,7 +818,7 @@ class GpuWear:
             "thresholds": self.thresholds, "health": self.health,
             "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event,
             "incidents": self.incidents, "error_counts": self.error_counts,
-            "error_days": self.error_days, "kinds": self.kinds,
+            "error_days": self.error_days, "slow_reads": self.slow_reads, "kinds": self.kinds,
             "gate_celsius": self.gate_celsius, "seen": self.seen,
         }
 
@@ -824,6 +841,7 @@ class GpuWear:
             setattr(w, key, d.get(key, {}))
         w.covered = {k: float(v) for k, v in d.get("covered", {}).items()}
         w.error_counts = {k: [float(x) for x in v] for k, v in d.get("error_counts", {}).items()}
+        w.slow_reads = {load: {k: int(n) for k, n in bins.items()} for load, bins in d.get("slow_reads", {}).items()}
         w.error_days = {day: {k: [float(x) for x in v] for k, v in counters.items()}
                         for day, counters in d.get("error_days", {}).items()}
         w.seen = dict(d["seen"]) if "seen" in d else _seen_in(w)

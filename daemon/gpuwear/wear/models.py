@@ -344,6 +344,21 @@ def _per_hour(rate: float) -> str:
     return f"{rate / 1e6:.1f} M" if rate >= 1e6 else f"{rate / 1e3:.1f} k" if rate >= 1e4 else f"{rate:.0f}"
 
 
+def slow_reads_text(slow_reads: dict[str, dict[str, int]]) -> str:
+    """The GPU's slow NVML reads (GpuWear.slow_reads) in words: "reads of 0.1 s or more: 12 under load (3 of
+    1 s or more), 0 idle"; "" when there were none."""
+    if not any(slow_reads.values()):
+        return ""
+
+    def side(load: str) -> str:
+        bins = slow_reads.get(load, {})
+        slower = sum(n for key, n in bins.items() if key != "0.1")
+        return f"{sum(bins.values())} {'under load' if load == 'loaded' else 'idle'}" + (
+            f" ({slower} of 1 s or more)" if slower else "")
+
+    return f"reads of 0.1 s or more: {side('loaded')}, {side('idle')}"
+
+
 def repeated_incidents(w: GpuWear, count: int, window: float) -> tuple[float, float, list[str]] | None:
     """The most recent run of at least ``count`` incidents within ``window`` seconds among the GPU's kept
     incidents: (first wall, last wall, what each was), or None."""
@@ -496,8 +511,10 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
     if stalls and stalls[1] + stalls[3] >= p.health.stall_watch_count:
         under, idle_stalls = int(stalls[1]), int(stalls[3])
         only = " only under load, as the calls of a failing GPU hang in the field" if not idle_stalls else ""
+        slow = slow_reads_text(w.slow_reads)
         reason("watch", "stalled_calls", f"its NVML reads missed the sampler's deadline {under + idle_stalls} times "
-               f"({under} under load, {idle_stalls} idle){only}: a driver or GPU fault; check the kernel log")
+               f"({under} under load, {idle_stalls} idle){only}" + (f"; {slow}" if slow else "")
+               + ": a driver or GPU fault; check the kernel log")
     repeat = repeated_incidents(w, p.health.repeat_incidents, p.health.repeat_window_days * 86400.0)
     if repeat is not None:
         first, last, whats = repeat
@@ -543,4 +560,5 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
                  default="ok")
     return {"status": status, "reasons": reasons, "not_known": [r["code"] for r in reasons
                                                                if r["severity"] == "unknown"],
-            "incidents": incident_summary(w)}
+            "incidents": incident_summary(w),
+            "slow_reads": {load: dict(bins) for load, bins in w.slow_reads.items()}}

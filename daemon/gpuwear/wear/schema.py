@@ -181,6 +181,8 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "kinds": lambda v, w: mapping(v, w, lambda k: k in KINDS, _kind),
     "incidents": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: text(x, p, limit=64), limit=INCIDENTS_KEPT),
     "error_counts": lambda v, w: mapping(v, w, lambda k: len(k) <= 32, _error_counts, limit=16),
+    "slow_reads": lambda v, w: mapping(v, w, lambda k: k in ("loaded", "idle"), lambda x, p: mapping(
+        x, p, lambda k: k in ("0.1", "1", "10"), lambda n, q: integer(n, q))),
     "error_days": lambda v, w: mapping(v, w, lambda k: bool(_DAY.fullmatch(k)), _error_day, limit=ERROR_DAYS_KEPT),
     "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
                                     limit=MAX_INTERVALS),

@@ -376,6 +376,7 @@ class WearTracker:
             return
         if sample.monotonic == seen.monotonic:
             return
+        w.add_read(status.last_duration_seconds, seen.loaded)
         dt = 0.0 if seen.monotonic is None else sample.monotonic - seen.monotonic
         if dt > self._params.max_gap_seconds or (seen.interrupted and dt > 0):
             self._release(w, seen, None)
