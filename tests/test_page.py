@@ -156,3 +156,29 @@ def test_the_stress_scenario_page_keeps_its_limits_readable(browser: Any, tmp_pa
     doc = json.loads(gpuwear("report", "--simulated", "stress", "--state-dir", str(tmp_path), "--json").stdout)
     for width in WIDTHS:
         _same_figures(seen[width], doc)
+
+
+@pytest.mark.slow
+def test_the_page_of_real_imported_traces(browser: Any, tmp_path: Path) -> None:
+    """Issue 30: the page of real logs, not only of simulated cards. The three traces of tests/fixtures/traces
+    (an RTX 4060 laptop and an RTX 6000 Ada at 1 s, an A100 at 12 ms), each imported as its own card: at both
+    widths, the verdict and the answer on the first screen, nothing wider than the screen, no chart text under
+    11 px, no limit label covered, every estimate's bar with its band, the figures those of `report --json`."""
+    traces = Path(__file__).parent / "fixtures" / "traces"
+    names = {"rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv": "GPU-trace-rtx4060",
+             "rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv": "GPU-trace-rtx6000ada",
+             "a100_load-pulses_12ms_gpu-power-benchmark.csv": "GPU-trace-a100"}
+    for name, uuid in names.items():
+        r = gpuwear("import", "nvidia-smi", str(traces / name), "--gpu", uuid, "--timezone", "UTC", "--state-dir",
+                    str(tmp_path))
+        assert r.returncode == 0, r.stderr
+    page = tmp_path / "traces.html"
+    r = gpuwear("report", "--state-dir", str(tmp_path), "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    seen = _look(browser, page.as_uri(), "traces")
+    doc = json.loads(gpuwear("report", "--state-dir", str(tmp_path), "--json").stdout)
+    assert {g["uuid"] for g in doc["gpus"]} == set(names.values())
+    # what a log cannot hold is not claimed as watched: error rates and stalls are the live daemon's
+    assert "Its health verdict watches" in seen["phone_text"] and "bleed under load" not in seen["phone_text"]
+    for width in WIDTHS:
+        _same_figures(seen[width], doc)

@@ -106,6 +106,7 @@ def test_report_in_words(simulated_day: tuple[Path, dict[str, dict[tuple[str, ..
         seen = card.split("What this sees of the risk:")[1].split("\n")[0]
         assert "thermal interface and sensor 6 (1.4 %)" in seen and "Llama 3 Herd of Models" in seen, seen
         assert memory in seen, seen
+        assert "error counters that bleed under load" in seen and "NVLink links down" in seen, seen
     for forbidden in ("% worn", "remaining life:", "probability"):
         assert forbidden not in text
 

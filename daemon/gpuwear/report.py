@@ -265,10 +265,16 @@ def risk_seen(d: dict[str, Any]) -> str:
         watched.insert(0, "memory errors (ECC counters, row remapping or page retirement)")
     else:
         watched.append("not its memory errors: the card reports no ECC counters")
+    if d.get("sampled_live"):  # what the daemon counts as it samples; imported logs hold none of it
+        watched.append("error counters that bleed under load (corrected ECC, PCIe replays, NVLink CRC) and NVML "
+                       "calls that stall")
+    if any(k.startswith("pcie_aer_") for k in measured):
+        watched.append("uncorrectable PCIe errors the kernel counts (AER)")
     return (f"What this sees of the risk: of {FIELD_INTERRUPTIONS} unexpected interruptions of Llama 3's training on "
             f"16,384 H100s, GPU causes were {causes} (Meta, The Llama 3 Herd of Models, table 5): heat is a small "
             f"part, which the wear estimates above are about. Its health verdict watches " + ", ".join(watched)
-            + "; NVLink and PCIe links are in the metrics and their alerts, not in this verdict.")
+            + "; NVLink links down and PCIe links trained down are in the metrics and their alerts, not in this "
+            "verdict.")
 
 
 def _wear_lines(d: dict[str, Any]) -> list[str]:
