@@ -78,7 +78,7 @@ def test_an_uncorrectable_pcie_error_reaches_the_verdict_and_the_detail_metric(t
     """Two H100s over the fake NVML, the kernel's AER counts of their PCI functions in a tree: the one whose
     function counted a non-fatal uncorrectable error is watched with its rule, the other is not; the counts are
     exported with metrics.detail only (the default health budget is full on NVLink GPUs). Simulated GPUs are
-    not this machine's devices: health.pcie_aer auto reads nothing for them, a path does."""
+    not this machine's devices: health.pci_sysfs auto reads nothing for them, a path does."""
     from gpuwear import service
     from gpuwear.backends.nvml import NvmlBackend
     from gpuwear.collector import encode
@@ -92,7 +92,7 @@ def test_an_uncorrectable_pcie_error_reaches_the_verdict_and_the_detail_metric(t
         assert address is not None
         tree(root, address, aer_dev_correctable=ABI_CORRECTABLE, aer_dev_fatal="TOTAL_ERR_FATAL 0\n",
              aer_dev_nonfatal=SHORT_NONFATAL if i == 0 else "TOTAL_ERR_NONFATAL 0\n")
-    config = replace(Config(), health=HostHealthConfig(pcie_aer=str(root)))
+    config = replace(Config(), health=HostHealthConfig(pci_sysfs=str(root)))
     assert service._sampler(NvmlBackend(rig.library), rig.clock, config).aer is not None
     assert service._sampler(NvmlBackend(rig.library), rig.clock, Config()).aer is None  # auto, simulated
     rig.sampler.aer = AerCounters(root).read
@@ -119,3 +119,66 @@ def test_an_uncorrectable_pcie_error_reaches_the_verdict_and_the_detail_metric(t
         assert re.search(rf'^gpuwear_pcie_aer_errors_total{{gpu="0",severity="{severity}",uuid="{uuids[0]}"}} '
                          rf'{value}\.0$', detail, re.M), severity
     rig.backend.close()
+
+
+def _function(root: Path, address: str, vendor: str = "0x10de", cls: str = "0x030200",
+              driver: str | None = "nvidia") -> None:
+    """A PCI function as sysfs shows it: vendor, class and the link to its driver."""
+    folder = root / "devices" / address
+    folder.mkdir(parents=True)
+    (folder / "vendor").write_text(vendor + "\n")
+    (folder / "class").write_text(cls + "\n")
+    if driver is not None:
+        (root / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+        (folder / "driver").symlink_to(Path("..", "..", "drivers", driver))
+
+
+def test_the_nvidia_gpus_on_the_bus_are_those_nvml_should_list(tmp_path: Path) -> None:
+    """Issue 29 item 2: an NVIDIA GPU on the PCI bus that NVML does not enumerate. Counted: a display or 3D
+    controller of vendor 10de bound to the nvidia driver, which this process may see. Not counted: an HDMI audio
+    function, a GPU bound to vfio-pci (a VM's) or to no driver, another vendor's device, one whose /dev/nvidiaN
+    this process does not have (a container given other GPUs), a name that is no PCI address."""
+    from gpuwear.backends.pcibus import NvidiaBus
+
+    _function(tmp_path, "0000:17:00.0")
+    _function(tmp_path, "0000:17:00.1", cls="0x040300", driver="snd_hda_intel")
+    _function(tmp_path, "0000:19:00.0", driver="vfio-pci")
+    _function(tmp_path, "0000:1a:00.0", driver=None)
+    _function(tmp_path, "0000:1b:00.0", vendor="0x8086", cls="0x030000", driver="i915")
+    _function(tmp_path, "0000:1c:00.0", cls="0x030000")  # VGA-compatible: counted, if this process may see it
+    _function(tmp_path, "0000:1d:00.0")
+    (tmp_path / "devices" / "not-an-address").mkdir()
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    for address, minor in (("0000:1c:00.0", 3), ("0000:1d:00.0", 4)):
+        (proc / address).mkdir(parents=True)
+        (proc / address / "information").write_text(
+            f"Model: \t\t NVIDIA H100\nIRQ:   \t\t 42\nDevice Minor: \t {minor}\n")
+    dev.mkdir()
+    (dev / "nvidia4").touch()  # this process sees minor 4, not minor 3
+    bus = NvidiaBus(tmp_path / "devices", proc, dev)
+    assert bus.gpus() == ["0000:17:00.0", "0000:1d:00.0"]
+    (dev / "nvidia3").touch()
+    assert bus.gpus() == ["0000:17:00.0", "0000:1c:00.0", "0000:1d:00.0"]
+    assert NvidiaBus(tmp_path / "nowhere").gpus() is None  # unknown, not "no GPU"
+
+
+def test_a_gpu_on_the_bus_that_nvml_does_not_list_is_named(tmp_path: Path) -> None:
+    """The daemon over the demo's two simulated GPUs, with a sysfs tree (health.pci_sysfs) holding them and a third
+    NVIDIA GPU bound to the nvidia driver: that one is exported by address and named by /healthz (503); the two
+    NVML lists are not."""
+    import sys
+
+    from helpers import fetch, free_port, started, wait_for
+
+    for address in ("0000:17:00.0", "0000:37:00.0", "0000:99:00.0"):
+        _function(tmp_path / "sys", address)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"health:\n  pci_sysfs: {tmp_path / 'sys' / 'devices'}\n  kernel_log: \"off\"\n")
+    port = free_port()
+    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config), "--listen",
+                  f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], tmp_path / "daemon.log", tmp_path):
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", 'gpuwear_gpu_not_enumerated{pci_address=', 60.0)
+        status, health = fetch(f"http://127.0.0.1:{port}/healthz")
+    assert re.search(r'^gpuwear_gpu_not_enumerated\{pci_address="0000:99:00\.0"\} 1\.0$', body, re.M), body
+    assert body.count("gpuwear_gpu_not_enumerated{") == 1
+    assert status == 503 and "an NVIDIA GPU at PCI 0000:99:00.0 is on the bus" in health, (status, health)

@@ -42,6 +42,7 @@ SEVERITIES = {"critical", "warning", "info"}
 DAEMON_ALERTS = {"GpuwearDaemonDown", "GpuwearDaemonAbsent", "GpuwearLedgerNotPersisting",
                  "GpuwearLedgerMovedAside"}
 UUID_ALERTS = {"GpuwearGpuMissing"}  # a GPU NVML does not list has no index: named by its UUID alone
+PCI_ALERTS = {"GpuwearGpuNotEnumerated"}  # a GPU NVML never listed has neither: named by its PCI address
 
 T = TypeVar("T")
 
@@ -274,6 +275,10 @@ def test_alert_metadata(name: str) -> None:
         for label in ("$labels.uuid", "$labels.instance"):
             assert label in annotations["description"], f"{name}: description does not quote {label}"
         assert "$labels.uuid" in annotations["summary"], f"{name}: summary does not name the GPU"
+    elif name in PCI_ALERTS:
+        for label in ("$labels.pci_address", "$labels.instance"):
+            assert label in annotations["description"], f"{name}: description does not quote {label}"
+        assert "$labels.pci_address" in annotations["summary"], f"{name}: summary does not name the GPU"
     elif name not in DAEMON_ALERTS:
         for label in ("$labels.gpu", "$labels.uuid", "$labels.instance"):
             assert label in annotations["description"], f"{name}: description does not quote {label}"

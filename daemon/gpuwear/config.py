@@ -216,8 +216,8 @@ def _kernel_log(v: Any) -> str | None:
     return f"expected auto, journal, kmsg, off or an absolute path, got {short_repr(v)}"
 
 
-def _pcie_aer(v: Any) -> str | None:
-    """health.pcie_aer: auto, off, or the absolute path of a tree shaped like /sys/bus/pci/devices."""
+def _pci_sysfs(v: Any) -> str | None:
+    """health.pci_sysfs: auto, off, or the absolute path of a tree shaped like /sys/bus/pci/devices."""
     if isinstance(v, str) and (v in ("auto", "off") or v.startswith("/")):
         return None
     return f"expected auto, off (in quotes) or an absolute path, got {short_repr(v)}"
@@ -226,7 +226,7 @@ def _pcie_aer(v: Any) -> str | None:
 @dataclass(frozen=True)
 class HostHealthConfig:
     kernel_log: str = _key("auto", _kernel_log)
-    pcie_aer: str = _key("auto", _pcie_aer)
+    pci_sysfs: str = _key("auto", _pci_sysfs)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from gpuwear import __version__
-from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters
+from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters, sysfs_address
 from gpuwear.backends.nvml import (
     DEFAULT_LIBRARY,
     GpuLostError,
@@ -29,6 +29,7 @@ from gpuwear.backends.nvml import (
     NvmlUnavailableError,
     NvmlVersionMismatchError,
 )
+from gpuwear.backends.pcibus import NvidiaBus
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
@@ -102,12 +103,19 @@ def _info(backend: str, scenario: str) -> DaemonInfo:
                       scenario=scenario)
 
 
+def pci_root(config: Config, simulated: bool) -> Path | None:
+    """Where Linux's PCI devices are read (health.pci_sysfs), None for nowhere: off, or auto for simulated GPUs
+    (their bus ids are not this machine's devices)."""
+    value = config.health.pci_sysfs
+    if value == "off" or (value == "auto" and simulated):
+        return None
+    return SYSFS_PCI_DEVICES if value == "auto" else Path(value)
+
+
 def _sampler(backend: NvmlBackend, clock: Clock, config: Config, simulated: bool = True) -> Sampler:
-    """The sampler of ``backend``'s GPUs; ``simulated``: they are not this machine's PCI devices, so their AER
-    counts are read only from a tree that health.pcie_aer names."""
-    aer = config.health.pcie_aer
-    root = None if aer == "off" or (aer == "auto" and simulated) else SYSFS_PCI_DEVICES if aer == "auto" else \
-        Path(aer)
+    """The sampler of ``backend``'s GPUs; ``simulated``: their AER counts are read only from a tree that
+    health.pci_sysfs names (pci_root)."""
+    root = pci_root(config, simulated)
     return Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
                    deadline_seconds=config.sampling.nvml_deadline_seconds, driver_errors=(NvmlDriverError,),
                    unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,),
@@ -227,6 +235,11 @@ class Daemon:
         # pod names from the kubelet once its socket exists (a Kubernetes node; grpc is imported only then)
         # MIG devices as NVML lists them (slow reads): the kubelet names a MIG device a pod holds by its MIG UUID
         self._mig_parents: dict[str, str] = {}
+        # the NVIDIA GPUs on the PCI bus that NVML does not list, read every slow interval (None: not read)
+        root = pci_root(config, source.simulation is not None)
+        self._bus = None if root is None else NvidiaBus(root)
+        self._unlisted: tuple[str, ...] | None = None
+        self._next_bus = -math.inf
         pods = None if source.simulation is not None else PodResourcesWatch(
             config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds,
             mig_parent=lambda mig: self._mig_parents.get(mig))
@@ -280,6 +293,9 @@ class Daemon:
                      for g in snapshot.gpus if g.sample is not None),
                     {uuid: places for uuid, s in samples if (places := mig_places(s))})
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
+                if self._bus is not None and self.source.clock.monotonic() >= self._next_bus:
+                    self._next_bus = self.source.clock.monotonic() + self.config.sampling.slow_interval_seconds
+                    self._unlisted = self._not_enumerated(self._bus, snapshot)
                 self._tick_failures = 0
             except NvmlVersionMismatchError as exc:  # only a restart loads the new library: exit non-zero
                 self.fatal = f"{exc}; exiting so that gpuwear is started again with the library installed now"
@@ -290,6 +306,18 @@ class Daemon:
                 self._tick_failures += 1
                 self._tick_failure = f"{type(exc).__name__}: {exc}"
             self._tick_done, self._tick_started = time.monotonic(), None
+
+    def _not_enumerated(self, bus: NvidiaBus, snapshot: Snapshot) -> tuple[str, ...] | None:
+        """The NVIDIA GPUs on the PCI bus that NVML does not list (said in the log when that changes)."""
+        found = bus.gpus()
+        if found is None:
+            return None
+        listed = {sysfs_address(g.identity.pci_bus_id) for g in snapshot.gpus}
+        unlisted = tuple(address for address in found if address not in listed)
+        if unlisted and unlisted != self._unlisted:
+            log.error("NVIDIA GPU(s) on the PCI bus, bound to the nvidia driver, that NVML does not list: %s (the "
+                      "driver could not bring them up? the kernel log says why)", ", ".join(unlisted))
+        return unlisted
 
     def _pids(self, processes: tuple[tuple[int, float | None], ...] | None, why: str | None) -> list[int] | Unseen:
         """A GPU's PIDs for the job watcher, or why its jobs cannot be seen: its processes not read (NVML's answer
@@ -340,15 +368,25 @@ class Daemon:
         """The GPUs this host's ledger holds that NVML does not list now (one fallen off the bus before the start,
         one a cgroup keeps away, one taken out), each named with when it was last seen: they stay missing until
         they come back or are forgotten (`gpuwear forget`)."""
-        return [f"GPU {m.uuid} ({printable(m.name)}) is missing: this host's ledger has it (last seen "
-                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(m.last_seen)) if m.last_seen else 'never'}) but "
-                f"NVML does not list it (`gpuwear forget {m.uuid}` if it was taken out on purpose)"
-                for m in self._missing(self.source.sampler.snapshot)]
+        unlisted = list(self._unlisted or ())
+        lines = []
+        for m in self._missing(self.source.sampler.snapshot):
+            address = sysfs_address(m.pci_bus_id)
+            on_bus = f"; it is still on the PCI bus at {address}, bound to the nvidia driver" \
+                if address in unlisted else ""
+            if address in unlisted:
+                unlisted.remove(address)
+            lines.append(f"GPU {m.uuid} ({printable(m.name)}) is missing: this host's ledger has it (last seen "
+                         f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(m.last_seen)) if m.last_seen else 'never'})"
+                         f" but NVML does not list it{on_bus} (`gpuwear forget {m.uuid}` if it was taken out on "
+                         "purpose)")
+        return lines + [f"an NVIDIA GPU at PCI {address} is on the bus, bound to the nvidia driver, but NVML does not "
+                        "list it: the driver could not bring it up? (the kernel log says why)" for address in unlisted]
 
     def _missing(self, snapshot: Snapshot) -> tuple[MissingGpu, ...]:
         listed = {g.identity.uuid for g in snapshot.gpus}
-        return tuple(MissingGpu(uuid, name, seen) for uuid, (name, seen) in sorted(self.tracker.known().items())
-                     if uuid not in listed)
+        return tuple(MissingGpu(uuid, name, seen, bus) for uuid, (name, seen, bus)
+                     in sorted(self.tracker.known().items()) if uuid not in listed)
 
     def _watchdog(self) -> None:
         """Ping systemd's watchdog while the sampling loop is alive; a stuck loop stops the pings."""
@@ -553,7 +591,7 @@ class Daemon:
         """What a scrape reads now: each part an immutable object, read by reference."""
         snapshot = self.source.sampler.snapshot
         return Published(snapshot, self.tracker.views, self._ledger_status, self.source.info,
-                         self._missing(snapshot))
+                         self._missing(snapshot), self._unlisted)
 
     def _wear_params(self, config: Config) -> WearConfig:
         """The wear parameters, with the gap limit at least as many ticks as it is at 1 s

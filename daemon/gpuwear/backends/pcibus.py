@@ -1,0 +1,66 @@
+"""The NVIDIA GPUs on the PCI bus, read from Linux sysfs: what NVML should list.
+
+A GPU the nvidia driver is bound to but cannot bring up (``RmInitAdapter failed`` in the kernel log, a GPU fallen
+off the bus before the start) is on the bus yet missing from NVML's list, and nothing else says so: dcgm-exporter
+and nvidia-smi simply show one GPU fewer (dcgm-exporter #348). Each function under ``/sys/bus/pci/devices/`` holds
+``vendor`` ("0x10de": NVIDIA), ``class`` ("0x030200": a 3D controller, "0x030000": VGA-compatible, the two classes a
+GPU has; an NVSwitch is a bridge, an HDMI audio function 0x0403) and ``driver``, a link to the driver bound to it.
+Only functions bound to ``nvidia`` count: one bound to vfio-pci is handed to a virtual machine, one bound to
+nouveau or to nothing is not NVML's to list. One this process may not see is left out too: the driver's
+``/proc/driver/nvidia/gpus/<address>/information`` gives its ``Device Minor``, and a container or a unit given only
+some GPUs has no ``/dev/nvidia<minor>`` for the others. A tree that cannot be listed reads as None (unknown), never
+as "no GPU". No NVML, no clock.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from gpuwear.backends.aer import MAX_FILE_BYTES, SYSFS_PCI_DEVICES
+
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")  # PCI base class 03 (display): VGA-compatible and 3D controllers (pci_ids.h)
+NVIDIA_DRIVER = "nvidia"
+PROC_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+DEV = Path("/dev")
+MAX_DEVICES = 4096  # PCI functions listed at most
+_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.M)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_FILE_BYTES).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+
+
+class NvidiaBus:
+    """The NVIDIA GPUs bound to the nvidia driver under ``root`` (the kernel's /sys/bus/pci/devices; a test or a
+    replay gives its own tree, and its own ``proc`` and ``dev``)."""
+
+    def __init__(self, root: Path = SYSFS_PCI_DEVICES, proc: Path = PROC_NVIDIA_GPUS, dev: Path = DEV) -> None:
+        self.root, self.proc, self.dev = root, proc, dev
+
+    def gpus(self) -> list[str] | None:
+        """Their sysfs addresses ("0000:3b:00.0"), sorted; None when the tree cannot be listed."""
+        try:
+            names = sorted(os.listdir(self.root))[:MAX_DEVICES]
+        except OSError:
+            return None
+        return [name for name in names if _ADDRESS.fullmatch(name) and self._ours(name)]
+
+    def _ours(self, address: str) -> bool:
+        folder = self.root / address
+        if _read(folder / "vendor") != NVIDIA_VENDOR or not (_read(folder / "class") or "").startswith(GPU_CLASSES):
+            return False
+        try:
+            if os.path.basename(os.readlink(folder / "driver")) != NVIDIA_DRIVER:
+                return False
+        except OSError:
+            return False
+        minor = _MINOR.search(_read(self.proc / address / "information") or "")
+        return minor is None or (self.dev / f"nvidia{int(minor.group(1))}").exists()
