@@ -136,8 +136,9 @@ def _function(root: Path, address: str, vendor: str = "0x10de", cls: str = "0x03
 def test_the_nvidia_gpus_on_the_bus_are_those_nvml_should_list(tmp_path: Path) -> None:
     """Issue 29 item 2: an NVIDIA GPU on the PCI bus that NVML does not enumerate. Counted: a display or 3D
     controller of vendor 10de bound to the nvidia driver, which this process may see. Not counted: an HDMI audio
-    function, a GPU bound to vfio-pci (a VM's) or to no driver, another vendor's device, one whose /dev/nvidiaN
-    this process does not have (a container given other GPUs), a name that is no PCI address."""
+    function, a GPU bound to vfio-pci (a VM's) or to no driver, an SR-IOV virtual function, another vendor's
+    device, one whose /dev/nvidiaN this process does not have (a container given other GPUs), a name that is no
+    PCI address."""
     from gpuwear.backends.pcibus import NvidiaBus
 
     _function(tmp_path, "0000:17:00.0")
@@ -147,6 +148,8 @@ def test_the_nvidia_gpus_on_the_bus_are_those_nvml_should_list(tmp_path: Path) -
     _function(tmp_path, "0000:1b:00.0", vendor="0x8086", cls="0x030000", driver="i915")
     _function(tmp_path, "0000:1c:00.0", cls="0x030000")  # VGA-compatible: counted, if this process may see it
     _function(tmp_path, "0000:1d:00.0")
+    _function(tmp_path, "0000:1d:00.4")  # an SR-IOV virtual function of it (a vGPU host's)
+    (tmp_path / "devices" / "0000:1d:00.4" / "physfn").symlink_to(Path("..", "0000:1d:00.0"))
     (tmp_path / "devices" / "not-an-address").mkdir()
     proc, dev = tmp_path / "proc", tmp_path / "dev"
     for address, minor in (("0000:1c:00.0", 3), ("0000:1d:00.0", 4)):

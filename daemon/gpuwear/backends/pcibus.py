@@ -6,7 +6,8 @@ and nvidia-smi simply show one GPU fewer (dcgm-exporter #348). Each function und
 ``vendor`` ("0x10de": NVIDIA), ``class`` ("0x030200": a 3D controller, "0x030000": VGA-compatible, the two classes a
 GPU has; an NVSwitch is a bridge, an HDMI audio function 0x0403) and ``driver``, a link to the driver bound to it.
 Only functions bound to ``nvidia`` count: one bound to vfio-pci is handed to a virtual machine, one bound to
-nouveau or to nothing is not NVML's to list. One this process may not see is left out too: the driver's
+nouveau or to nothing is not NVML's to list, and an SR-IOV virtual function (``physfn`` links to its GPU: a vGPU
+host's) is not a GPU of its own. One this process may not see is left out too: the driver's
 ``/proc/driver/nvidia/gpus/<address>/information`` gives its ``Device Minor``, and a container or a unit given only
 some GPUs has no ``/dev/nvidia<minor>`` for the others. A tree that cannot be listed reads as None (unknown), never
 as "no GPU". No NVML, no clock.
@@ -61,6 +62,8 @@ class NvidiaBus:
             if os.path.basename(os.readlink(folder / "driver")) != NVIDIA_DRIVER:
                 return False
         except OSError:
+            return False
+        if os.path.lexists(folder / "physfn"):  # an SR-IOV virtual function (a vGPU host's): not a GPU NVML lists
             return False
         minor = _MINOR.search(_read(self.proc / address / "information") or "")
         return minor is None or (self.dev / f"nvidia{int(minor.group(1))}").exists()
