@@ -137,8 +137,8 @@ def test_the_nvidia_gpus_on_the_bus_are_those_nvml_should_list(tmp_path: Path) -
     """Issue 29 item 2: an NVIDIA GPU on the PCI bus that NVML does not enumerate. Counted: a display or 3D
     controller of vendor 10de bound to the nvidia driver, which this process may see. Not counted: an HDMI audio
     function, a GPU bound to vfio-pci (a VM's) or to no driver, an SR-IOV virtual function, another vendor's
-    device, one whose /dev/nvidiaN this process does not have (a container given other GPUs), a name that is no
-    PCI address."""
+    device, one whose /dev/nvidiaN this process does not have or whose procfs entry is masked (a container given
+    other GPUs), a name that is no PCI address."""
     from gpuwear.backends.pcibus import NvidiaBus
 
     _function(tmp_path, "0000:17:00.0")
@@ -151,17 +151,22 @@ def test_the_nvidia_gpus_on_the_bus_are_those_nvml_should_list(tmp_path: Path) -
     _function(tmp_path, "0000:1d:00.4")  # an SR-IOV virtual function of it (a vGPU host's)
     (tmp_path / "devices" / "0000:1d:00.4" / "physfn").symlink_to(Path("..", "0000:1d:00.0"))
     (tmp_path / "devices" / "not-an-address").mkdir()
+    _function(tmp_path, "0000:1e:00.0")  # no entry in the driver's procfs: masked (a container's)
     proc, dev = tmp_path / "proc", tmp_path / "dev"
-    for address, minor in (("0000:1c:00.0", 3), ("0000:1d:00.0", 4)):
+    for address, minor in (("0000:17:00.0", 0), ("0000:1c:00.0", 3), ("0000:1d:00.0", 4)):
         (proc / address).mkdir(parents=True)
         (proc / address / "information").write_text(
             f"Model: \t\t NVIDIA H100\nIRQ:   \t\t 42\nDevice Minor: \t {minor}\n")
     dev.mkdir()
-    (dev / "nvidia4").touch()  # this process sees minor 4, not minor 3
+    (dev / "nvidia0").touch()
+    (dev / "nvidia4").touch()  # this process sees minors 0 and 4, not minor 3
     bus = NvidiaBus(tmp_path / "devices", proc, dev)
     assert bus.gpus() == ["0000:17:00.0", "0000:1d:00.0"]
     (dev / "nvidia3").touch()
     assert bus.gpus() == ["0000:17:00.0", "0000:1c:00.0", "0000:1d:00.0"]
+    # without the driver's procfs there is nothing to judge visibility by: every GPU bound to nvidia counts
+    assert NvidiaBus(tmp_path / "devices", tmp_path / "no-proc", dev).gpus() == [
+        "0000:17:00.0", "0000:1c:00.0", "0000:1d:00.0", "0000:1e:00.0"]
     assert NvidiaBus(tmp_path / "nowhere").gpus() is None  # unknown, not "no GPU"
 
 

@@ -9,8 +9,8 @@ Only functions bound to ``nvidia`` count: one bound to vfio-pci is handed to a v
 nouveau or to nothing is not NVML's to list, and an SR-IOV virtual function (``physfn`` links to its GPU: a vGPU
 host's) is not a GPU of its own. One this process may not see is left out too: the driver's
 ``/proc/driver/nvidia/gpus/<address>/information`` gives its ``Device Minor``, and a container or a unit given only
-some GPUs has no ``/dev/nvidia<minor>`` for the others. A tree that cannot be listed reads as None (unknown), never
-as "no GPU". No NVML, no clock.
+some GPUs has no ``/dev/nvidia<minor>`` for the others (and nvidia-container-runtime masks their procfs entries).
+A tree that cannot be listed reads as None (unknown), never as "no GPU". No NVML, no clock.
 """
 
 from __future__ import annotations
@@ -65,5 +65,8 @@ class NvidiaBus:
             return False
         if os.path.lexists(folder / "physfn"):  # an SR-IOV virtual function (a vGPU host's): not a GPU NVML lists
             return False
-        minor = _MINOR.search(_read(self.proc / address / "information") or "")
+        info = _read(self.proc / address / "information")
+        if info is None:  # the driver's procfs has no entry for it: masked (a container given other GPUs), unless
+            return not self.proc.is_dir()  # there is no such procfs at all, and nothing to judge visibility by
+        minor = _MINOR.search(info)
         return minor is None or (self.dev / f"nvidia{int(minor.group(1))}").exists()
