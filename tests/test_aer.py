@@ -78,7 +78,7 @@ def test_an_uncorrectable_pcie_error_reaches_the_verdict_and_the_detail_metric(t
     """Two H100s over the fake NVML, the kernel's AER counts of their PCI functions in a tree: the one whose
     function counted a non-fatal uncorrectable error is watched with its rule, the other is not; the counts are
     exported with metrics.detail only (the default health budget is full on NVLink GPUs). Simulated GPUs are
-    not this machine's devices: health.pci_sysfs auto reads nothing for them, a path does."""
+    not this machine's devices: health.host_root auto reads nothing for them, a path does."""
     from gpuwear import service
     from gpuwear.backends.nvml import NvmlBackend
     from gpuwear.collector import encode
@@ -86,13 +86,13 @@ def test_an_uncorrectable_pcie_error_reaches_the_verdict_and_the_detail_metric(t
 
     rig = make_rig({"gpus": [{"product": "h100-sxm"}, {"product": "h100-sxm"}]}, slow_interval=5)
     bus = [g.identity.pci_bus_id for g in rig.sampler.snapshot.gpus]
-    root = tmp_path / "devices"
+    root = tmp_path / "host" / "sys" / "bus" / "pci" / "devices"
     for i, bus_id in enumerate(bus):
         address = sysfs_address(bus_id)
         assert address is not None
         tree(root, address, aer_dev_correctable=ABI_CORRECTABLE, aer_dev_fatal="TOTAL_ERR_FATAL 0\n",
              aer_dev_nonfatal=SHORT_NONFATAL if i == 0 else "TOTAL_ERR_NONFATAL 0\n")
-    config = replace(Config(), health=HostHealthConfig(pci_sysfs=str(root)))
+    config = replace(Config(), health=HostHealthConfig(host_root=str(tmp_path / "host")))
     assert service._sampler(NvmlBackend(rig.library), rig.clock, config).aer is not None
     assert service._sampler(NvmlBackend(rig.library), rig.clock, Config()).aer is None  # auto, simulated
     rig.sampler.aer = AerCounters(root).read
@@ -171,17 +171,17 @@ def test_the_nvidia_gpus_on_the_bus_are_those_nvml_should_list(tmp_path: Path) -
 
 
 def test_a_gpu_on_the_bus_that_nvml_does_not_list_is_named(tmp_path: Path) -> None:
-    """The daemon over the demo's two simulated GPUs, with a sysfs tree (health.pci_sysfs) holding them and a third
-    NVIDIA GPU bound to the nvidia driver: that one is exported by address and named by /healthz (503); the two
-    NVML lists are not."""
+    """The daemon over the demo's two simulated GPUs, with a host tree (health.host_root) whose sysfs holds them
+    and a third NVIDIA GPU bound to the nvidia driver: that one is exported by address and named by /healthz (503);
+    the two NVML lists are not."""
     import sys
 
     from helpers import fetch, free_port, started, wait_for
 
     for address in ("0000:17:00.0", "0000:37:00.0", "0000:99:00.0"):
-        _function(tmp_path / "sys", address)
+        _function(tmp_path / "host" / "sys" / "bus" / "pci", address)
     config = tmp_path / "config.yaml"
-    config.write_text(f"health:\n  pci_sysfs: {tmp_path / 'sys' / 'devices'}\n  kernel_log: \"off\"\n")
+    config.write_text(f"health:\n  host_root: {tmp_path / 'host'}\n  kernel_log: \"off\"\n")
     port = free_port()
     with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config), "--listen",
                   f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], tmp_path / "daemon.log", tmp_path):

@@ -216,8 +216,9 @@ def _kernel_log(v: Any) -> str | None:
     return f"expected auto, journal, kmsg, off or an absolute path, got {short_repr(v)}"
 
 
-def _pci_sysfs(v: Any) -> str | None:
-    """health.pci_sysfs: auto, off, or the absolute path of a tree shaped like /sys/bus/pci/devices."""
+def _host_root(v: Any) -> str | None:
+    """health.host_root: auto, off, or the absolute path of a tree laid out as / (its sys/bus/pci/devices and
+    proc/driver/nvidia/gpus)."""
     if isinstance(v, str) and (v in ("auto", "off") or v.startswith("/")):
         return None
     return f"expected auto, off (in quotes) or an absolute path, got {short_repr(v)}"
@@ -226,7 +227,7 @@ def _pci_sysfs(v: Any) -> str | None:
 @dataclass(frozen=True)
 class HostHealthConfig:
     kernel_log: str = _key("auto", _kernel_log)
-    pci_sysfs: str = _key("auto", _pci_sysfs)
+    host_root: str = _key("auto", _host_root)
 
 
 @dataclass(frozen=True)

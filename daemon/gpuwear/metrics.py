@@ -95,7 +95,7 @@ class Published:
     info: DaemonInfo
     missing: tuple[MissingGpu, ...] = ()  # by UUID
     # the NVIDIA GPUs on the PCI bus, bound to the nvidia driver, that NVML does not list (sysfs addresses); None
-    # when the bus is not read (health.pci_sysfs off, simulated GPUs) or cannot be
+    # when the bus is not read (health.host_root off, simulated GPUs) or cannot be
     unlisted: tuple[str, ...] | None = None
 
 
@@ -269,7 +269,7 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "NVML_FI_DEV_PCIE_REPLAY_COUNTER).", (), _sample_field("pcie_replays")),
     MetricDef("gpuwear_pcie_aer_errors_total", "counter", "", "PCIe errors the kernel's AER driver counted at the "
        "GPU's PCI function since boot, by severity (Linux sysfs aer_dev_correctable, aer_dev_nonfatal and "
-       "aer_dev_fatal totals; health.pci_sysfs); absent where the kernel does not expose them.", ("severity",),
+       "aer_dev_fatal totals; health.host_root); absent where the kernel does not expose them.", ("severity",),
        _labelled((("correctable", "pcie_aer_correctable"), ("nonfatal", "pcie_aer_nonfatal"),
                   ("fatal", "pcie_aer_fatal"))), detail=True),
     MetricDef("gpuwear_pcie_link_downgraded", "gauge", "", "1 when the GPU's PCIe link trained below what the "
@@ -349,7 +349,7 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
                     lambda pub: [((m.uuid,), m.last_seen) for m in pub.missing if m.last_seen is not None]),
     MetricDef("gpuwear_gpu_not_enumerated", "gauge", "", "1 for each NVIDIA GPU on the PCI bus, bound to the "
                     "nvidia driver and visible to this process, that NVML does not list (the driver could not bring "
-                    "it up: the kernel log says why), by PCI address (Linux sysfs, health.pci_sysfs); absent when "
+                    "it up: the kernel log says why), by PCI address (Linux sysfs, health.host_root); absent when "
                     "there is none or the bus is not read.", ("pci_address",),
                     lambda pub: [((address,), 1.0) for address in pub.unlisted or ()]),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),

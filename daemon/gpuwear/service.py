@@ -29,7 +29,7 @@ from gpuwear.backends.nvml import (
     NvmlUnavailableError,
     NvmlVersionMismatchError,
 )
-from gpuwear.backends.pcibus import NvidiaBus
+from gpuwear.backends.pcibus import PROC_NVIDIA_GPUS, NvidiaBus
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
@@ -103,23 +103,23 @@ def _info(backend: str, scenario: str) -> DaemonInfo:
                       scenario=scenario)
 
 
-def pci_root(config: Config, simulated: bool) -> Path | None:
-    """Where Linux's PCI devices are read (health.pci_sysfs), None for nowhere: off, or auto for simulated GPUs
-    (their bus ids are not this machine's devices)."""
-    value = config.health.pci_sysfs
+def host_root(config: Config, simulated: bool) -> Path | None:
+    """Where the host's /sys and the driver's /proc are read (health.host_root), None for nowhere: off, or auto
+    for simulated GPUs (their bus ids are not this machine's devices)."""
+    value = config.health.host_root
     if value == "off" or (value == "auto" and simulated):
         return None
-    return SYSFS_PCI_DEVICES if value == "auto" else Path(value)
+    return Path("/" if value == "auto" else value)
 
 
 def _sampler(backend: NvmlBackend, clock: Clock, config: Config, simulated: bool = True) -> Sampler:
     """The sampler of ``backend``'s GPUs; ``simulated``: their AER counts are read only from a tree that
-    health.pci_sysfs names (pci_root)."""
-    root = pci_root(config, simulated)
+    health.host_root names (host_root)."""
+    root = host_root(config, simulated)
     return Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
                    deadline_seconds=config.sampling.nvml_deadline_seconds, driver_errors=(NvmlDriverError,),
                    unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,),
-                   aer=None if root is None else AerCounters(root).read)
+                   aer=None if root is None else AerCounters(root / SYSFS_PCI_DEVICES.relative_to("/")).read)
 
 
 DRIVER_RETRY_SECONDS = 2.0
@@ -236,8 +236,9 @@ class Daemon:
         # MIG devices as NVML lists them (slow reads): the kubelet names a MIG device a pod holds by its MIG UUID
         self._mig_parents: dict[str, str] = {}
         # the NVIDIA GPUs on the PCI bus that NVML does not list, read every slow interval (None: not read)
-        root = pci_root(config, source.simulation is not None)
-        self._bus = None if root is None else NvidiaBus(root)
+        root = host_root(config, source.simulation is not None)
+        self._bus = None if root is None else NvidiaBus(root / SYSFS_PCI_DEVICES.relative_to("/"),
+                                                         root / PROC_NVIDIA_GPUS.relative_to("/"))
         self._unlisted: tuple[str, ...] | None = None
         self._next_bus = -math.inf
         pods = None if source.simulation is not None else PodResourcesWatch(
