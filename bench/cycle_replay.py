@@ -1,0 +1,94 @@
+"""The simulator's small thermal cycles against real ones (issue 30 item 5): each 1 s trace's own power schedule
+replayed through the simulator's thermal model and sensor, counted by the same rainflow counter as the recording.
+
+    python bench/cycle_replay.py [--seeds 5]
+
+For each trace of tests/fixtures/traces/ sampled at 1 s, its card's product in the simulator (sim/simulated.py:
+rtx6000ada, rtx4060-laptop, whose constants come from these traces' fits, bench/thermal_fit.py) is driven by the
+trace's recorded power, sample by sample (``thermal_step``, the power held over each step, from the trace's fitted
+ambient and settled at its first power), at the thermal resistance the card had there (the blower's fixed 30 %:
+r_th_worst; the laptop: its one resistance), and read as the simulated NVML reads it (``SimGpu.read_temperature``:
+uniform noise of ±0.6 °C, rounded to whole °C). The recorded and the replayed die temperatures go through
+``RainflowCounter`` with the daemon's gate (wear.cycles.hysteresis_celsius). Printed per trace: counted cycles
+(half cycles count a half) per hour and cycles of 10 °C or more per hour, recorded and replayed (the median over
+``--seeds`` noise seeds, with their range), and the ratio (the goal: within 1.5x each way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from thermal_fit import TRACES, fit, load
+
+from gpuwear.config import WearConfig
+from gpuwear.sim.simulated import PRODUCTS, thermal_step
+from gpuwear.wear.rainflow import Cycle, RainflowCounter
+
+CARDS = {"rtx6000ada": ("rtx6000ada", "r_th_worst"), "rtx4060laptop": ("rtx4060-laptop", "r_th_best")}
+LARGE_CELSIUS = 10.0
+
+
+def counted(temps: list[float], gate: float) -> tuple[float, float]:
+    """(cycles, cycles of LARGE_CELSIUS or more) the daemon's rainflow counter finds in ``temps`` (residue
+    included as half cycles, as the wear figures take it)."""
+    found: list[Cycle] = []
+    counter = RainflowCounter(gate)
+    for x in temps:
+        counter.push(x, found.append)
+    cycles = found + counter.residue()
+    return sum(n for _, _, n in cycles), sum(n for r, _, n in cycles if r >= LARGE_CELSIUS)
+
+
+def replay(t: np.ndarray, p: np.ndarray, card: str, ambient: float, seed: int) -> list[float]:
+    """The die temperatures the simulator's card reads with the trace's power schedule."""
+    product_key, resistance_field = CARDS[card]
+    product = PRODUCTS[product_key]
+    resistance = getattr(product, resistance_field)
+    target = p[0] * resistance
+    die, sink = target * product.die_share, target * (1.0 - product.die_share)
+    rng = random.Random(seed)
+    out = [float(round(ambient + die + sink + rng.uniform(-0.6, 0.6)))]
+    for k in range(1, len(t)):
+        die, sink = thermal_step(die, sink, float(p[k - 1]), resistance, product, float(t[k] - t[k - 1]))
+        out.append(float(round(ambient + die + sink + rng.uniform(-0.6, 0.6))))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args()
+    gate = WearConfig().cycles.hysteresis_celsius
+    print(f"| trace | hours | cycles per hour: recorded / replayed (range) / ratio | cycles of {LARGE_CELSIUS:g} °C "
+          "or more per hour: recorded / replayed (range) / ratio |")
+    print("|---|---|---|---|")
+    for path in sorted(TRACES.glob("*_1s_*.csv")):
+        card = path.name.split("_")[0]
+        if card not in CARDS:
+            continue
+        t, p, c = load(path)
+        hours = float(t[-1] - t[0]) / 3600.0
+        _, constants = fit(t, p, c, 2)
+        recorded = counted([float(x) for x in c], gate)
+        runs = [counted(replay(t, p, card, constants["ambient_celsius"], seed), gate) for seed in range(args.seeds)]
+        cells = []
+        for i in range(2):
+            mine = [r[i] / hours for r in runs]
+            median = statistics.median(mine)
+            theirs = recorded[i] / hours
+            ratio = median / theirs if theirs else float("nan")
+            cells.append(f"{theirs:.1f} / {median:.1f} ({min(mine):.1f}-{max(mine):.1f}) / {ratio:.2f} x")
+        print(f"| {path.name} | {hours:.2f} | {cells[0]} | {cells[1]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
