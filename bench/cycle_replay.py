@@ -5,19 +5,19 @@ replayed through the simulator's thermal model and sensor, counted by the same r
 
 For each trace of tests/fixtures/traces/ sampled at 1 s, its card's product in the simulator (sim/simulated.py:
 rtx6000ada, rtx4060-laptop, whose constants come from these traces' fits, bench/thermal_fit.py) is driven by the
-trace's recorded power, sample by sample (``thermal_step``, the power held over each step, from the trace's fitted
-ambient and settled at its first power), at the thermal resistance the card had there (the blower's fixed 30 %:
-r_th_worst; the laptop: its one resistance), and read as the simulated NVML reads it (``SimGpu.read_temperature``:
-uniform noise of ±0.6 °C, rounded to whole °C). The recorded and the replayed die temperatures go through
-``RainflowCounter`` with the daemon's gate (wear.cycles.hysteresis_celsius). Printed per trace: counted cycles
-(half cycles count a half) per hour and cycles of 10 °C or more per hour, recorded and replayed (the median over
-``--seeds`` noise seeds, with their range), and the ratio (the goal: within 1.5x each way).
+trace's recorded power, sample by sample (the power held over each step, from the trace's fitted ambient and
+settled at its first power), at the thermal resistance the card had there (the blower's fixed 30 %: r_th_worst;
+the laptop: its one resistance), with the card's wander (the laptop's, fitted here; none for the other), and read
+as the simulated NVML reads it (uniform noise of ±0.6 °C, rounded to whole °C): ``replay_die``. The recorded and
+the replayed die temperatures go through ``RainflowCounter`` with the daemon's gate
+(wear.cycles.hysteresis_celsius). Printed per trace: counted cycles (half cycles count a half) per hour and cycles
+of 10 °C or more per hour, recorded and replayed (the median over ``--seeds`` noise seeds, with their range), and
+the ratio (the goal: within 1.5x each way).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from thermal_fit import TRACES, fit, load
 
 from gpuwear.config import WearConfig
-from gpuwear.sim.simulated import PRODUCTS, thermal_step
+from gpuwear.sim.simulated import PRODUCTS, replay_die
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
 
 CARDS = {"rtx6000ada": ("rtx6000ada", "r_th_worst"), "rtx4060laptop": ("rtx4060-laptop", "r_th_best")}
@@ -48,18 +48,11 @@ def counted(temps: list[float], gate: float) -> tuple[float, float]:
 
 
 def replay(t: np.ndarray, p: np.ndarray, card: str, ambient: float, seed: int) -> list[float]:
-    """The die temperatures the simulator's card reads with the trace's power schedule."""
+    """The die temperatures the simulator's card reads with the trace's power schedule (``replay_die``)."""
     product_key, resistance_field = CARDS[card]
     product = PRODUCTS[product_key]
-    resistance = getattr(product, resistance_field)
-    target = p[0] * resistance
-    die, sink = target * product.die_share, target * (1.0 - product.die_share)
-    rng = random.Random(seed)
-    out = [float(round(ambient + die + sink + rng.uniform(-0.6, 0.6)))]
-    for k in range(1, len(t)):
-        die, sink = thermal_step(die, sink, float(p[k - 1]), resistance, product, float(t[k] - t[k - 1]))
-        out.append(float(round(ambient + die + sink + rng.uniform(-0.6, 0.6))))
-    return out
+    return [float(x) for x in replay_die(product, getattr(product, resistance_field), ambient, t.tolist(),
+                                         p.tolist(), seed)]
 
 
 def main() -> int:

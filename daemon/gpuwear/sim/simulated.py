@@ -18,7 +18,7 @@ import re
 import threading
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -42,6 +42,12 @@ REASON_HW_POWER_BRAKE = 0x80
 TAU_DIE_SECONDS = 1.0
 TAU_SINK_SECONDS = 177.0
 DIE_SHARE = 0.132
+# The die's wander that its power does not explain (fan and clock management NVML does not show): an
+# Ornstein-Uhlenbeck process (wander). The RTX 4060 Laptop trace has three times the 3-5 °C cycles its power
+# explains; a wander of 0.9 °C (standard deviation) with a 60 s time constant, replayed with its power, gives its
+# counted cycles and its cycles of 10 °C or more within 1.5 x (bench/cycle_replay.py). The RTX 6000 Ada trace has
+# none: the other cards take none.
+WANDER_SECONDS = 60.0
 
 
 class ScenarioError(ValueError):
@@ -84,6 +90,7 @@ class Product:
     tau_die_seconds: float = TAU_DIE_SECONDS  # the die's pole (thermal_step)
     tau_sink_seconds: float = TAU_SINK_SECONDS  # the heatsink's
     die_share: float = DIE_SHARE  # the die pole's share of the thermal resistance
+    wander_celsius: float = 0.0  # the standard deviation of the die's wander (wander); 0: none
     nvlinks: int = 0  # NVLink links (an SXM board's, wired to NVSwitches: all active); 0: none
 
 
@@ -116,7 +123,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=False, remapped_rows=False, r_th_best=0.8588, r_th_worst=0.8588,
             r_th_memory=0.0, tau_memory_seconds=60.0,
             sm_max_hz=2.37e9, memory_max_hz=8.001e9, min_branch="r525",
-            tau_die_seconds=11.31, die_share=0.3714,
+            tau_die_seconds=11.31, die_share=0.3714, wander_celsius=0.9,
         ),
         Product(
             key="gtx1080ti", name="NVIDIA GeForce GTX 1080 Ti", architecture=4,
@@ -268,6 +275,7 @@ class GpuState:
     memory_celsius: float
     die_rise: float = 0.0  # the die pole's rise above ambient (°C)
     sink_rise: float = 0.0  # the heatsink pole's
+    wander: float = 0.0  # the die's wander (°C, wander)
     power_watts: float = 0.0
     fan_ratio: float = 0.3
     clock_factor: float = 1.0
@@ -316,6 +324,39 @@ def thermal_step(die_rise: float, sink_rise: float, watts: float, resistance: fl
     sink = sink_rise + (target * (1.0 - product.die_share) - sink_rise) * (
         1.0 - math.exp(-dt / product.tau_sink_seconds))
     return die, sink
+
+
+def wander(value: float, dt: float, product: Product, rng: random.Random) -> float:
+    """The die's wander (°C) ``dt`` seconds on: an Ornstein-Uhlenbeck step of standard deviation
+    ``product.wander_celsius`` and time constant WANDER_SECONDS (exact for any ``dt``); unchanged, and ``rng``
+    untouched, for a product without one."""
+    if product.wander_celsius <= 0.0 or dt <= 0.0:
+        return value
+    a = math.exp(-dt / WANDER_SECONDS)
+    return value * a + product.wander_celsius * math.sqrt(1.0 - a * a) * rng.gauss(0.0, 1.0)
+
+
+def read_celsius(value: float, rng: random.Random) -> int:
+    """A temperature as the simulated sensor reads it: with a little noise, as NVML's integer °C."""
+    return round(value + rng.uniform(-0.6, 0.6))
+
+
+def replay_die(product: Product, resistance: float, ambient_celsius: float, times: Sequence[float],
+               watts: Sequence[float], seed: int = 0) -> list[int]:
+    """The die readings a simulated ``product`` gives when it draws ``watts`` at ``times`` (seconds; each power held
+    until the next time) through ``resistance`` (°C/W), settled at the first power: the step, the wander and the
+    sensor of :meth:`SimGpu.step` and :meth:`SimGpu.read_temperature` (bench/cycle_replay.py, tests/test_simulated.py
+    replay the real traces' power with it)."""
+    rng = random.Random(seed)
+    rise = watts[0] * resistance
+    die, sink, drift = rise * product.die_share, rise * (1.0 - product.die_share), 0.0
+    out = [read_celsius(ambient_celsius + die + sink, rng)]
+    for k in range(1, len(times)):
+        dt = times[k] - times[k - 1]
+        die, sink = thermal_step(die, sink, watts[k - 1], resistance, product, dt)
+        drift = wander(drift, dt, product, rng)
+        out.append(read_celsius(ambient_celsius + die + sink + drift, rng))
+    return out
 
 
 class SimGpu:
@@ -412,7 +453,8 @@ class SimGpu:
             move = 0.05 * dt
             s.fan_ratio += max(-move, min(move, target - s.fan_ratio))
         s.die_rise, s.sink_rise = thermal_step(s.die_rise, s.sink_rise, demand, self._thermal_resistance(), p, dt)
-        s.die_celsius = self.ambient_celsius + s.die_rise + s.sink_rise
+        s.wander = wander(s.wander, dt, p, self.rng)
+        s.die_celsius = self.ambient_celsius + s.die_rise + s.sink_rise + s.wander
         mem_target = self.ambient_celsius + demand * p.r_th_memory
         s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
 
@@ -482,8 +524,8 @@ class SimGpu:
             s.ecc_corrected_volatile = s.ecc_uncorrected_volatile = 0
 
     def read_temperature(self, value: float) -> int:
-        """A sensor reading: the true value with a little noise, as NVML's integer °C."""
-        return round(value + self.rng.uniform(-0.6, 0.6))
+        """A sensor reading: the true value with a little noise, as NVML's integer °C (read_celsius)."""
+        return read_celsius(value, self.rng)
 
 
 def synthetic_pid(job: str) -> int:
