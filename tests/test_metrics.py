@@ -471,6 +471,17 @@ def test_nvlink_links_and_errors_are_read_on_gpus_that_have_them() -> None:
     assert errors == {"crc_flit": 125, "crc_data": 0, "replay": 9, "recovery": 2}  # the down link's counts kept
     assert not [key for key in samples if "nvlink" in key and f'uuid="{uuids[0]}"' in key]
     assert rig.sampler.snapshot.gpus[0].unavailable.get("nvlink") == "not_supported"
+    # which link: per link with metrics.detail only (issue 29 item 3), summing to the totals
+    assert not [key for key in samples if key.startswith(("gpuwear_nvlink_link_up", "gpuwear_nvlink_link_errors"))]
+    detail = _samples(exposition(rig, "nvlink", detail=True))
+    up = {int(m.group(1)): v for key, v in detail.items()
+          if (m := re.match(rf'gpuwear_nvlink_link_up{{gpu="1",link="(\d+)",uuid="{uuids[1]}"}}', key))}
+    assert up == {link: 0.0 if link == 3 else 1.0 for link in range(18)}
+    per_link = {(int(m.group(2)), m.group(1)): v for key, v in detail.items() if (m := re.match(
+        rf'gpuwear_nvlink_link_errors_total{{error="(\w+)",gpu="1",link="(\d+)",uuid="{uuids[1]}"}}', key))}
+    assert per_link[(3, "crc_flit")] == 120 and per_link[(3, "recovery")] == 2 and per_link[(7, "replay")] == 9
+    assert per_link[(7, "crc_flit")] == 5 and sum(v for (_, k), v in per_link.items() if k == "crc_flit") == 125
+    assert len(per_link) == 18 * 4
 
 
 @pytest.mark.slow

@@ -151,6 +151,20 @@ def _unavailable(status: GpuStatus) -> Series:
     return [((reason,), float(counts[reason])) for reason in sorted(counts)]
 
 
+_NVLINK_KINDS = {"nvlink_crc_flit_errors": "crc_flit", "nvlink_crc_data_errors": "crc_data",
+                 "nvlink_replay_errors": "replay", "nvlink_recovery_errors": "recovery"}
+
+
+def _nvlink_states(status: GpuStatus) -> Series:
+    states = status.sample.nvlink_link_states if status.sample else None
+    return [((str(link),), float(up)) for link, up in enumerate(states or ())]
+
+
+def _nvlink_links(status: GpuStatus) -> Series:
+    counts = status.sample.nvlink_link_errors if status.sample else None
+    return [((str(link), _NVLINK_KINDS.get(field, field)), float(n)) for link, field, n in counts or ()]
+
+
 PCIE_BUSY_RATIO = 0.5  # utilization from which a link below its top generation is a downgrade, not power saving
 
 
@@ -290,6 +304,11 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "reload; absent on a GPU without NVLink.", ("error",),
        _labelled((("crc_flit", "nvlink_crc_flit_errors"), ("crc_data", "nvlink_crc_data_errors"),
                   ("replay", "nvlink_replay_errors"), ("recovery", "nvlink_recovery_errors")))),
+    MetricDef("gpuwear_nvlink_link_up", "gauge", "", "1 when the NVLink link is active, 0 when not, link by link "
+       "(nvmlDeviceGetNvLinkState); absent on a GPU without NVLink.", ("link",), _nvlink_states, detail=True),
+    MetricDef("gpuwear_nvlink_link_errors_total", "counter", "", "NVLink errors of each link, by kind "
+       "(nvmlDeviceGetNvLinkErrorCounter), where the driver answers them: which link, cable or NVSwitch port "
+       "gpuwear_nvlink_errors_total comes from.", ("link", "error"), _nvlink_links, detail=True),
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action")),

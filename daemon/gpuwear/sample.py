@@ -112,6 +112,10 @@ class GpuSample:
     nvlink_crc_data_errors: int | None = None
     nvlink_replay_errors: int | None = None
     nvlink_recovery_errors: int | None = None
+    # the same per link (metrics.detail): each link's state (1 active, 0 not), by link number, and its counters as
+    # (link, sample field of the sum above, count) where the driver answers them
+    nvlink_link_states: tuple[int, ...] | None = None
+    nvlink_link_errors: tuple[tuple[int, str, int], ...] | None = None
     # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot,
     # 3 drain P2P, 4 drain and reset (nvmlDeviceGpuRecoveryAction_t)
     recovery_action: int | None = None

@@ -352,9 +352,12 @@ _NVLINK_COUNTERS = (("nvlink_replay_errors", 0), ("nvlink_recovery_errors", 1), 
 
 def _nvlink(h: Any, api: Api) -> Values:
     """The GPU's NVLink links, asked one after another until the driver says there is no such link: how many are
-    active, and each error counter summed over them. A GPU without NVLink answers NOT_SUPPORTED for link 0."""
+    active, each error counter summed over them, and (for metrics.detail) each link's state and counts. A GPU
+    without NVLink answers NOT_SUPPORTED for link 0."""
     active = 0
     totals = dict.fromkeys((key for key, _ in _NVLINK_COUNTERS), 0)
+    states: list[int] = []
+    per_link: list[tuple[int, str, int]] = []
     for link in range(NVLINK_LINKS_ASKED):
         try:
             up = pynvml.nvmlDeviceGetNvLinkState(h, link)
@@ -363,13 +366,18 @@ def _nvlink(h: Any, api: Api) -> Values:
                 raise
             break
         active += bool(up)
+        states.append(int(bool(up)))
         for key, counter in _NVLINK_COUNTERS:  # a link gone down keeps its counts where the driver still has them
             try:
-                totals[key] += pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
+                count = pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
             except pynvml.NVMLError as exc:
                 if up and not isinstance(exc, pynvml.NVMLError_NotSupported):
                     raise
-    return {"nvlink_links_active": active, **totals}
+                continue
+            totals[key] += count
+            per_link.append((link, key, int(count)))
+    return {"nvlink_links_active": active, **totals, "nvlink_link_states": tuple(states),
+            "nvlink_link_errors": tuple(per_link)}
 
 
 _NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE: usedGpuMemory under Windows WDDM
@@ -490,7 +498,7 @@ READERS: tuple[Reader, ...] = (
            ("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max")),
     Reader("nvlink", True, _nvlink,
            ("nvlink_links_active", "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
-            "nvlink_recovery_errors")),
+            "nvlink_recovery_errors", "nvlink_link_states", "nvlink_link_errors")),
 )
 _VIOLATION_READERS = ("violation_power", "violation_thermal")
 
