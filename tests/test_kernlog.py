@@ -69,6 +69,36 @@ def test_a_source_that_cannot_be_read_is_said_once_and_ends_quietly(tmp_path: Pa
     assert "cannot be read" in caplog.text and "XID 79, 119 or 120" in caplog.text
 
 
+def test_an_xid_storm_is_counted_whole_said_once_a_minute_and_kept_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """An application in a fault loop can make thousands of XIDs a minute (XID 13, 31). Each was a WARNING line,
+    and each searched every XID of the last 10 s for its twin from the other source (quadratic: 10,000 XIDs of one
+    code took 0.86 s of CPU, the second 5,000 2.6 times the first). Now every one is counted, the log says the
+    code once and then once a minute with how many came meanwhile, and what is kept for the twin matching is
+    bounded; the twin matching itself still holds (the test above)."""
+    import logging
+
+    from gpuwear.sampler import XID_RECENT_KEPT
+
+    rig = make_rig("demo")
+    try:
+        rig.run(2)
+        sampler = rig.sampler
+        now = [0.0]
+        sampler.xid_clock = lambda: now[0]
+        with caplog.at_level(logging.WARNING, logger="gpuwear.sampler"):
+            for _ in range(5000):
+                sampler.record_xid(1, 13)
+                now[0] += 0.001
+            now[0] += 60.0
+            sampler.record_xid(1, 13)
+        assert sampler.snapshot.gpus[1].xids[13] == 5001
+        said = [r.getMessage() for r in caplog.records if "XID 13" in r.getMessage()]
+        assert len(said) == 2 and said[1].endswith("; 4999 more of it since it was last said"), said
+        assert all(len(kept) <= XID_RECENT_KEPT for kept in sampler._gpus[1].recent_xids.values())
+    finally:
+        rig.backend.close()
+
+
 def test_an_xid_both_nvml_and_the_kernel_log_report_is_counted_once() -> None:
     rig = make_rig("demo")
     try:

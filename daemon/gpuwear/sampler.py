@@ -158,8 +158,11 @@ class _Gpu:
     dropped: Counter[str] = field(default_factory=Counter)
     xids: Counter[int] = field(default_factory=Counter)
     last_xid: int | None = None
-    # XIDs counted lately, (source, code, monotonic s): the same XID from NVML and the kernel log is counted once
-    recent_xids: deque[tuple[str, int, float]] = field(default_factory=deque)
+    # XIDs counted lately by (source, code): their monotonic times (s), at most XID_RECENT_KEPT each; the same XID
+    # from NVML and the kernel log is counted once
+    recent_xids: dict[tuple[str, int], deque[float]] = field(default_factory=dict)
+    # by code: when it was last said in the log (monotonic s) and how many came since, not said one by one
+    xid_said: dict[int, list[float]] = field(default_factory=dict)
     energy_offset: float = 0.0
     energy_last: float | None = None
     energy_at: float = 0.0  # monotonic time of energy_last
@@ -181,6 +184,8 @@ class _Gpu:
 
 
 XID_SAME_SECONDS = 10.0  # an XID from NVML and one of the same code from the kernel log this close are one event
+XID_RECENT_KEPT = 1024  # XIDs of one code and source kept for that matching: a storm keeps it bounded
+XID_SAY_EVERY_SECONDS = 60.0  # an XID code of a GPU is said in the log once, then at most once a minute with a count
 
 
 class Sampler:
@@ -274,18 +279,26 @@ class Sampler:
 
     def _count_xid(self, gpu: _Gpu, xid: int, source: str) -> None:
         now = self.xid_clock()
-        recent = gpu.recent_xids
-        while recent and now - recent[0][2] > XID_SAME_SECONDS:
-            recent.popleft()
-        twin = next((r for r in recent if r[0] != source and r[1] == xid), None)
-        if twin is not None:  # the other source told of this one already
-            recent.remove(twin)
+        other = gpu.recent_xids.get(("kernel" if source == "nvml" else "nvml", xid))
+        while other and now - other[0] > XID_SAME_SECONDS:
+            other.popleft()
+        if other:  # the other source told of this one already
+            other.popleft()
             return
-        recent.append((source, xid, now))
+        mine = gpu.recent_xids.setdefault((source, xid), deque(maxlen=XID_RECENT_KEPT))
+        while mine and now - mine[0] > XID_SAME_SECONDS:
+            mine.popleft()
+        mine.append(now)
         gpu.xids[xid] += 1
         gpu.last_xid = xid
-        log.warning("GPU %d (%s): XID %d (%s)", gpu.identity.index, gpu.identity.uuid, xid,
-                    "NVML event" if source == "nvml" else "kernel log")
+        said = gpu.xid_said.get(xid)
+        if said is None or now - said[0] >= XID_SAY_EVERY_SECONDS:  # a storm is said once a minute, not line by line
+            more = f"; {int(said[1])} more of it since it was last said" if said and said[1] else ""
+            log.warning("GPU %d (%s): XID %d (%s)%s", gpu.identity.index, gpu.identity.uuid, xid,
+                        "NVML event" if source == "nvml" else "kernel log", more)
+            gpu.xid_said[xid] = [now, 0.0]
+        else:
+            said[1] += 1
         self._publish()
 
     def tick(self) -> Snapshot:
