@@ -527,14 +527,16 @@ def test_xids_of_the_other_gpus_are_counted_while_one_is_lost() -> None:
 def test_the_event_listener_never_spins_on_an_empty_set() -> None:
     doc = {"driver": NEWEST, "gpus": [{"product": "jetson-orin"}]}  # no GPU supports events
     rig = make_rig(doc)
+    # a daemon stopped by an earlier test may leave its listener finishing a long wait (NvmlBackend.close)
+    before = {t for t in threading.enumerate() if t.name == "nvml-events"}
     rig.sampler.start_events(wait_ms=5)
     try:
         time.sleep(0.5)
         assert rig.library.calls["nvmlEventSetWait_v2"] == 0
-        assert any(t.name == "nvml-events" for t in threading.enumerate())
+        assert any(t.name == "nvml-events" for t in set(threading.enumerate()) - before)
     finally:
         rig.backend.close()
-    assert not any(t.name == "nvml-events" and t.is_alive() for t in threading.enumerate())
+    assert not any(t.name == "nvml-events" and t.is_alive() for t in set(threading.enumerate()) - before)
 
 
 # -- a driver upgraded under the daemon ----------------------------------------------------------------------

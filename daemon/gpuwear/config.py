@@ -99,7 +99,7 @@ def _key(default: Any, check: Callable[[Any], str | None]) -> Any:
 class SamplingConfig:
     interval_seconds: float = _key(1.0, _number(0.01, 3600))
     slow_interval_seconds: float = _key(30.0, _number(0.01, 86400))
-    event_wait_milliseconds: int = _key(500, _integer(10, 10000))
+    event_wait_milliseconds: int = _key(5000, _integer(10, 10000))
     nvml_deadline_seconds: float = _key(5.0, _number(0, 600))
     driver_wait_seconds: float = _key(0.0, _number(0, 86400))
 

@@ -691,9 +691,20 @@ class NvmlBackend:
             self._events_thread.join(timeout=self._wait_ms / 1000.0 + 2.0)  # a wait in progress ends first
             self._events_thread = None
 
+    CLOSE_WAIT_SECONDS = 0.2  # how long close() waits for the event listener to leave NVML
+
     def close(self) -> None:
-        """Stop the event listener and shut NVML down."""
-        self._stop_events()
+        """Stop the event listener and shut NVML down. A listener still inside nvmlEventSetWait (it waits up to
+        sampling.event_wait_milliseconds) is not waited for past CLOSE_WAIT_SECONDS: NVML is then left
+        initialised, as shutting it down under a thread inside it is not safe; the process is ending (a stop
+        returns within about a second) and the wait ends on its own."""
+        self._events_stop.set()
+        thread, self._events_thread = self._events_thread, None
+        if thread is not None:
+            thread.join(timeout=self.CLOSE_WAIT_SECONDS)
+            if thread.is_alive():
+                log.debug("NVML left initialised: the event listener is still inside nvmlEventSetWait")
+                return
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
