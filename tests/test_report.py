@@ -138,6 +138,46 @@ def test_the_answer_is_complete_scaled_and_not_circular(
         assert own["busy_to_idle_ratio"] is not None and own["busy_to_idle_ratio"] > 1  # busy runs hotter
 
 
+def _check_bands(text: str, compared: bool) -> None:
+    """Every estimate of a `report` text with its band or named a central estimate, no larger-stress claim unless
+    ``compared`` (and then with its band), counted and equivalent cycles named apart, the fan's basis said."""
+    import re
+
+    for words in re.findall(r"In plain words: (.*)", text):
+        if "Too little observed" in words:
+            continue
+        assert "as much as" not in words.replace("about as much as", ""), words
+        assert words.count("central estimate;") == 2, words
+        assert re.search(r"days of gaming 4 h a day do \(\S+ to \S+ days\)", words) or "less than a tenth" in words
+        assert "equivalent full" in words
+        assert compared or "larger stress" not in words, words
+        if "larger stress" in words:
+            assert re.search(r"\(\S+ to \S+ times the other, across the models' parameters\)", words), words
+    for line in text.splitlines():
+        if "Heat aging (Arrhenius)" in line or "Thermal cycling (Coffin-Manson)" in line:
+            assert "central estimate;" in line, line
+        if "M revolutions" in line:
+            assert "assuming a rated" in line or "measured RPM" in line, line
+        assert not line.strip().startswith("Thermal cycles ("), line  # counted cycles are named so
+
+
+@pytest.mark.slow
+def test_the_bands_hold_on_the_stress_scenario_and_every_real_trace(tmp_path: Path) -> None:
+    """Issue 30's done-when: the scan of the demo above, on the stress scenario and on each real trace of
+    tests/fixtures/traces (imported, each as its own card) too."""
+    from helpers import run_simulated
+
+    run_simulated(tmp_path / "stress", "stress", 3600.0, 7.0)
+    _check_bands(gpuwear("report", "--state-dir", str(tmp_path / "stress"), "--simulated", "stress").stdout, True)
+    traces = tmp_path / "traces"
+    for path in sorted(TRACES.glob("*.csv")):
+        gpuwear("import", "nvidia-smi", str(path), "--gpu", f"GPU-trace-{path.stem.split('_')[0]}", "--timezone",
+                "UTC", "--state-dir", str(traces))
+    text = gpuwear("report", "--state-dir", str(traces)).stdout
+    assert text.count("In plain words:") == len(list(TRACES.glob("*.csv"))) == 3
+    _check_bands(text, True)
+
+
 def test_every_figure_of_the_answer_carries_its_band_and_no_comparison_below_its_minimum(
         simulated_day: tuple[Path, dict[str, dict[tuple[str, ...], float]]], tmp_path: Path) -> None:
     """Before: "Heat aged its chip as much as 3.2 h" read as an upper bound (3.2 h was the central value, the band
@@ -146,26 +186,7 @@ def test_every_figure_of_the_answer_carries_its_band_and_no_comparison_below_its
     in % did not say they assume a rated speed. Now each estimate and each comparison with gaming says "central
     estimate" with its band, the larger-stress claim only where the data is long enough and every pairing of the
     bands agrees, counted cycles and equivalent cycles named apart, and the fan's basis said."""
-    import re
-
-    def check(text: str, compared: bool) -> None:
-        for words in re.findall(r"In plain words: (.*)", text):
-            if "Too little observed" in words:
-                continue
-            assert "as much as" not in words.replace("about as much as", ""), words
-            assert words.count("central estimate;") == 2, words
-            assert re.search(r"days of gaming 4 h a day do \(\S+ to \S+ days\)", words) or "less than a tenth" in words
-            assert "equivalent full" in words
-            assert compared or "larger stress" not in words, words
-            if "larger stress" in words:
-                assert re.search(r"\(\S+ to \S+ times the other, across the models' parameters\)", words), words
-        for line in text.splitlines():
-            if "Heat aging (Arrhenius)" in line or "Thermal cycling (Coffin-Manson)" in line:
-                assert "central estimate;" in line, line
-            if "M revolutions" in line:
-                assert "assuming a rated" in line or "measured RPM" in line, line
-            assert not line.strip().startswith("Thermal cycles ("), line  # counted cycles are named so
-
+    check = _check_bands
     state, _ = simulated_day
     check(gpuwear("report", "--state-dir", str(state), "--simulated").stdout, compared=True)
     # an hour and a half of 40 <-> 85 °C swings: below the 6 h a per-day comparison needs
