@@ -60,6 +60,17 @@ FITS = {"rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv": ("rtx6000ada", 24.9,
         "rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv": ("rtx4060-laptop", 42.97, 1.43)}
 
 
+def _trace(name: str) -> tuple[list[float], list[float], list[float]]:
+    """A llm-gpu-stress trace of tests/fixtures/traces: its times (s), power draws (W) and die temperatures (°C)."""
+    t, watts, measured = [], [], []
+    with (Path(__file__).parent / "fixtures" / "traces" / name).open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            t.append(datetime.datetime.strptime(row["timestamp_ns"], "%Y-%m-%d %H:%M:%S.%f").timestamp())
+            watts.append(float(row["power_draw_W"]))
+            measured.append(float(row["temperature_C"]))
+    return t, watts, measured
+
+
 @pytest.mark.parametrize("trace", sorted(FITS))
 def test_the_simulated_cooling_matches_the_real_traces(trace: str) -> None:
     """The simulator's own thermal step, fed each trace's measured power, gives its measured die temperature
@@ -68,12 +79,7 @@ def test_the_simulated_cooling_matches_the_real_traces(trace: str) -> None:
     key, ambient, stated = FITS[trace]
     product = PRODUCTS[key]
     resistance = product.r_th_worst
-    t, watts, measured = [], [], []
-    with (Path(__file__).parent / "fixtures" / "traces" / trace).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            t.append(datetime.datetime.strptime(row["timestamp_ns"], "%Y-%m-%d %H:%M:%S.%f").timestamp())
-            watts.append(float(row["power_draw_W"]))
-            measured.append(float(row["temperature_C"]))
+    t, watts, measured = _trace(trace)
     rise = watts[0] * resistance
     die, sink = rise * product.die_share, rise * (1 - product.die_share)
     errors = [ambient + die + sink - measured[0]]
@@ -96,12 +102,7 @@ def test_the_simulated_small_cycles_match_the_real_traces(trace: str) -> None:
 
     key, ambient, _ = FITS[trace]
     product = PRODUCTS[key]
-    t, watts, measured = [], [], []
-    with (Path(__file__).parent / "fixtures" / "traces" / trace).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            t.append(datetime.datetime.strptime(row["timestamp_ns"], "%Y-%m-%d %H:%M:%S.%f").timestamp())
-            watts.append(float(row["power_draw_W"]))
-            measured.append(float(row["temperature_C"]))
+    t, watts, measured = _trace(trace)
 
     def counts(temps: list[float]) -> tuple[float, float]:
         found: list[tuple[float, float, float]] = []

@@ -742,27 +742,36 @@ def test_the_runbook_lists_every_reason_code_with_its_rule() -> None:
         assert f"| `{code}` | {rule} |" in table, code
 
 
-@pytest.mark.slow
-def test_driver_calls_that_stall_under_load_are_remembered_and_watched() -> None:
-    """NVIDIA/DCGM #313: the GB200's driver calls hung only under load. Three hangs of the H100's NVML calls while
-    it trains, each past the sampler's deadline (one hang counted once, however many ticks it lasts), are kept in
-    its record by load and make the verdict watch, saying they came only under load; the RTX 4090 beside it, not."""
+def _hanging_h100(hang_seconds: float, deadline: float, pause: float = 0.0) -> tuple[GpuWear, GpuWear]:
+    """An RTX 4090 and an H100 training, three of the H100's NVML calls held ``hang_seconds`` each (the fake's
+    fault "hang") under a sampler ``deadline``, 16 ticks (``pause`` wall seconds after each): their histories."""
     import time
 
     rig = make_rig({"gpus": [{"product": "rtx4090", "schedule": [{"kind": "train", "seconds": 3600}]},
                              {"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 3600,
                                                                    "utilization": 1.0}]}],
-                    "faults": [{"at": 3.5 + 4 * i, "gpu": 1, "kind": "hang", "seconds": 0.6} for i in range(3)]})
-    rig.sampler.deadline = 0.2
+                    "faults": [{"at": 3.5 + 4 * i, "gpu": 1, "kind": "hang", "seconds": hang_seconds}
+                               for i in range(3)]})
+    rig.sampler.deadline = deadline
     rig.sampler.timer = time.perf_counter
     tracker = WearTracker({}, WearConfig())
     for _ in range(16):
         rig.run(1)
         tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-        time.sleep(0.3)  # a hung call returns within two ticks
+        time.sleep(pause)
     rig.sampler.close()
     rtx, h100 = (tracker.wear(g.identity.uuid) for g in rig.sampler.snapshot.gpus)
     assert h100 is not None and rtx is not None
+    return rtx, h100
+
+
+@pytest.mark.slow
+def test_driver_calls_that_stall_under_load_are_remembered_and_watched() -> None:
+    """NVIDIA/DCGM #313: the GB200's driver calls hung only under load. Three hangs of the H100's NVML calls while
+    it trains, each past the sampler's deadline (one hang counted once, however many ticks it lasts), are kept in
+    its record by load and make the verdict watch, saying they came only under load; the RTX 4090 beside it, not."""
+
+    rtx, h100 = _hanging_h100(0.6, 0.2, pause=0.3)  # a hung call returns within two ticks
     assert h100.error_counts["nvml_stalls"][1:4:2] == [3.0, 0.0], h100.error_counts  # 3 under load, 0 idle
     (reason,) = [r for r in verdict(h100, WearConfig(), None)["reasons"] if r["code"] == "stalled_calls"]
     assert "3 times (3 under load, 0 idle) only under load" in reason["text"] and "gpuwear's own" in reason["rule"]
@@ -774,25 +783,12 @@ def test_slow_driver_calls_are_kept_by_load_in_the_gpus_record() -> None:
     0.15 s each while it trains (under the sampler's deadline: slow, not stalled) are kept as slow reads under
     load, through the ledger's JSON and its validator; they are said in the verdict's stalled_calls reason and in
     `report`; the RTX 4090 beside it has none."""
-    import time
 
     from gpuwear.wear.accumulate import SCHEMA
     from gpuwear.wear.models import slow_reads_text
     from gpuwear.wear.schema import check_wear
 
-    rig = make_rig({"gpus": [{"product": "rtx4090", "schedule": [{"kind": "train", "seconds": 3600}]},
-                             {"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 3600,
-                                                                   "utilization": 1.0}]}],
-                    "faults": [{"at": 3.5 + 4 * i, "gpu": 1, "kind": "hang", "seconds": 0.15} for i in range(3)]})
-    rig.sampler.deadline = 2.0
-    rig.sampler.timer = time.perf_counter
-    tracker = WearTracker({}, WearConfig())
-    for _ in range(16):
-        rig.run(1)
-        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-    rig.sampler.close()
-    rtx, h100 = (tracker.wear(g.identity.uuid) for g in rig.sampler.snapshot.gpus)
-    assert h100 is not None and rtx is not None
+    rtx, h100 = _hanging_h100(0.15, 2.0)
     assert h100.slow_reads == {"loaded": {"0.1": 3}} and rtx.slow_reads == {}, (h100.slow_reads, rtx.slow_reads)
     assert "nvml_stalls" not in h100.error_counts or h100.error_counts["nvml_stalls"][1] == 0
     doc = json.loads(json.dumps(h100.to_json()))

@@ -34,6 +34,15 @@ def sysfs_address(bus_id: str | None) -> str | None:
     return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
 
 
+def read_small(path: Path) -> str | None:
+    """The text of a small sysfs or procfs file (at most MAX_FILE_BYTES), stripped; None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_FILE_BYTES).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+
+
 def total(text: str, name: str) -> int | None:
     """The count on the ``name`` line of an aer_dev_* file (its last whitespace-separated field), None when the
     line is missing or not a count."""
@@ -58,12 +67,7 @@ class AerCounters:
             return {}
         out: dict[str, int] = {}
         for field, filename, name in FILES:
-            try:
-                with open(self.root / address / filename, "rb") as f:
-                    raw = f.read(MAX_FILE_BYTES)
-            except OSError:
-                continue
-            value = total(raw.decode("ascii", "replace"), name)
+            value = total(read_small(self.root / address / filename) or "", name)
             if value is not None:
                 out[field] = value
         return out

@@ -19,7 +19,7 @@ import os
 import re
 from pathlib import Path
 
-from gpuwear.backends.aer import MAX_FILE_BYTES, SYSFS_PCI_DEVICES
+from gpuwear.backends.aer import SYSFS_PCI_DEVICES, read_small
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # PCI base class 03 (display): VGA-compatible and 3D controllers (pci_ids.h)
@@ -29,14 +29,6 @@ DEV = Path("/dev")
 MAX_DEVICES = 4096  # PCI functions listed at most
 _ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.M)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(MAX_FILE_BYTES).decode("ascii", "replace").strip()
-    except OSError:
-        return None
 
 
 class NvidiaBus:
@@ -56,7 +48,8 @@ class NvidiaBus:
 
     def _ours(self, address: str) -> bool:
         folder = self.root / address
-        if _read(folder / "vendor") != NVIDIA_VENDOR or not (_read(folder / "class") or "").startswith(GPU_CLASSES):
+        if (read_small(folder / "vendor") != NVIDIA_VENDOR
+                or not (read_small(folder / "class") or "").startswith(GPU_CLASSES)):
             return False
         try:
             if os.path.basename(os.readlink(folder / "driver")) != NVIDIA_DRIVER:
@@ -65,7 +58,7 @@ class NvidiaBus:
             return False
         if os.path.lexists(folder / "physfn"):  # an SR-IOV virtual function (a vGPU host's): not a GPU NVML lists
             return False
-        info = _read(self.proc / address / "information")
+        info = read_small(self.proc / address / "information")
         if info is None:  # the driver's procfs has no entry for it: masked (a container given other GPUs), unless
             return not self.proc.is_dir()  # there is no such procfs at all, and nothing to judge visibility by
         minor = _MINOR.search(info)
