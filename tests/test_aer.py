@@ -190,3 +190,35 @@ def test_a_gpu_on_the_bus_that_nvml_does_not_list_is_named(tmp_path: Path) -> No
     assert re.search(r'^gpuwear_gpu_not_enumerated\{pci_address="0000:99:00\.0"\} 1\.0$', body, re.M), body
     assert body.count("gpuwear_gpu_not_enumerated{") == 1
     assert status == 503 and "an NVIDIA GPU at PCI 0000:99:00.0 is on the bus" in health, (status, health)
+
+
+def test_doctor_says_what_the_hosts_sysfs_tells(tmp_path: Path) -> None:
+    """`gpuwear doctor` with a host tree (health.host_root): the demo's H100 with a fatal AER count is a thing to
+    fix, the RTX 4090 without AER files a note (its errors not watched), and a third NVIDIA GPU on the bus that NVML
+    does not list a thing to fix; with the default (auto), simulated GPUs' bus ids are not read at all."""
+    from gpuwear.backends.nvml import NvmlBackend
+    from gpuwear.clock import SystemClock
+    from gpuwear.doctor import Doctor
+    from gpuwear.sim.fakenvml import FakeNvmlLibrary
+    from gpuwear.sim.simulated import load_scenario
+
+    pci = tmp_path / "host" / "sys" / "bus" / "pci"
+    for address in ("0000:17:00.0", "0000:37:00.0", "0000:99:00.0"):
+        _function(pci, address)
+    tree(pci / "devices", "0000:37:00.0", aer_dev_correctable=ABI_CORRECTABLE, aer_dev_nonfatal=SHORT_NONFATAL,
+         aer_dev_fatal="TOTAL_ERR_FATAL 1\n")
+
+    def findings(host: str) -> dict[str, tuple[bool, str, str]]:
+        config = replace(Config(state_dir=str(tmp_path)), health=HostHealthConfig(host_root=host))
+        doctor = Doctor(config, NvmlBackend(FakeNvmlLibrary(load_scenario("demo"), SystemClock())),
+                        tmp_path / "ledger.sqlite", proc=None)
+        return {f.what: (f.ok, f.fix, f.note) for f in doctor.run()}
+
+    seen = findings(str(tmp_path / "host"))
+    (aer,) = [k for k in seen if k.startswith("GPU 1 NVIDIA H100 80GB HBM3: PCIe AER counts since boot")]
+    assert aer.endswith("correctable 2, nonfatal 1, fatal 1") and not seen[aer][0] and "reseat" in seen[aer][1]
+    assert seen["GPU 0 NVIDIA GeForce RTX 4090: no PCIe AER counts in sysfs"][0]
+    assert "not watched" in seen["GPU 0 NVIDIA GeForce RTX 4090: no PCIe AER counts in sysfs"][2]
+    bus = seen["an NVIDIA GPU at PCI 0000:99:00.0 is on the bus, bound to the nvidia driver, but NVML does not list it"]
+    assert not bus[0] and "kernel log" in bus[1]
+    assert not [k for k in findings("auto") if "PCI" in k]

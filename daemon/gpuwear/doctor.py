@@ -9,10 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters, host_root, sysfs_address
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
+from gpuwear.backends.pcibus import PROC_NVIDIA_GPUS, NvidiaBus
 from gpuwear.config import Config
 from gpuwear.jobs.resolve import foreign_pids, wsl2
 from gpuwear.ledger import Ledger, LedgerError, printable
+from gpuwear.sample import GpuIdentity
 
 # What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
 PROCESS_FIXES = {
@@ -60,6 +63,7 @@ class Doctor:
             gpus = self.backend.open()
         except NvmlUnavailableError as exc:
             self.check(False, f"NVML: {exc}", "install or load the NVIDIA driver; `nvidia-smi` must list the GPUs")
+            self._pci([])  # GPUs bound to the driver that NVML cannot reach are named
             return
         info = self.backend.system_info()
         self.check(True, f"NVIDIA driver {info.driver_version}, NVML {info.nvml_version}, "
@@ -112,7 +116,34 @@ class Doctor:
                            PROCESS_FIXES.get(why, "NVML does not list this GPU's processes here: jobs on it cannot "
                                                   "be told apart"))
 
+        self._pci(gpus)
         self.backend.close()
+
+    def _pci(self, gpus: list[GpuIdentity]) -> None:
+        """What the host's sysfs tells beyond NVML (health.host_root): each GPU's PCIe AER counts, and NVIDIA GPUs
+        on the bus that NVML does not list."""
+        root = host_root(self.config.health.host_root, self.proc is None)
+        if root is None:
+            return
+        devices = root / SYSFS_PCI_DEVICES.relative_to("/")
+        for gpu in gpus:
+            counts = AerCounters(devices).read(gpu.pci_bus_id)
+            where = f"GPU {gpu.index} {gpu.name}"
+            if not counts:
+                self.remark(f"{where}: no PCIe AER counts in sysfs", "the kernel does not expose them here (AER "
+                            "handled by the firmware, a VM, or no /sys): uncorrectable PCIe errors are not watched")
+                continue
+            bad = counts.get("pcie_aer_nonfatal", 0) + counts.get("pcie_aer_fatal", 0)
+            self.check(bad == 0, f"{where}: PCIe AER counts since boot: " + ", ".join(
+                f"{field.removeprefix('pcie_aer_')} {n}" for field, n in counts.items()),
+                "uncorrectable PCIe errors: reseat the card or try another slot if they grow; `journalctl -k | grep "
+                "-i aer` says when")
+        on_bus = NvidiaBus(devices, root / PROC_NVIDIA_GPUS.relative_to("/"), self.dev).gpus()
+        listed = {sysfs_address(g.pci_bus_id) for g in gpus}
+        for address in [a for a in on_bus or () if a not in listed]:
+            self.check(False, f"an NVIDIA GPU at PCI {address} is on the bus, bound to the nvidia driver, but NVML "
+                              "does not list it", "the driver could not bring it up: read the kernel log "
+                              "(`journalctl -k | grep -i -e NVRM -e Xid`), then reboot or reset it")
 
     def _devices(self) -> None:
         if self.proc is not None and wsl2(self.proc):

@@ -13,14 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from gpuwear import __version__
-from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters, sysfs_address
+from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters, host_root, sysfs_address
 from gpuwear.backends.nvml import (
     DEFAULT_LIBRARY,
     GpuLostError,
@@ -103,19 +102,10 @@ def _info(backend: str, scenario: str) -> DaemonInfo:
                       scenario=scenario)
 
 
-def host_root(config: Config, simulated: bool) -> Path | None:
-    """Where the host's /sys and the driver's /proc are read (health.host_root), None for nowhere: off, or auto
-    for simulated GPUs (their bus ids are not this machine's devices)."""
-    value = config.health.host_root
-    if value == "off" or (value == "auto" and simulated):
-        return None
-    return Path("/" if value == "auto" else value)
-
-
 def _sampler(backend: NvmlBackend, clock: Clock, config: Config, simulated: bool = True) -> Sampler:
     """The sampler of ``backend``'s GPUs; ``simulated``: their AER counts are read only from a tree that
-    health.host_root names (host_root)."""
-    root = host_root(config, simulated)
+    health.host_root names (backends.aer.host_root)."""
+    root = host_root(config.health.host_root, simulated)
     return Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
                    deadline_seconds=config.sampling.nvml_deadline_seconds, driver_errors=(NvmlDriverError,),
                    unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,),
@@ -236,7 +226,7 @@ class Daemon:
         # MIG devices as NVML lists them (slow reads): the kubelet names a MIG device a pod holds by its MIG UUID
         self._mig_parents: dict[str, str] = {}
         # the NVIDIA GPUs on the PCI bus that NVML does not list, read every slow interval (None: not read)
-        root = host_root(config, source.simulation is not None)
+        root = host_root(config.health.host_root, source.simulation is not None)
         self._bus = None if root is None else NvidiaBus(root / SYSFS_PCI_DEVICES.relative_to("/"),
                                                          root / PROC_NVIDIA_GPUS.relative_to("/"))
         self._unlisted: tuple[str, ...] | None = None

@@ -24,6 +24,14 @@ MAX_FILE_BYTES = 4096  # the kernel writes a page at most
 _NVML_BUS_ID = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])")
 
 
+def host_root(value: str, simulated: bool) -> Path | None:
+    """Where the host's /sys and the driver's /proc are read (health.host_root's ``value``), None for nowhere: off,
+    or auto for simulated GPUs (their bus ids are not this machine's devices)."""
+    if value == "off" or (value == "auto" and simulated):
+        return None
+    return Path("/" if value == "auto" else value)
+
+
 def sysfs_address(bus_id: str | None) -> str | None:
     """The sysfs name of a PCI function from NVML's bus id ("00000000:3B:00.0", nvmlPciInfo_t.busId: an 8-digit
     domain, capitals) -> "0000:3b:00.0"; None for anything else."""
