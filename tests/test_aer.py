@@ -222,3 +222,8 @@ def test_doctor_says_what_the_hosts_sysfs_tells(tmp_path: Path) -> None:
     bus = seen["an NVIDIA GPU at PCI 0000:99:00.0 is on the bus, bound to the nvidia driver, but NVML does not list it"]
     assert not bus[0] and "kernel log" in bus[1]
     assert not [k for k in findings("auto") if "PCI" in k]
+    (tmp_path / "host" / "sys" / "bus" / "pci" / "devices" / "0000:37:00.0" / "aer_dev_fatal").unlink()
+    for name in ("aer_dev_correctable", "aer_dev_nonfatal"):
+        (tmp_path / "host" / "sys" / "bus" / "pci" / "devices" / "0000:37:00.0" / name).unlink()
+    none = findings(str(tmp_path / "host"))  # no GPU with counts: one note for the host, not one per GPU
+    assert [k for k in none if "AER" in k] == ["no PCIe AER counts in sysfs for any GPU"]

@@ -126,12 +126,17 @@ class Doctor:
         if root is None:
             return
         devices = root / SYSFS_PCI_DEVICES.relative_to("/")
+        read = {gpu.index: AerCounters(devices).read(gpu.pci_bus_id) for gpu in gpus}
+        why = ("the kernel does not expose them here (AER handled by the firmware, a VM, or no /sys): uncorrectable "
+               "PCIe errors are not watched")
+        if gpus and not any(read.values()):  # one remark for the host, not one per GPU
+            self.remark("no PCIe AER counts in sysfs for any GPU", why)
         for gpu in gpus:
-            counts = AerCounters(devices).read(gpu.pci_bus_id)
+            counts = read[gpu.index]
             where = f"GPU {gpu.index} {gpu.name}"
             if not counts:
-                self.remark(f"{where}: no PCIe AER counts in sysfs", "the kernel does not expose them here (AER "
-                            "handled by the firmware, a VM, or no /sys): uncorrectable PCIe errors are not watched")
+                if any(read.values()):
+                    self.remark(f"{where}: no PCIe AER counts in sysfs", why)
                 continue
             bad = counts.get("pcie_aer_nonfatal", 0) + counts.get("pcie_aer_fatal", 0)
             self.check(bad == 0, f"{where}: PCIe AER counts since boot: " + ", ".join(
