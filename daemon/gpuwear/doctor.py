@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters, host_root, sysfs_address
+from gpuwear.backends.aer import AerCounters, host_root
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
-from gpuwear.backends.pcibus import PROC_NVIDIA_GPUS, NvidiaBus
+from gpuwear.backends.pcibus import NvidiaBus
 from gpuwear.config import Config
 from gpuwear.jobs.resolve import foreign_pids, wsl2
 from gpuwear.ledger import Ledger, LedgerError, printable
@@ -125,8 +125,8 @@ class Doctor:
         root = host_root(self.config.health.host_root, self.proc is None)
         if root is None:
             return
-        devices = root / SYSFS_PCI_DEVICES.relative_to("/")
-        read = {gpu.index: AerCounters(devices).read(gpu.pci_bus_id) for gpu in gpus}
+        aer = AerCounters.under(root)
+        read = {gpu.index: aer.read(gpu.pci_bus_id) for gpu in gpus}
         why = ("the kernel does not expose them here (AER handled by the firmware, a VM, or no /sys): uncorrectable "
                "PCIe errors are not watched")
         if gpus and not any(read.values()):  # one remark for the host, not one per GPU
@@ -143,9 +143,7 @@ class Doctor:
                 f"{field.removeprefix('pcie_aer_')} {n}" for field, n in counts.items()),
                 "uncorrectable PCIe errors: reseat the card or try another slot if they grow; `journalctl -k | grep "
                 "-i aer` says when")
-        on_bus = NvidiaBus(devices, root / PROC_NVIDIA_GPUS.relative_to("/"), self.dev).gpus()
-        listed = {sysfs_address(g.pci_bus_id) for g in gpus}
-        for address in [a for a in on_bus or () if a not in listed]:
+        for address in NvidiaBus.under(root, self.dev).unlisted(g.pci_bus_id for g in gpus) or ():
             self.check(False, f"an NVIDIA GPU at PCI {address} is on the bus, bound to the nvidia driver, but NVML "
                               "does not list it", "the driver could not bring it up: read the kernel log "
                               "(`journalctl -k | grep -i -e NVRM -e Xid`), then reboot or reset it")

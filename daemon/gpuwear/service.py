@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from gpuwear import __version__
-from gpuwear.backends.aer import SYSFS_PCI_DEVICES, AerCounters, host_root, sysfs_address
+from gpuwear.backends.aer import AerCounters, host_root, sysfs_address
 from gpuwear.backends.nvml import (
     DEFAULT_LIBRARY,
     GpuLostError,
@@ -28,7 +28,7 @@ from gpuwear.backends.nvml import (
     NvmlUnavailableError,
     NvmlVersionMismatchError,
 )
-from gpuwear.backends.pcibus import PROC_NVIDIA_GPUS, NvidiaBus
+from gpuwear.backends.pcibus import NvidiaBus
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
@@ -109,7 +109,7 @@ def _sampler(backend: NvmlBackend, clock: Clock, config: Config, simulated: bool
     return Sampler(backend, clock, config.sampling.slow_interval_seconds, (GpuLostError,),
                    deadline_seconds=config.sampling.nvml_deadline_seconds, driver_errors=(NvmlDriverError,),
                    unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,),
-                   aer=None if root is None else AerCounters(root / SYSFS_PCI_DEVICES.relative_to("/")).read)
+                   aer=None if root is None else AerCounters.under(root).read)
 
 
 DRIVER_RETRY_SECONDS = 2.0
@@ -227,8 +227,7 @@ class Daemon:
         self._mig_parents: dict[str, str] = {}
         # the NVIDIA GPUs on the PCI bus that NVML does not list, read every slow interval (None: not read)
         root = host_root(config.health.host_root, source.simulation is not None)
-        self._bus = None if root is None else NvidiaBus(root / SYSFS_PCI_DEVICES.relative_to("/"),
-                                                         root / PROC_NVIDIA_GPUS.relative_to("/"))
+        self._bus = None if root is None else NvidiaBus.under(root)
         self._unlisted: tuple[str, ...] | None = None
         self._next_bus = -math.inf
         pods = None if source.simulation is not None else PodResourcesWatch(
@@ -300,11 +299,7 @@ class Daemon:
 
     def _not_enumerated(self, bus: NvidiaBus, snapshot: Snapshot) -> tuple[str, ...] | None:
         """The NVIDIA GPUs on the PCI bus that NVML does not list (said in the log when that changes)."""
-        found = bus.gpus()
-        if found is None:
-            return None
-        listed = {sysfs_address(g.identity.pci_bus_id) for g in snapshot.gpus}
-        unlisted = tuple(address for address in found if address not in listed)
+        unlisted = bus.unlisted(g.identity.pci_bus_id for g in snapshot.gpus)
         if unlisted and unlisted != self._unlisted:
             log.error("NVIDIA GPU(s) on the PCI bus, bound to the nvidia driver, that NVML does not list: %s (the "
                       "driver could not bring them up? the kernel log says why)", ", ".join(unlisted))

@@ -68,6 +68,11 @@ class AerCounters:
     def __init__(self, root: Path = SYSFS_PCI_DEVICES) -> None:
         self.root = root
 
+    @classmethod
+    def under(cls, host: Path) -> AerCounters:
+        """The counts of a host tree laid out as / (health.host_root)."""
+        return cls(host / SYSFS_PCI_DEVICES.relative_to("/"))
+
     def read(self, bus_id: str | None) -> dict[str, int]:
         """The totals of the function NVML names ``bus_id``, by sample field: those readable, none elsewhere."""
         address = sysfs_address(bus_id)

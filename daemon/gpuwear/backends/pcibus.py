@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
-from gpuwear.backends.aer import SYSFS_PCI_DEVICES, read_small
+from gpuwear.backends.aer import SYSFS_PCI_DEVICES, read_small, sysfs_address
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # PCI base class 03 (display): VGA-compatible and 3D controllers (pci_ids.h)
@@ -37,6 +38,20 @@ class NvidiaBus:
 
     def __init__(self, root: Path = SYSFS_PCI_DEVICES, proc: Path = PROC_NVIDIA_GPUS, dev: Path = DEV) -> None:
         self.root, self.proc, self.dev = root, proc, dev
+
+    @classmethod
+    def under(cls, host: Path, dev: Path = DEV) -> NvidiaBus:
+        """The bus of a host tree laid out as / (health.host_root): its sysfs and the driver's procfs there."""
+        return cls(host / SYSFS_PCI_DEVICES.relative_to("/"), host / PROC_NVIDIA_GPUS.relative_to("/"), dev)
+
+    def unlisted(self, bus_ids: Iterable[str | None]) -> tuple[str, ...] | None:
+        """Those of :meth:`gpus` that are not among NVML's ``bus_ids`` (nvmlPciInfo_t.busId); None when the tree
+        cannot be listed."""
+        found = self.gpus()
+        if found is None:
+            return None
+        listed = {sysfs_address(bus_id) for bus_id in bus_ids}
+        return tuple(address for address in found if address not in listed)
 
     def gpus(self) -> list[str] | None:
         """Their sysfs addresses ("0000:3b:00.0"), sorted; None when the tree cannot be listed."""
