@@ -1,4 +1,5 @@
-"""Third-party pynvml programs judge the fake NVML library: gpustat, nvitop and nvitop-exporter.
+"""Third-party pynvml programs judge the fake NVML library: gpustat, nvitop, nvitop-exporter, NVIDIA's example.py
+and py3nvml's XmlDeviceQuery (through its own binding).
 
 Each client runs in-process over a test rig's fake (``make_rig``), wrapped by a recorder that
 notes every C function the client looks up, whether the fake has it, and the nvmlReturn of
@@ -29,6 +30,7 @@ import threading
 import time
 import traceback
 import urllib.request
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -465,6 +467,55 @@ def test_nvidias_example_names_every_gpu_without_a_missing_function(scenario: st
                 "NVIDIA A100-SXM4-80GB": "NVIDIA", "NVIDIA GeForce GTX 1080 Ti": "GeForce",
                 "Tesla V100-PCIE-16GB": "Tesla"}
     assert brands == [expected[t["name"]] for t in run.truth], run.result  # the product line, not the fan count
+
+
+PY3NVML_BRANDS = 5  # py3nvml 0.2.7 (2022) knows nvmlBrandType_t up to GEFORCE (5); its XmlDeviceQuery raises
+# KeyError on a newer brand (NVIDIA 14, an H100's) before anything after it is asked, over a real driver as here
+# (pynvml's old smi.DeviceQuery met the same on brand 10: rapidsai-community/notebooks-contrib #338)
+
+
+def _py3nvml() -> tuple[Any, list[str]]:
+    """py3nvml's XmlDeviceQuery (its nvidia-smi -q in XML, NVMLError text in place of a value): py3nvml carries its
+    own ctypes binding, pointed at the same library the recorder wraps. Its brand table is widened to "Unknown"
+    for brands it predates (PY3NVML_BRANDS), so that the query goes on past them."""
+    from py3nvml import nvidia_smi
+    from py3nvml import py3nvml as binding
+
+    binding.nvmlLib = pynvml.nvmlLib
+    binding._nvmlGetFunctionPointer_cache = {}  # each run's library, not the one a previous run cached
+    brand = binding.nvmlDeviceGetBrand
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nvidia_smi, "nvmlDeviceGetBrand", lambda h: (lambda b: b if b <= PY3NVML_BRANDS else 0)(brand(h)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "this function is deprecated"
+            warnings.simplefilter("ignore", DeprecationWarning)  # its logger.warn
+            return nvidia_smi.XmlDeviceQuery(), []
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_py3nvml_device_query_meets_no_missing_function(scenario: str) -> None:
+    """py3nvml's XmlDeviceQuery met FUNCTION_NOT_FOUND for nvmlDeviceGetPciInfo_v2 (every branch exports it) and,
+    past it, for 18 more functions its driver exports (accounting, applications clocks, board id, inforom, VBIOS,
+    memory error counter by location, supported clocks, the process name): the fake answers each as nvml.h says for
+    the product (NOT_SUPPORTED where it says the product has no such feature)."""
+    run = run_client("py3nvml", scenario, _py3nvml)
+    assert run.error is None, f"{run.error}\n{run.recorder.table()}"
+    missing = sorted(run.recorder.missing & driver_has(scenario))
+    assert not missing, f"FUNCTION_NOT_FOUND for functions the driver exports: {missing}\n{run.recorder.table()}"
+    unknown = sorted(name for name, codes in run.recorder.returns.items() if ERROR_UNKNOWN in codes)
+    assert not unknown, f"the fake failed inside {unknown} (NVML_ERROR_UNKNOWN); see its log"
+    names = re.findall(r"<product_name>(.*?)</product_name>", run.result)
+    assert names == [t["name"] for t in run.truth], run.result
+    errors = set(re.findall(r">([^<>]*(?:Error|Not Found|Function|Permission|Argument)[^<>]*)<", run.result))
+    assert not errors, f"NVML errors in place of values: {errors}"
+    for gpu, truth in zip(re.findall(r"<gpu id=.*?</gpu>", run.result, re.S), run.truth, strict=True):
+        temperature = re.search(r"<gpu_temp>(\d+) C</gpu_temp>", gpu)
+        assert temperature is not None and abs(int(temperature.group(1)) - truth["temperature"]) <= 1, gpu
+        geforce = "GeForce" in truth["name"]
+        clocks = re.search(r"<applications_clocks>\s*<graphics_clock>(.*?)</graphics_clock>", gpu, re.S)
+        assert clocks is not None and (clocks.group(1) == "N/A") == geforce, gpu  # applications clocks: not GeForce
+        if truth["pids"] and scenario == "pids":  # processes on this host are named (nvmlSystemGetProcessName)
+            assert re.search(r"<process_name>[^<]*python[^<]*</process_name>", gpu), gpu
 
 
 def test_gpuwear_view_is_meaningful() -> None:

@@ -385,6 +385,18 @@ class SimulatedDriver:
         pci.domain, pci.bus, pci.device = 0, int(gpu.pci_bus_id[9:11], 16), 0
         return SUCCESS
 
+    def nvmlDeviceGetPciInfo_v2(self, handle: Any, info: Any) -> int:
+        """The layout before _v3 (kept exported for old binaries, nvml.h's NVML_NO_UNVERSIONED_FUNC_DEFS block):
+        busId[16] in the legacy format (NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, a 4-digit domain), then domain, bus,
+        device, pciDeviceId, pciSubSystemId and four reserved words; no busIdLegacy."""
+        gpu = self._gpu(handle)
+        pci = _out(info)
+        pci.busId = gpu.pci_bus_id[4:].encode()
+        pci.domain, pci.bus, pci.device = 0, int(gpu.pci_bus_id[9:11], 16), 0
+        return SUCCESS
+
+    nvmlDeviceGetPciInfo = nvmlDeviceGetPciInfo_v2  # the unversioned export: the same legacy layout
+
     def nvmlDeviceGetArchitecture(self, handle: Any, arch: Any) -> int:
         _out(arch).value = self._gpu(handle).product.architecture
         return SUCCESS
@@ -939,6 +951,191 @@ class SimulatedDriver:
         if self.simulation.windows_driver is not None:
             raise _UnsupportedError()
         _out(minor).value = gpu.index
+        return SUCCESS
+
+    # -- what nvidia-smi -q style queries ask besides (py3nvml's XmlDeviceQuery, NVIDIA's example.py): each answers
+    # as nvml.h's "For ..." line and return codes say for the simulated product; opaque version strings are
+    # placeholders in NVIDIA's format, never read by gpuwear
+
+    def nvmlDeviceGetAccountingMode(self, handle: Any, mode: Any) -> int:
+        """Per-process accounting (Kepler or newer): off until an administrator turns it on (nvmlEnableState_t
+        DISABLED, 0); nothing here turns it on."""
+        self._gpu(handle, "accounting")
+        _out(mode).value = 0
+        return SUCCESS
+
+    def nvmlDeviceGetAccountingBufferSize(self, handle: Any, size: Any) -> int:
+        """nvml.h: NOT_SUPPORTED "if device doesn't support this feature or accounting mode is disabled", which it
+        always is here."""
+        self._gpu(handle, "accounting")
+        raise _UnsupportedError()
+
+    def nvmlDeviceGetAutoBoostedClocksEnabled(self, handle: Any, enabled: Any, default: Any) -> int:
+        """nvml.h: "On Pascal and newer hardware, Auto Boosted clocks are controlled through application clocks":
+        NOT_SUPPORTED ("if the device does not support Auto Boosted clocks") on every simulated card (Pascal on)."""
+        self._gpu(handle)
+        raise _UnsupportedError()
+
+    def _applications_clock(self, handle: Any, clock_type: Any) -> int:
+        """Applications clocks (Fermi or newer *fully supported* devices, deprecated in 13.0): NOT_SUPPORTED on a
+        GeForce; a datacenter or workstation board answers its maximum clock for the type, standing in for the
+        default NVIDIA sets per board (a V100 PCIe's is lower than its maximum; not modelled)."""
+        gpu = self._gpu(handle, "clocks")
+        if "GeForce" in gpu.product.name:
+            raise _UnsupportedError()
+        return self._clock(gpu, _in(clock_type), True)
+
+    def nvmlDeviceGetApplicationsClock(self, handle: Any, clock_type: Any, mhz: Any) -> int:
+        _out(mhz).value = self._applications_clock(handle, clock_type)
+        return SUCCESS
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, handle: Any, clock_type: Any, mhz: Any) -> int:
+        _out(mhz).value = self._applications_clock(handle, clock_type)
+        return SUCCESS
+
+    def nvmlDeviceGetBoardId(self, handle: Any, board: Any) -> int:
+        """"Retrieves the device boardId from 0-N": the fake numbers boards by their PCI bus (bus << 8), as
+        nvidia-smi's "Board ID" reads on single-GPU boards (0x100 for bus 01)."""
+        gpu = self._gpu(handle)
+        _out(board).value = int(gpu.pci_bus_id[9:11], 16) << 8
+        return SUCCESS
+
+    def nvmlDeviceGetMultiGpuBoard(self, handle: Any, multi: Any) -> int:
+        """0: every simulated board carries one GPU."""
+        self._gpu(handle)
+        _out(multi).value = 0
+        return SUCCESS
+
+    def nvmlDeviceGetBridgeChipInfo(self, handle: Any, info: Any) -> int:
+        """"Only applicable to multi-GPU products": NOT_SUPPORTED ("if bridge chip not supported on the device")
+        on the single-GPU boards simulated."""
+        self._gpu(handle)
+        raise _UnsupportedError()
+
+    def nvmlDeviceGetGpuOperationMode(self, handle: Any, current: Any, pending: Any) -> int:
+        """GOM: "For GK110 M-class and X-class Tesla products from the Kepler family" (and Kepler-era GeForce
+        Titans): NOT_SUPPORTED on every simulated card."""
+        self._gpu(handle)
+        raise _UnsupportedError()
+
+    def nvmlDeviceGetPowerManagementMode(self, handle: Any, mode: Any) -> int:
+        """Deprecated; "For from the Kepler or newer families": power management is always on (ENABLED, 1)."""
+        self._gpu(handle, "power")
+        _out(mode).value = 1
+        return SUCCESS
+
+    def nvmlDeviceGetPowerState(self, handle: Any, pstate: Any) -> int:
+        """Deprecated name of nvmlDeviceGetPerformanceState ("This function exposes an incorrect
+        generalization")."""
+        return self.nvmlDeviceGetPerformanceState(handle, pstate)
+
+    def nvmlDeviceGetSupportedClocksEventReasons(self, handle: Any, reasons: Any) -> int:
+        """The clock-event reasons the board reports (nvmlClocksEventReason*: idle 0x1 through display clock
+        setting 0x100, "For all fully supported products"); every simulated board reports each of them."""
+        self._gpu(handle, "clock_reasons")
+        _out(reasons).value = 0x1FF
+        return SUCCESS
+
+    nvmlDeviceGetSupportedClocksThrottleReasons = nvmlDeviceGetSupportedClocksEventReasons
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any, count: Any, clocks: Any) -> int:
+        """The memory clocks the board can be locked to (Kepler or newer): the simulated board has its maximum and
+        the idle clock. ``count`` in: the array's size; out: the clocks written, or the number needed with
+        INSUFFICIENT_SIZE."""
+        gpu = self._gpu(handle, "max_clocks")
+        values = [int(gpu.product.memory_max_hz / 1e6), int(gpu.product.memory_max_hz * 0.1 / 1e6)]
+        n = _out(count)
+        if clocks is None or n.value < len(values):
+            n.value = len(values)
+            return ERROR_INSUFFICIENT_SIZE
+        for i, mhz in enumerate(values):
+            clocks[i] = mhz
+        n.value = len(values)
+        return SUCCESS
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle: Any, memory_mhz: Any, count: Any, clocks: Any) -> int:
+        """The graphics clocks the board can be locked to at one of its memory clocks (Kepler or newer): its
+        maximum down to its idle clock in 15 MHz steps, the spacing real boards list; NOT_FOUND for a memory clock
+        that nvmlDeviceGetSupportedMemoryClocks does not list."""
+        gpu = self._gpu(handle, "max_clocks")
+        p = gpu.product
+        if _in(memory_mhz) not in (int(p.memory_max_hz / 1e6), int(p.memory_max_hz * 0.1 / 1e6)):
+            return ERROR_NOT_FOUND
+        values = list(range(int(p.sm_max_hz / 1e6), int(p.idle_sm_hz / 1e6) - 1, -15))
+        n = _out(count)
+        if clocks is None or n.value < len(values):
+            n.value = len(values)
+            return ERROR_INSUFFICIENT_SIZE
+        for i, mhz in enumerate(values):
+            clocks[i] = mhz
+        n.value = len(values)
+        return SUCCESS
+
+    def nvmlDeviceGetMemoryErrorCounter(self, handle: Any, error_type: Any, counter_type: Any, location: Any,
+                                        count: Any) -> int:
+        """ECC errors by location (deprecated in 13.0; devices with ECC, ECC mode on). From Turing on, the counts
+        are kept for DRAM (2) and SRAM (7) only, as nvidia-smi -q shows them; the other locations answer
+        NOT_SUPPORTED there. Every simulated error is a DRAM error: SRAM and the older locations read 0."""
+        gpu = self._gpu(handle, "ecc_errors")
+        if not gpu.product.ecc:
+            raise _UnsupportedError()
+        where = _in(location)
+        if not 0 <= where <= 7:
+            raise _InvalidError()
+        if gpu.product.architecture >= 6 and where not in (2, 7):  # nvmlDeviceArchitecture_t TURING = 6
+            raise _UnsupportedError()
+        s = gpu.state
+        table = {(0, 0): s.ecc_corrected_volatile, (1, 0): s.ecc_uncorrected_volatile,
+                 (0, 1): s.ecc_corrected_aggregate, (1, 1): s.ecc_uncorrected_aggregate}
+        value = table.get((_in(error_type), _in(counter_type)))
+        if value is None:
+            raise _InvalidError()
+        _out(count).value = value if where == 2 else 0
+        return SUCCESS
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any, buf: Any, size: Any) -> int:
+        """"For all products": a placeholder in the form nvidia-smi shows ("96.00.30.00.01")."""
+        gpu = self._gpu(handle)
+        text = f"{0x90 + gpu.product.architecture:02X}.00.30.00.01"
+        if _in(size) <= len(text):
+            return ERROR_INSUFFICIENT_SIZE
+        buf.value = text.encode()
+        return SUCCESS
+
+    def nvmlDeviceGetInforomImageVersion(self, handle: Any, buf: Any, size: Any) -> int:
+        """"For all products with an inforom" (every board simulated): a placeholder in NVIDIA's form
+        ("G520.0200.00.05"; at most 15 characters)."""
+        self._gpu(handle)
+        text = "G500.0200.00.01"
+        if _in(size) <= len(text):
+            return ERROR_INSUFFICIENT_SIZE
+        buf.value = text.encode()
+        return SUCCESS
+
+    def nvmlDeviceGetInforomVersion(self, handle: Any, kind: Any, buf: Any, size: Any) -> int:
+        """An infoROM object's version (nvmlInforomObject_t OEM 0, ECC 1, POWER 2): the ECC object only on boards
+        with ECC; the power object NOT_SUPPORTED (nvidia-smi -q reads it N/A on current boards)."""
+        gpu = self._gpu(handle)
+        obj = _in(kind)
+        if obj not in (0, 1, 2):
+            raise _InvalidError()
+        if obj == 2 or (obj == 1 and not gpu.product.ecc):
+            raise _UnsupportedError()
+        text = "2.1" if obj == 0 else "7.0"
+        if _in(size) <= len(text):
+            return ERROR_INSUFFICIENT_SIZE
+        buf.value = text.encode()
+        return SUCCESS
+
+    def nvmlSystemGetProcessName(self, pid: Any, buf: Any, length: Any) -> int:
+        """The name of a process on this host, "cropped to provided length": its argv[0]
+        (/proc/PID/cmdline); NOT_FOUND for a PID no process here has (the simulation's synthetic PIDs)."""
+        try:
+            with open(f"/proc/{int(_in(pid))}/cmdline", "rb") as f:
+                name = f.read().split(b"\0", 1)[0]
+        except (OSError, ValueError):
+            return ERROR_NOT_FOUND
+        buf.value = name[: max(0, _in(length) - 1)]
         return SUCCESS
 
     def nvmlDeviceGetBrand(self, handle: Any, brand: Any) -> int:
