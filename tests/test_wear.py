@@ -675,6 +675,37 @@ def test_a_gpu_that_bleeds_corrected_errors_under_load_is_watched_against_its_pe
     assert "bleeding_errors" not in {r["code"] for r in tracker.views[uuids[1]].verdict["reasons"]}
 
 
+def test_nvlink_replays_and_correctable_row_remaps_are_kept_as_rates_too() -> None:
+    """Issue 38 item 1 names NVLink replays and rows remapped for correctable errors beside corrected ECC errors, PCIe
+    replays and NVLink CRC errors: their events by load are kept in the record too (error_counts, through its JSON),
+    and an H100 whose NVLink replays run at 5,000 per loaded hour while its peer's read 0 is watched, in words."""
+    from gpuwear.wear.accumulate import ERROR_COUNTERS
+    from gpuwear.wear.models import _ERROR_WORDS, peer_rates
+
+    assert set(_ERROR_WORDS) == set(ERROR_COUNTERS)
+    params = replace(WearConfig(), max_gap_seconds=900.0)
+    wears = {}
+    for uuid, replays_per_hour, rows in (("GPU-bad", 5000.0, 2), ("GPU-good", 0.0, 0)):
+        w = GpuWear(uuid, name="NVIDIA H100 80GB HBM3")
+        for k in range(4 * 6 + 1):  # four loaded hours, a sample every 10 minutes
+            t = 600.0 * k
+            w.add(GpuSample(timestamp=1.8e9 + t, monotonic=t, temperature_gpu_celsius=60.0, utilization_gpu_ratio=1.0,
+                            nvlink_replay_errors=int(replays_per_hour * t / 3600),
+                            remapped_rows_corrected=rows if k >= 12 else 0), 0.0 if k == 0 else 600.0)
+        wears[uuid] = GpuWear.from_json(json.loads(json.dumps(w.to_json())), 2.0)
+    bad = wears["GPU-bad"]
+    assert bad.error_counts["nvlink_replay"][1] == 20000.0 and bad.error_counts["nvlink_replay"][0] == 4 * 3600.0
+    assert bad.error_counts["remapped_rows_correctable"][1] == 2.0
+    assert wears["GPU-good"].error_counts["nvlink_replay"][1] == 0.0
+    peers = peer_rates(wears, params)
+    reasons = verdict(bad, params, None, peers=peers["GPU-bad"])["reasons"]
+    (reason,) = [r for r in reasons if r["code"] == "bleeding_errors"]
+    assert "5000 NVLink replays per loaded hour" in reason["text"], reason["text"]
+    assert "remapped" not in reason["text"]  # 0.5 an hour: far below the floor
+    good = verdict(wears["GPU-good"], params, None, peers=peers["GPU-good"])
+    assert "bleeding_errors" not in {r["code"] for r in good["reasons"]}
+
+
 def _lone_gpu(rates_by_day: list[float], hours_a_day: float = 8.0) -> GpuWear:
     """A GPU alone on its host, loaded ``hours_a_day`` a day (a sample every 10 minutes, idle the rest of the day), its
     corrected ECC errors rising at ``rates_by_day[d]`` per loaded hour on day d."""

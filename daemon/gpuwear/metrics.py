@@ -444,9 +444,10 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
     MetricDef("gpuwear_lifetime_energy_joules_total", "counter", "joules", "Energy used over the observed life "
                   "(NVML energy counter deltas, else integrated power).", (), _value(lambda v: v.energy_joules)),
     MetricDef("gpuwear_lifetime_error_events_total", "counter", "", "Corrected ECC errors, PCIe replays, NVLink CRC "
-                  "errors and NVML reads past the deadline (nvml_stalls), by the load the GPU was under (utilization "
-                  "at or above 10 %: loaded), over its life; divided by the seconds of the next family, the rates the "
-                  "verdict's bleeding_errors and stalled_calls judge.", ("counter", "load"),
+                  "errors and replays, rows remapped for correctable errors and NVML reads past the deadline "
+                  "(nvml_stalls), by the load the GPU was under (utilization at or above 10 %: loaded), over its life; "
+                  "divided by the seconds of the next family, the rates the verdict's bleeding_errors and "
+                  "stalled_calls judge.", ("counter", "load"),
                   lambda v: [(key, e) for key, (e, _) in sorted(v.errors.items())], detail=True),
     MetricDef("gpuwear_lifetime_error_watched_seconds_total", "counter", "seconds", "Observed time each error "
                   "counter was read, by load.", ("counter", "load"),

@@ -197,9 +197,10 @@ SEEN_FIELDS: dict[str, tuple[str, ...]] = {
     "fans": ("fan_speed_ratio", "fan_speed_rpm"), "power": ("power_watts",), "utilization": ("utilization_gpu_ratio",)}
 assert tuple(SEEN_FIELDS) == READING_GROUPS
 # the error counters whose rates per loaded and idle hour a history keeps (GpuWear.error_counts): corrected ECC
-# errors since the driver loaded (NVML_FI_DEV_ECC_SBE_VOL_TOTAL), PCIe replays (NVML_FI_DEV_PCIE_REPLAY_COUNTER) and
-# NVLink CRC errors, flit and data, summed over the links (nvmlDeviceGetNvLinkErrorCounter)
-ERROR_COUNTERS = ("ecc_corrected", "pcie_replays", "nvlink_crc")
+# errors since the driver loaded (NVML_FI_DEV_ECC_SBE_VOL_TOTAL), PCIe replays (NVML_FI_DEV_PCIE_REPLAY_COUNTER),
+# NVLink CRC errors, flit and data, and NVLink replays, each summed over the links (nvmlDeviceGetNvLinkErrorCounter),
+# and memory rows remapped for correctable errors (nvmlDeviceGetRemappedRows' corrRows)
+ERROR_COUNTERS = ("ecc_corrected", "pcie_replays", "nvlink_crc", "nvlink_replay", "remapped_rows_correctable")
 LOADED_UTILIZATION = 0.1  # utilization at or above which an error counter's time counts as loaded
 STALLS = "nvml_stalls"  # error_counts' entry for NVML reads past the deadline (the sampler's), by load
 SLOW_READ_SECONDS = (10.0, 1.0, 0.1)  # the bins of slow_reads, slowest first: a read at or above each is counted
@@ -220,6 +221,10 @@ def _counters(s: GpuSample) -> list[tuple[str, float]]:
         out.append(("pcie_replays", float(s.pcie_replays)))
     if s.nvlink_crc_flit_errors is not None and s.nvlink_crc_data_errors is not None:
         out.append(("nvlink_crc", float(s.nvlink_crc_flit_errors + s.nvlink_crc_data_errors)))
+    if s.nvlink_replay_errors is not None:
+        out.append(("nvlink_replay", float(s.nvlink_replay_errors)))
+    if s.remapped_rows_corrected is not None:
+        out.append(("remapped_rows_correctable", float(s.remapped_rows_corrected)))
     return out
 
 

@@ -386,7 +386,8 @@ def incident_summary(w: GpuWear) -> dict[str, Any]:
 
 
 _ERROR_WORDS = {"ecc_corrected": "corrected ECC errors", "pcie_replays": "PCIe replays",
-                "nvlink_crc": "NVLink CRC errors"}
+                "nvlink_crc": "NVLink CRC errors", "nvlink_replay": "NVLink replays",
+                "remapped_rows_correctable": "memory rows remapped for correctable errors"}
 
 
 def error_rates(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | None]]:
