@@ -514,6 +514,9 @@ def test_py3nvml_device_query_meets_no_missing_function(scenario: str) -> None:
         geforce = "GeForce" in truth["name"]
         clocks = re.search(r"<applications_clocks>\s*<graphics_clock>(.*?)</graphics_clock>", gpu, re.S)
         assert clocks is not None and (clocks.group(1) == "N/A") == geforce, gpu  # applications clocks: not GeForce
+        memory = re.search(r"<supported_clocks>\s*(<supported_mem_clock>|N/A)", gpu)  # nor clocks to lock to
+        assert memory is not None and (memory.group(1) == "N/A") == geforce, gpu
+        assert "<accounting_mode_buffer_size>4000</accounting_mode_buffer_size>" in gpu, gpu
         if truth["pids"] and scenario == "pids":  # processes on this host are named (nvmlSystemGetProcessName)
             assert re.search(r"<process_name>[^<]*python[^<]*</process_name>", gpu), gpu
 

@@ -965,8 +965,20 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceGetAccountingBufferSize(self, handle: Any, size: Any) -> int:
-        """nvml.h: NOT_SUPPORTED "if device doesn't support this feature or accounting mode is disabled", which it
-        always is here."""
+        """The processes the accounting buffer holds: 4000, also with accounting off, as nvidia-smi -q shows real
+        boards ("Accounting Mode: Disabled", "Accounting Mode Buffer Size: 4000" on a GTX 960M, netdata/netdata
+        #4892), whatever nvml.h's return codes say of a disabled mode."""
+        self._gpu(handle, "accounting")
+        _out(size).value = 4000
+        return SUCCESS
+
+    def nvmlDeviceGetAccountingPids(self, handle: Any, count: Any, pids: Any) -> int:
+        """nvml.h: NOT_SUPPORTED "if device doesn't support this feature or accounting mode is disabled" (it is)."""
+        self._gpu(handle, "accounting")
+        raise _UnsupportedError()
+
+    def nvmlDeviceGetAccountingStats(self, handle: Any, pid: Any, stats: Any) -> int:
+        """As nvmlDeviceGetAccountingPids: accounting mode is disabled."""
         self._gpu(handle, "accounting")
         raise _UnsupportedError()
 
@@ -1039,10 +1051,13 @@ class SimulatedDriver:
     nvmlDeviceGetSupportedClocksThrottleReasons = nvmlDeviceGetSupportedClocksEventReasons
 
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any, count: Any, clocks: Any) -> int:
-        """The memory clocks the board can be locked to (Kepler or newer): the simulated board has its maximum and
-        the idle clock. ``count`` in: the array's size; out: the clocks written, or the number needed with
-        INSUFFICIENT_SIZE."""
+        """The memory clocks the board can be locked to (Kepler or newer *fully supported* devices): NOT_SUPPORTED on
+        a GeForce (an RTX 3090: NVIDIA/TensorRT #2669; a GTX 1070's clock functions: KernelTuner/kernel_tuner #86);
+        else its maximum and its idle clock. ``count`` in: the array's size; out: the clocks written, or the number
+        needed with INSUFFICIENT_SIZE."""
         gpu = self._gpu(handle, "max_clocks")
+        if "GeForce" in gpu.product.name:
+            raise _UnsupportedError()
         values = [int(gpu.product.memory_max_hz / 1e6), int(gpu.product.memory_max_hz * 0.1 / 1e6)]
         n = _out(count)
         if clocks is None or n.value < len(values):
@@ -1056,8 +1071,10 @@ class SimulatedDriver:
     def nvmlDeviceGetSupportedGraphicsClocks(self, handle: Any, memory_mhz: Any, count: Any, clocks: Any) -> int:
         """The graphics clocks the board can be locked to at one of its memory clocks (Kepler or newer): its
         maximum down to its idle clock in 15 MHz steps, the spacing real boards list; NOT_FOUND for a memory clock
-        that nvmlDeviceGetSupportedMemoryClocks does not list."""
+        that nvmlDeviceGetSupportedMemoryClocks does not list; NOT_SUPPORTED on a GeForce, as that one."""
         gpu = self._gpu(handle, "max_clocks")
+        if "GeForce" in gpu.product.name:
+            raise _UnsupportedError()
         p = gpu.product
         if _in(memory_mhz) not in (int(p.memory_max_hz / 1e6), int(p.memory_max_hz * 0.1 / 1e6)):
             return ERROR_NOT_FOUND
