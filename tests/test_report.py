@@ -147,7 +147,12 @@ def _check_bands(text: str, compared: bool) -> None:
         if "Too little observed" in words:
             continue
         assert "as much as" not in words.replace("about as much as", ""), words
-        assert words.count("central estimate;") == 2, words
+        # the two estimates, and what would change the answer (heat aging 10 °C hotter), each with its band
+        assert words.count("central estimate;") == 3, words
+        assert re.search(r"What would change this: 10 °C hotter than its usual \d+ °C, heat aging runs about \S+ "
+                         r"times as fast \(central estimate; \S+ to \S+ across the model's parameters\)", words), words
+        assert ("Against NVIDIA's limits for this card: " in words
+                or "Its own temperature limits are not known here" in words), words  # the rated limits
         assert re.search(r"days of gaming 4 h a day do \(\S+ to \S+ days\)", words) or "less than a tenth" in words
         assert "equivalent full" in words
         assert compared or "larger stress" not in words, words
@@ -159,6 +164,41 @@ def _check_bands(text: str, compared: bool) -> None:
         if "M revolutions" in line:
             assert "assuming a rated" in line or "measured RPM" in line, line
         assert not line.strip().startswith("Thermal cycles ("), line  # counted cycles are named so
+
+
+def test_the_answer_says_the_cards_limits_and_what_would_change_it() -> None:
+    """Issue 30 item 1: the plain answer compares the card with NVIDIA's rated limits (its slowdown and maximum
+    operating temperatures) and says what would change the answer. A card at 60 °C half its time and 85 °C the
+    other half, slowdown 84 °C: half its time at or above it; 10 °C hotter than its usual (median) temperature,
+    heat aging runs exp(Ea/k (1/T - 1/(T+10))) times as fast, per activation energy of the band (the direct
+    formula, independent of the models' code)."""
+    import math
+
+    from gpuwear.config import WearConfig
+    from gpuwear.report import document, plain_words
+    from gpuwear.sample import GpuSample
+    from gpuwear.wear.accumulate import GpuWear
+
+    w = GpuWear("GPU-limits", name="NVIDIA GeForce RTX 4090")
+    for i in range(7200):
+        w.add(GpuSample(timestamp=1.8e9 + i, monotonic=float(i), temperature_gpu_celsius=60.0 if i < 3601 else 85.0,
+                        utilization_gpu_ratio=1.0, threshold_slowdown_celsius=84.0, threshold_gpu_max_celsius=90.0),
+              0.0 if i == 0 else 1.0)
+    d = document([w], WearConfig(), {}, "ledger", False)["gpus"][0]
+    assert d["limits"]["slowdown_celsius"] == 84.0 and d["limits"]["gpu_max_celsius"] == 90.0
+    assert d["limits"]["at_or_above_slowdown_ratio"] == pytest.approx(0.5, abs=0.01)
+    assert d["limits"]["hottest_celsius"] == 85.0
+    usual = d["hotter"]["usual_celsius"]
+    assert usual == 60
+    k = 8.617333262e-5
+    for band, ea in (("low", 0.3), ("central", 0.7), ("high", 1.0)):
+        direct = math.exp(ea / k * (1 / (usual + 273.15) - 1 / (usual + 10 + 273.15)))
+        assert d["hotter"]["heat_aging_factor"][band] == pytest.approx(direct, rel=1e-3)
+    words = plain_words(d)
+    assert ("Against NVIDIA's limits for this card: 50 % of its observed time at or above its slowdown temperature "
+            "(84 °C)") in words, words
+    assert "its hottest reading 85 °C against its maximum operating temperature of 90 °C" in words, words
+    assert "10 °C hotter than its usual 60 °C, heat aging runs about 2 times as fast" in words, words
 
 
 @pytest.mark.slow

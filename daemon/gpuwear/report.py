@@ -12,7 +12,15 @@ from typing import Any
 from gpuwear.config import WearConfig
 from gpuwear.ledger import Event, Ledger
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import WORD_PROFILES, estimates, peer_rates, resistance_trend, slow_reads_text, verdict
+from gpuwear.wear.models import (
+    WORD_PROFILES,
+    arrhenius_factor,
+    estimates,
+    peer_rates,
+    resistance_trend,
+    slow_reads_text,
+    verdict,
+)
 from gpuwear.wear.schema import READING_GROUPS
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
@@ -78,8 +86,39 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         "violation_seconds": {k: round(v, 3) for k, v in sorted(w.violation_seconds.items())},
         "thermal_resistance": resistance_trend(w),
         **est,
+        "limits": limits(w),
+        "hotter": hotter(w, p),
         "events": [{"wall": e.wall, "kind": e.kind, **e.detail} for e in events[-EVENTS_SHOWN:]],
     }
+
+
+HOTTER_CELSIUS = 10.0  # "what would change the answer": the heat aging rate this much above the card's usual
+
+
+def limits(w: GpuWear) -> dict[str, float | None]:
+    """The die against the card's own limits as NVML reports them (nvmlDeviceGetTemperatureThreshold, or the
+    product's where an imported log names it): the share of observed time at or above its slowdown temperature, its
+    hottest reading against its maximum operating temperature (°C); None where not known."""
+    hist = w.temperature_seconds.get("gpu", {})
+    slowdown, gpu_max = w.thresholds.get("slowdown"), w.thresholds.get("gpu_max")
+    total = sum(hist.values())
+    return {"slowdown_celsius": slowdown, "gpu_max_celsius": gpu_max,
+            "at_or_above_slowdown_ratio": (round(w.seconds_at_or_above("gpu", slowdown) / total, 6)
+                                           if slowdown is not None and total > 0 else None),
+            "hottest_celsius": float(max(int(t) for t in hist)) if hist else None}
+
+
+def hotter(w: GpuWear, p: WearConfig) -> dict[str, Any] | None:
+    """How much faster heat aging would run HOTTER_CELSIUS above the card's usual die temperature (the median of its
+    observed time), per band of the activation energy: the Arrhenius factor, model and parameters as the estimate
+    above (wear.models.arrhenius_factor); None without a die temperature."""
+    usual = _percentile(w.temperature_seconds.get("gpu", {}), 0.5)
+    if usual is None:
+        return None
+    ea = p.arrhenius.activation_energy_ev
+    return {"usual_celsius": usual, "by_celsius": HOTTER_CELSIUS,
+            "heat_aging_factor": {band: round(arrhenius_factor(usual + HOTTER_CELSIUS, usual, getattr(ea, band)), 3)
+                                  for band in ("low", "central", "high")}}
 
 
 def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
@@ -242,8 +281,38 @@ def plain_words(d: dict[str, Any]) -> str:
     since = f" since {time.strftime('%Y-%m-%d', time.gmtime(first))}" if first is not None else ""
     coverage = d["coverage_ratio"]
     share = f" ({100 * coverage:.0f} % of that time)" if coverage is not None else ""
-    return (text + f" This rests on {duration(d['observed_seconds'])} observed{since}{share}; nothing before is known. "
-            "Wear is an estimate from models (docs/wear-model.md), not a measured remaining life.")
+    return (text + _limits_words(d) + _change_words(d) + f" This rests on {duration(d['observed_seconds'])} observed"
+            f"{since}{share}; nothing before is known. Wear is an estimate from models (docs/wear-model.md), not a "
+            "measured remaining life.")
+
+
+def _limits_words(d: dict[str, Any]) -> str:
+    """The die against NVIDIA's limits for the card, in a sentence (``limits``)."""
+    lim = d.get("limits") or {}
+    share, slowdown = lim.get("at_or_above_slowdown_ratio"), lim.get("slowdown_celsius")
+    hottest, gpu_max = lim.get("hottest_celsius"), lim.get("gpu_max_celsius")
+    if share is None or slowdown is None:
+        return " Its own temperature limits are not known here, so its heat is not judged against them."
+    time_share = "none" if share == 0 else "under 1 %" if share < 0.01 else f"{100 * share:.0f} %"
+    text = (f" Against NVIDIA's limits for this card: {time_share} of its observed time at or above its slowdown "
+            f"temperature ({slowdown:g} °C), where it slows itself down to protect itself")
+    if hottest is not None and gpu_max is not None:
+        text += f"; its hottest reading {hottest:g} °C against its maximum operating temperature of {gpu_max:g} °C"
+    elif hottest is not None:
+        text += f"; its hottest reading {hottest:g} °C"
+    return text + "."
+
+
+def _change_words(d: dict[str, Any]) -> str:
+    """What would change the answer, in a sentence (``hotter``)."""
+    h = d.get("hotter")
+    if not h:
+        return ""
+    f = h["heat_aging_factor"]
+    return (f" What would change this: {h['by_celsius']:g} °C hotter than its usual {h['usual_celsius']:g} °C, heat "
+            f"aging runs about {roughly(f['central'])} times as fast (central estimate; {roughly(f['low'])} to "
+            f"{roughly(f['high'])} across the model's parameters), and larger or hotter swings raise the cycling "
+            "figure; a health reason would matter more than either.")
 
 
 # Meta, "The Llama 3 Herd of Models" (2024), table 5: the 419 unexpected interruptions of 54 days of training on
