@@ -11,12 +11,14 @@ first, in this thread, before the daemon's threads start (its XID listener drive
 then as many scrapes over HTTP.
 
 Per scrape it reports the CPU (``time.thread_time``: this thread only) of rendering the body Prometheus asks for
-(OpenMetrics, gzip), split into the wear views, the text and the compression (medians over the rounds, and the
-mean of the totals); the series per GPU (sample lines
-carrying a ``uuid`` label, per GPU; the daemon's own lines apart); the bytes on the wire, gzip'd and plain; and
-the latency of a real HTTP scrape (the daemon's front door on loopback, a new connection, Prometheus' Accept and
-Accept-Encoding headers), timed by the client right after each tick. ``--detail`` sets ``metrics.detail: true``.
-Prints one JSON object per GPU count.
+(OpenMetrics, gzip), split into the wear views, the text and the compression (medians over the rounds, and the mean
+of the totals); the CPU the daemon's threads spend on a scrape through its front door (``door_cpu_ms``: the
+process's CPU clock around each request over one kept-alive connection, less the client thread's; the render plus
+HTTP framing, the loop's wake-ups and the socket's system time, which the render alone leaves out); the series per
+GPU (sample lines carrying a ``uuid`` label, per GPU; the daemon's own lines apart); the bytes on the wire, gzip'd
+and plain; and the latency of a real HTTP scrape (the daemon's front door on loopback, a new connection, Prometheus'
+Accept and Accept-Encoding headers), timed by the client right after each tick. ``--detail`` sets ``metrics.detail:
+true``. Prints one JSON object per GPU count.
 
 The CPU figures of a 2-core VM move by up to 2.5x between sessions (other tenants) and by ±20 % within one, so
 each round also times a fixed calibration workload (float formatting and dict lookups, the scrape's kind of
@@ -146,6 +148,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
         rounds_ms.append(((c1 - c0) * 1e3, (c2 - c1) * 1e3, (c3 - c2) * 1e3))
         calibration.append(_calibration())
     latencies: list[float] = []
+    door_ms: list[float] = []
     daemon.start()
     try:
         for i in range(rounds):  # then real scrapes over HTTP, each after a new tick
@@ -160,6 +163,21 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
             conn.close()
             if response.status != 200 or gzip.decompress(data)[-6:] != b"# EOF\n":
                 raise RuntimeError(f"scrape {i}: HTTP {response.status}")
+        # and the CPU a scrape costs the daemon's threads through its front door (the HTTP loop and the render
+        # worker): the process's CPU clock (every thread) around each request over one kept-alive connection, as
+        # Prometheus keeps it, less this thread's own (the client's); each request after a new tick
+        kept = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=10)
+        for i in range(rounds):
+            clock.advance(1.0)
+            daemon._tick()
+            p0, t0 = time.process_time(), time.thread_time()
+            kept.request("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+            response = kept.getresponse()
+            data = response.read()
+            door_ms.append(((time.process_time() - p0) - (time.thread_time() - t0)) * 1e3)
+            if response.status != 200:
+                raise RuntimeError(f"scrape {i}: HTTP {response.status}")
+        kept.close()
     finally:
         daemon.stop()
     return {
@@ -172,6 +190,8 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
         "per_calibration": statistics.median(sum(r) / c for r, c in zip(rounds_ms, calibration, strict=True)),
         "series": _series(plain, gpus),
         "bytes": {"gzip": len(body), "plain": len(plain), "gzip_per_gpu": len(body) / gpus},
+        # in process, through the front door: what bench/scrape_outside.py measures from outside, less the sampler
+        "door_cpu_ms": {"median": statistics.median(door_ms), "min": min(door_ms), "max": max(door_ms)},
         "http_ms": {"p50": statistics.median(latencies) * 1e3, "p99": _percentile(latencies, 0.99) * 1e3,
                     "max": max(latencies) * 1e3},
     }

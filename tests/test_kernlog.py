@@ -69,6 +69,40 @@ def test_a_source_that_cannot_be_read_is_said_once_and_ends_quietly(tmp_path: Pa
     assert "cannot be read" in caplog.text and "XID 79, 119 or 120" in caplog.text
 
 
+def test_a_quiet_simulated_kernel_log_never_wakes_its_reader_and_stop_still_ends_it() -> None:
+    """An idle daemon's periodic wake-ups are most of its CPU: the simulated driver's kernel-log reader woke once a
+    second to look at its stop request (4.8 ms of CPU a minute, 6 % of an idle 1-GPU daemon's). It now waits until
+    a GPU writes a line or stop() wakes it: no wake-up over 2.5 quiet seconds, a line still read, the thread ended
+    by stop()."""
+    import threading
+
+    from gpuwear.sim.simulated import parse_scenario
+
+    class Counting(threading.Event):
+        woken = 0
+
+        def wait(self, timeout: float | None = None) -> bool:
+            got = super().wait(timeout)
+            Counting.woken += 1
+            return got
+
+    sim = parse_scenario({"gpus": [{"product": "h100-sxm"}]}, "test")
+    sim.kernel_written = sim.gpus[0].kernel_written = Counting()
+    seen: list[tuple[str, int]] = []
+    follower = KernelLogXids("simulation", lambda bus, code: seen.append((bus, code)), sim.kernel_log,
+                             sim.wake_kernel_log)
+    follower.start()
+    time.sleep(2.5)
+    assert Counting.woken == 0, f"woken {Counting.woken} times while the log was quiet"
+    sim.gpus[0].xid(79)
+    deadline = time.monotonic() + 60
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [(bus_key(sim.gpus[0].pci_bus_id), 79)], seen
+    follower.stop()
+    assert not follower.running()
+
+
 def test_an_xid_storm_is_counted_whole_said_once_a_minute_and_kept_bounded(caplog: pytest.LogCaptureFixture) -> None:
     """An application in a fault loop can make thousands of XIDs a minute (XID 13, 31). Each was a WARNING line,
     and each searched every XID of the last 10 s for its twin from the other source (quadratic: 10,000 XIDs of one

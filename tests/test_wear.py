@@ -248,7 +248,8 @@ def test_xids_through_the_nvml_event_set_and_the_kernel_log_reach_the_verdict() 
                                   {"at": 6, "gpu": 0, "kind": "xid", "xid": 13}))
     tracker = WearTracker({}, WearConfig())
     rig.sampler.start_events(wait_ms=20)
-    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log)
+    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log,
+                           rig.simulation.wake_kernel_log)
     kernel.start()
     try:
         import time

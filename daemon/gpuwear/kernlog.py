@@ -19,6 +19,7 @@ runs on with NVML's events alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("auto", "journal", "kmsg", "off")
 KMSG = "/dev/kmsg"
-POLL_SECONDS = 0.5  # how often a followed file is looked at for new lines, and a stop request noticed
+POLL_SECONDS = 0.5  # how often a followed file is looked at for new lines (/dev/kmsg and the journal wake on a line)
 
 # "NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." (and "SXid" on
 # NVSwitch systems, whose PCI id is a switch's, not a GPU's: not matched here)
@@ -79,13 +80,19 @@ def resolve(source: str, env: Mapping[str, str] | None = None) -> str:
 
 class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
-    line. :meth:`stop` ends it within about :data:`POLL_SECONDS`."""
+    line. /dev/kmsg and the journal are waited on until a line comes (no wake-up while the log is quiet: an idle
+    daemon's periodic wake-ups are most of its CPU); :meth:`stop` wakes the wait, and ends a followed file within
+    about :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log),
+    read until stopped, and what wakes its wait."""
 
     def __init__(self, source: str, on_xid: Callable[[str, int], None],
-                 lines: Callable[[threading.Event], Iterator[str]] | None = None) -> None:
+                 lines: Callable[[threading.Event], Iterator[str]] | None = None,
+                 wake: Callable[[], None] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         self._on_xid = on_xid
-        self._given = lines  # a source of lines of its own (the simulated driver's log), read until stopped
+        self._given = lines
+        self._wake_given = wake
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # stop() writes: /dev/kmsg's wait ends
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -102,11 +109,20 @@ class KernelLogXids:
 
     def stop(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):  # the pipe full or closed: the wait has been woken already
+            os.write(self._wake_w, b"x")
+        if self._wake_given is not None:
+            self._wake_given()
         process = self._process
         if process is not None and process.poll() is None:
             process.terminate()
         if self._thread is not None:
             self._thread.join(timeout=2 * POLL_SECONDS + 1.0)
+        if self._thread is None or not self._thread.is_alive():
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
 
     def _run(self) -> None:
         try:
@@ -134,8 +150,8 @@ class KernelLogXids:
         try:
             os.lseek(fd, 0, os.SEEK_END)  # from now on: earlier records were the earlier run's to count
             while not self._stop.is_set():
-                ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
-                if not ready:
+                ready, _, _ = select.select([fd, self._wake_r], [], [])
+                if fd not in ready:
                     continue
                 try:
                     record = os.read(fd, 8192)  # one record per read

@@ -545,7 +545,8 @@ class Daemon:
         if simulation is None or source == "off" or source.startswith("/"):
             self._kernel_log = KernelLogXids(source, sampler.record_kernel_xid)
         else:  # simulated GPUs are in no real kernel log: their driver's own
-            self._kernel_log = KernelLogXids("simulation", sampler.record_kernel_xid, simulation.kernel_log)
+            self._kernel_log = KernelLogXids("simulation", sampler.record_kernel_xid, simulation.kernel_log,
+                                             simulation.wake_kernel_log)
         self._kernel_log.start()
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,
