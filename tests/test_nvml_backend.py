@@ -151,6 +151,42 @@ def test_a_die_reading_above_the_shutdown_threshold_is_dropped_and_counted() -> 
     assert sample is not None and sample.temperature_gpu_celsius is not None
 
 
+def test_thresholds_the_threshold_calls_do_not_give_come_from_the_margin_and_the_tlimit_fields() -> None:
+    """nvml.h: nvmlDeviceGetTemperatureThreshold is "no longer the preferred interface" for the shutdown, slowdown
+    and maximum operating temperatures on Ada and later, and is to lose them; nvidia-smi shows an H100's on the
+    T.Limit scale (its margin, slowdown -2, shutdown -5). An H100 whose threshold calls answer NOT_SUPPORTED gets
+    them from nvmlDeviceGetMarginTemperature (R570+) and the *_TLIMIT fields, equal to its product's; its margin is
+    its maximum operating temperature less its die's reading. An A100 (no T.Limit scale) and an H100 on R550 (no
+    margin function) get none: they are not guessed."""
+    from gpuwear.sim.simulated import PRODUCTS
+
+    run = [{"kind": "train", "seconds": 3600, "utilization": 0.9}]
+    for driver, product, derived in (("r610", "h100-sxm", True), ("r610", "a100-sxm", False),
+                                     ("r550", "h100-sxm", False)):
+        rig = make_rig({"driver": driver, "gpus": [{"product": product, "schedule": run,
+                                                    "unsupported": ["thresholds"]},
+                                                   {"product": product, "schedule": run}]}, slow_interval=30)
+        snap = rig.run(31)
+        without, native = (g.sample for g in snap.gpus)
+        assert without is not None and native is not None
+        p = PRODUCTS[product]
+        if derived:
+            assert (without.threshold_shutdown_celsius, without.threshold_slowdown_celsius,
+                    without.threshold_gpu_max_celsius) == (p.shutdown_celsius, p.slowdown_celsius, p.gpu_max_celsius)
+            assert without.threshold_memory_max_celsius is None  # no T.Limit field is read for it
+            assert native.temperature_margin_celsius is not None
+        else:
+            assert without.threshold_slowdown_celsius is None and without.threshold_gpu_max_celsius is None
+            assert native.temperature_margin_celsius is None
+        assert (native.threshold_slowdown_celsius, native.threshold_gpu_max_celsius) == (p.slowdown_celsius,
+                                                                                         p.gpu_max_celsius)
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": run}]}, slow_interval=1)
+    for _ in range(20):  # read on the same (slow) pass as the die: the margin is measured from that reading
+        s = rig.run(1).gpus[0].sample
+        assert s is not None and s.temperature_gpu_celsius is not None and s.temperature_margin_celsius is not None
+        assert s.temperature_gpu_celsius + s.temperature_margin_celsius == PRODUCTS["h100-sxm"].gpu_max_celsius
+
+
 def test_field_turning_unsupported_mid_run() -> None:
     rig = make_rig(scenario({"at": 5, "gpu": 1, "kind": "not_supported", "field": "power"}))
     assert (s := rig.run(3).gpus[1].sample) is not None and s.power_watts is not None

@@ -213,10 +213,14 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "(nvmlDeviceGetTemperature) and memory/HBM (field NVML_FI_DEV_MEMORY_TEMP).", ("sensor",),
        _labelled((("gpu", "temperature_gpu_celsius"), ("memory", "temperature_memory_celsius")))),
     MetricDef("gpuwear_temperature_threshold_celsius", "gauge", "celsius", "The device's own temperature "
-       "thresholds (nvmlDeviceGetTemperatureThreshold).", ("threshold",),
+       "thresholds (nvmlDeviceGetTemperatureThreshold; where it does not give them, from the margin temperature "
+       "and NVML's T.Limit fields).", ("threshold",),
        _labelled((("shutdown", "threshold_shutdown_celsius"), ("slowdown", "threshold_slowdown_celsius"),
                   ("gpu_max", "threshold_gpu_max_celsius"), ("memory_max", "threshold_memory_max_celsius"))),
        basic=_only("slowdown", "gpu_max", "memory_max")),
+    MetricDef("gpuwear_temperature_margin_celsius", "gauge", "celsius", "The die's distance to its nearest "
+       "slowdown threshold, negative past it (nvmlDeviceGetMarginTemperature: R570+, Hopper and newer).", (),
+       _sample_field("temperature_margin_celsius"), detail=True),
     MetricDef("gpuwear_power_watts", "gauge", "watts", "Power draw (nvmlDeviceGetPowerUsage).", (),
        _sample_field("power_watts")),
     MetricDef("gpuwear_power_limit_watts", "gauge", "watts", "Enforced power limit "

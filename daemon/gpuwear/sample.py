@@ -47,6 +47,9 @@ class GpuSample:
     threshold_slowdown_celsius: float | None = None
     threshold_gpu_max_celsius: float | None = None
     threshold_memory_max_celsius: float | None = None
+    # nvmlDeviceGetMarginTemperature (R570+, Hopper and newer): the die below the nearest slowdown threshold, negative
+    # past it (slow)
+    temperature_margin_celsius: float | None = None
     # power, W and J
     power_watts: float | None = None  # nvmlDeviceGetPowerUsage ("power.draw")
     power_limit_watts: float | None = None  # nvmlDeviceGetEnforcedPowerLimit ("enforced.power.limit"), slow
@@ -166,6 +169,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "threshold_slowdown_celsius": (0.0, 150.0),
     "threshold_gpu_max_celsius": (0.0, 150.0),
     "threshold_memory_max_celsius": (0.0, 150.0),
+    "temperature_margin_celsius": (-150.0, 150.0),
     "power_watts": (0.0, 5000.0),
     "power_limit_watts": (0.0, 5000.0),
     "power_default_limit_watts": (0.0, 5000.0),

@@ -192,6 +192,15 @@ class FanSpeedInfo(ctypes.Structure):
 FAN_SPEED_INFO_V1 = ctypes.sizeof(FanSpeedInfo) | 1 << 24  # NVML_STRUCT_VERSION(FanSpeedInfo, 1)
 
 
+class MarginTemperature(ctypes.Structure):
+    """nvmlMarginTemperature_v1_t: declared here (bindings before nvidia-ml-py 12.570 lack it)."""
+
+    _fields_ = [("version", ctypes.c_uint), ("marginTemperature", ctypes.c_int)]
+
+
+MARGIN_TEMPERATURE_V1 = ctypes.sizeof(MarginTemperature) | 1 << 24
+
+
 @dataclass(frozen=True)
 class Api:
     """What the loaded libnvidia-ml offers, resolved once at open: the newest variant of each function that has
@@ -202,6 +211,7 @@ class Api:
     violation: bool  # nvmlDeviceGetViolationStatus; without it, fields NVML_FI_DEV_PERF_POLICY_POWER/THERMAL
     fan_v2: bool  # nvmlDeviceGetFanSpeed_v2 (per fan), else nvmlDeviceGetFanSpeed (fan 0)
     memory_v2: bool  # nvmlDeviceGetMemoryInfo_v2 ("used" without the driver's reserved memory, as nvidia-smi)
+    margin: bool  # nvmlDeviceGetMarginTemperature (R570+)
     processes: str  # the newest nvmlDeviceGetComputeRunningProcesses variant exported
     process_layout: type[ctypes.Structure]
     # the versioned calls the library answered ARGUMENT_VERSION_MISMATCH ("temperature_v", "memory_v2"): their
@@ -220,6 +230,7 @@ class Api:
             violation=exports("nvmlDeviceGetViolationStatus"),
             fan_v2=exports("nvmlDeviceGetFanSpeed_v2"),
             memory_v2=exports("nvmlDeviceGetMemoryInfo_v2") and hasattr(pynvml, "nvmlMemory_v2"),
+            margin=exports("nvmlDeviceGetMarginTemperature"),
             processes=processes,
             process_layout=process_layout(processes, exports),
         )
@@ -251,6 +262,24 @@ def _temperature(h: Any, api: Api) -> Values:
     else:
         value = pynvml.nvmlDeviceGetTemperature(h, sensor)
     return {"temperature_gpu_celsius": float(value)}
+
+
+def _margin(h: Any, api: Api) -> Values:
+    """nvmlDeviceGetMarginTemperature: the die's distance to its nearest slowdown threshold, °C. A library before
+    R570 has no such function: no margin, and nothing said unavailable (it would be on every GPU of most boxes)."""
+    if not api.margin:
+        return {"temperature_margin_celsius": None}
+    info = MarginTemperature(version=MARGIN_TEMPERATURE_V1)
+    pynvml._nvmlCheckReturn(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMarginTemperature")(h, ctypes.byref(info)))
+    return {"temperature_margin_celsius": float(info.marginTemperature)}
+
+
+# The die's limits on the T.Limit scale (nvml.h: nvmlDeviceGetTemperatureThreshold is "no longer the preferred
+# interface" for them on Ada and later, and is to lose them): field id -> the absolute threshold it gives, where
+# the margin says where T.Limit 0 lies (the die's reading plus its margin)
+TLIMIT_FIELDS = ((193, "threshold_shutdown_celsius"),  # NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT
+                 (194, "threshold_slowdown_celsius"),  # NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT
+                 (196, "threshold_gpu_max_celsius"))  # NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT
 
 
 def _threshold(kind: int, name: str) -> Callable[[Any, Api], Values]:
@@ -482,6 +511,7 @@ READERS: tuple[Reader, ...] = (
     Reader("threshold_memory_max", True,
            _threshold(pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX, "threshold_memory_max_celsius"),
            ("threshold_memory_max_celsius",)),
+    Reader("temperature_margin", True, _margin, ("temperature_margin_celsius",)),
     Reader("power_limit", True, _power_limit, ("power_limit_watts",)),
     Reader("power_default_limit", True, _power_default_limit, ("power_default_limit_watts",)),
     Reader("max_clocks", True, _clocks(True),
@@ -598,6 +628,7 @@ class NvmlBackend:
         self._on_xid: Callable[[int, int], None] | None = None
         self._wait_ms = 500
         self._logged_bugs: set[tuple[int, str]] = set()
+        self._margin_logged: set[str] = set()  # GPUs whose thresholds came from the margin
         self._refused: dict[int, int] = {}  # NVML index -> the error its handle answered (logged once per change)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -798,11 +829,36 @@ class NvmlBackend:
         self._read_fields(dev, wanted, out)
         for key in fans:
             self._read_fans(dev, key, api, out)
+        if slow:
+            self._thresholds_from_margin(dev, values)
         out.unavailable.update(dev.unavailable)
         if out.newly:  # one line per GPU and read, not one per reading
             log.info("GPU %d (%s): unavailable: %s (asked again on the slow interval, but what the library lacks)",
                      dev.identity.index, dev.identity.uuid, ", ".join(f"{k} ({r})" for k, r in out.newly))
         return out
+
+    def _thresholds_from_margin(self, dev: _Device, values: dict[str, Any]) -> None:
+        """The die's thresholds that nvmlDeviceGetTemperatureThreshold did not give, from the T.Limit scale: T.Limit
+        0 lies at the die's reading plus its margin, each threshold at its *_TLIMIT field below that (on an H100:
+        slowdown -2, shutdown -5). Nothing when the margin or a field is not given."""
+        margin, celsius = values.get("temperature_margin_celsius"), values.get("temperature_gpu_celsius")
+        missing = [(field_id, name) for field_id, name in TLIMIT_FIELDS if values.get(name) is None]
+        if margin is None or celsius is None or not missing:
+            return
+        try:
+            results = pynvml.nvmlDeviceGetFieldValues(dev.handle, [field_id for field_id, _ in missing])
+        except pynvml.NVMLError:
+            return
+        derived = []
+        for (_, name), fv in zip(missing, results, strict=False):
+            raw = getattr(fv.value, _VALUE_MEMBERS.get(fv.valueType, "siVal"), None)
+            if fv.nvmlReturn == pynvml.NVML_SUCCESS and isinstance(raw, (int, float)):
+                values[name] = float(round(celsius + margin - raw))
+                derived.append(name)
+        if derived and dev.identity.uuid not in self._margin_logged:  # said once a GPU
+            self._margin_logged.add(dev.identity.uuid)
+            log.info("GPU %d (%s): %s from its margin temperature and NVML's T.Limit fields (the threshold calls "
+                     "do not give them)", dev.identity.index, dev.identity.uuid, ", ".join(derived))
 
     def _available(self, dev: _Device, key: str) -> None:
         if key in dev.unavailable and dev.mark(key, None):

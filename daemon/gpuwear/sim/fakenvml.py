@@ -79,6 +79,12 @@ FI_NVLINK_THROUGHPUT_DATA_RX = 139
 FI_GET_GPU_RECOVERY_ACTION = 230
 VALUE_TYPE_UNSIGNED_INT = 1
 VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+VALUE_TYPE_SIGNED_INT = 5
+# the die's limits on the T.Limit scale (nvml.h: the preferred source of these thresholds on Ada and later), °C
+FI_TEMPERATURE_SHUTDOWN_TLIMIT = 193
+FI_TEMPERATURE_SLOWDOWN_TLIMIT = 194
+FI_TEMPERATURE_GPU_MAX_TLIMIT = 196
+ARCH_HOPPER = 9
 
 EVENT_SINGLE_BIT_ECC = 0x1
 EVENT_DOUBLE_BIT_ECC = 0x2
@@ -113,6 +119,12 @@ class TemperatureV1(ctypes.Structure):
     """nvmlTemperature_v1_t (nvmlDeviceGetTemperatureV, 565.57.01+)."""
 
     _fields_ = [("version", ctypes.c_uint), ("sensorType", ctypes.c_uint), ("temperature", ctypes.c_int)]
+
+
+class MarginTemperatureV1(ctypes.Structure):
+    """nvmlMarginTemperature_v1_t (nvmlDeviceGetMarginTemperature, R570+)."""
+
+    _fields_ = [("version", ctypes.c_uint), ("marginTemperature", ctypes.c_int)]
 
 
 class ProcessDetailList(ctypes.Structure):
@@ -239,6 +251,7 @@ class SimulatedDriver:
         self._generation = simulation.driver_generation
         self._event_sets: dict[int, dict[int, int]] = {}  # set id -> {gpu index: event mask}
         self._next_event_set = _EVENT_SET_BASE
+        self._last_celsius: dict[int, int] = {}  # each GPU's last die reading (nvmlDeviceGetTemperature), °C
 
     def _now(self) -> None:
         """Advance the simulation to the clock, at most every MIN_ADVANCE simulated seconds:
@@ -456,6 +469,7 @@ class SimulatedDriver:
         gpu = self._gpu(handle, "temperature")
         with self._lock:
             value = gpu.read_temperature(gpu.state.die_celsius)
+            self._last_celsius[gpu.index] = value  # the sensor's reading, which the margin is measured from
         _out(temp).value = int(self._garbage(gpu, "temperature", value))
         return SUCCESS
 
@@ -469,6 +483,30 @@ class SimulatedDriver:
         if value is None:
             raise _UnsupportedError()
         _out(temp).value = value
+        return SUCCESS
+
+    def _tlimit(self, gpu: SimGpu) -> None:
+        """The T.Limit scale (nvmlDeviceGetMarginTemperature and the *_TLIMIT fields) where real boards show it:
+        Hopper and newer on drivers that export it (an H100 at 33 °C: "GPU T.Limit Temp: 54 C", with its slowdown
+        and shutdown as T.Limit offsets, in public nvidia-smi -q outputs; an A100 shows no T.Limit rows); else
+        NOT_SUPPORTED."""
+        if gpu.product.architecture < ARCH_HOPPER or "nvmlDeviceGetMarginTemperature" not in self.profile.symbols:
+            raise _UnsupportedError()
+
+    def nvmlDeviceGetMarginTemperature(self, handle: Any, info: Any) -> int:
+        """"The thermal margin temperature (distance to nearest slowdown threshold)": the die below its maximum
+        operating temperature (NVML_TEMPERATURE_THRESHOLD_GPU_MAX, T.Limit 0 on nvidia-smi's scale), °C, negative
+        past it."""
+        out = _as(info, MarginTemperatureV1)
+        if out.version != struct_version(MarginTemperatureV1, 1):
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        gpu = self._gpu(handle, "margin")
+        self._tlimit(gpu)
+        with self._lock:
+            celsius = self._last_celsius.get(gpu.index)
+            if celsius is None:
+                celsius = gpu.read_temperature(gpu.state.die_celsius)
+        out.marginTemperature = gpu.product.gpu_max_celsius - celsius
         return SUCCESS
 
     def nvmlDeviceGetTemperatureV(self, handle: Any, temperature: Any) -> int:
@@ -1186,6 +1224,12 @@ class SimulatedDriver:
                 raise _UnsupportedError()
             ns = s.violation_power_ns if field_id == FI_PERF_POLICY_POWER else s.violation_thermal_ns
             return VALUE_TYPE_UNSIGNED_LONG_LONG, int(ns)
+        if field_id in (FI_TEMPERATURE_SHUTDOWN_TLIMIT, FI_TEMPERATURE_SLOWDOWN_TLIMIT, FI_TEMPERATURE_GPU_MAX_TLIMIT):
+            self._tlimit(gpu)  # each limit on the T.Limit scale: how far below T.Limit 0 (the maximum operating
+            limit = {FI_TEMPERATURE_SHUTDOWN_TLIMIT: p.shutdown_celsius,  # temperature) it lies: shutdown -5 and
+                     FI_TEMPERATURE_SLOWDOWN_TLIMIT: p.slowdown_celsius,  # slowdown -2 on an H100
+                     FI_TEMPERATURE_GPU_MAX_TLIMIT: p.gpu_max_celsius}[field_id]
+            return VALUE_TYPE_SIGNED_INT, p.gpu_max_celsius - limit
         if field_id == FI_NVLINK_LINK_COUNT:
             links = {"h100-sxm": 18, "gh200": 18, "a100-sxm": 12}.get(p.key)
             if links is None:
@@ -1224,6 +1268,8 @@ class SimulatedDriver:
                 fv.nvmlReturn = SUCCESS
                 if fv.valueType == VALUE_TYPE_UNSIGNED_INT:
                     fv.value.uiVal = value % 2**32
+                elif fv.valueType == VALUE_TYPE_SIGNED_INT:
+                    fv.value.siVal = value
                 else:
                     fv.value.ullVal = value
         return SUCCESS
