@@ -554,6 +554,18 @@ _INTEGER_FIELDS = {"ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_co
                    "ecc_uncorrected_aggregate", "pcie_replays", "recovery_action"}
 # nvmlValueType_t -> nvmlValue_t member (numbers from nvml.h: older bindings lack some constants)
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# ... and its C type, for a binding whose union lacks the member (nvidia-ml-py 11.515 has no siVal or usVal)
+_VALUE_TYPES: dict[int, type[Any]] = {0: ctypes.c_double, 1: ctypes.c_uint, 2: ctypes.c_ulong,
+                                      3: ctypes.c_ulonglong, 4: ctypes.c_longlong, 5: ctypes.c_int, 6: ctypes.c_ushort}
+
+
+def field_value(fv: Any) -> Any:
+    """The value of an nvmlFieldValue_t as its valueType says (an unsigned long long when it names no type)."""
+    member = _VALUE_MEMBERS.get(fv.valueType, "ullVal")
+    if hasattr(fv.value, member):
+        return getattr(fv.value, member)
+    kind = _VALUE_TYPES[fv.valueType]  # the union's first bytes, as that C type
+    return kind.from_buffer_copy(bytes(fv.value)[:ctypes.sizeof(kind)]).value
 
 FANS = (("fan_speed_ratio", _fan_speed), ("fan_speed_rpm", _fan_rpm))
 
@@ -851,8 +863,10 @@ class NvmlBackend:
             return
         derived = []
         for (_, name), fv in zip(missing, results, strict=False):
-            raw = getattr(fv.value, _VALUE_MEMBERS.get(fv.valueType, "siVal"), None)
-            if fv.nvmlReturn == pynvml.NVML_SUCCESS and isinstance(raw, (int, float)):
+            if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+                continue
+            raw = field_value(fv)
+            if isinstance(raw, (int, float)):
                 values[name] = float(round(celsius + margin - raw))
                 derived.append(name)
         if derived and dev.identity.uuid not in self._margin_logged:  # said once a GPU
@@ -911,7 +925,7 @@ class NvmlBackend:
                 self._failed(dev, name, pynvml.NVMLError(ret), out)
                 continue
             self._available(dev, name)
-            raw = getattr(fv.value, _VALUE_MEMBERS.get(fv.valueType, "ullVal"))
+            raw = field_value(fv)
             if raw in _NOT_AVAILABLE:  # NVML_VALUE_NOT_AVAILABLE: no value this time
                 continue
             out.values[name] = int(raw) if name in _INTEGER_FIELDS else raw * scale

@@ -1268,8 +1268,8 @@ class SimulatedDriver:
                 fv.nvmlReturn = SUCCESS
                 if fv.valueType == VALUE_TYPE_UNSIGNED_INT:
                     fv.value.uiVal = value % 2**32
-                elif fv.valueType == VALUE_TYPE_SIGNED_INT:
-                    fv.value.siVal = value
+                elif fv.valueType == VALUE_TYPE_SIGNED_INT:  # into the union's bytes: older bindings lack siVal
+                    ctypes.c_int.from_buffer(fv.value).value = value
                 else:
                     fv.value.ullVal = value
         return SUCCESS
