@@ -60,10 +60,20 @@ FITS = {"rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv": ("rtx6000ada", 24.9,
         "rtx4060laptop_gpuburn-cycles_1s_llm-gpu-stress.csv": ("rtx4060-laptop", 42.97, 1.43)}
 
 
+A100_TRACE = "a100_load-pulses_12ms_gpu-power-benchmark.csv"  # nvidia-smi -lms; its card has no fit of its own
+
+
 def _trace(name: str) -> tuple[list[float], list[float], list[float]]:
-    """A llm-gpu-stress trace of tests/fixtures/traces: its times (s), power draws (W) and die temperatures (°C)."""
+    """A trace of tests/fixtures/traces (a llm-gpu-stress logger's, or the A100's nvidia-smi -lms CSV): its times
+    (s), power draws (W) and die temperatures (°C)."""
     t, watts, measured = [], [], []
     with (Path(__file__).parent / "fixtures" / "traces" / name).open(newline="") as fh:
+        if name == A100_TRACE:
+            for row in csv.DictReader(fh, skipinitialspace=True):
+                t.append(datetime.datetime.strptime(row["timestamp"], "%Y/%m/%d %H:%M:%S.%f").timestamp())
+                watts.append(float(row["power.draw [W]"]))
+                measured.append(float(row["temperature.gpu"]))
+            return t, watts, measured
         for row in csv.DictReader(fh):
             t.append(datetime.datetime.strptime(row["timestamp_ns"], "%Y-%m-%d %H:%M:%S.%f").timestamp())
             watts.append(float(row["power_draw_W"]))
@@ -90,19 +100,24 @@ def test_the_simulated_cooling_matches_the_real_traces(trace: str) -> None:
     assert rms <= stated + 0.01, rms
 
 
-@pytest.mark.parametrize("trace", sorted(FITS))
+@pytest.mark.parametrize("trace", [*sorted(FITS), A100_TRACE])
 def test_the_simulated_small_cycles_match_the_real_traces(trace: str) -> None:
     """Issue 30 item 5: each trace's measured power replayed through its card in the simulator (step, wander and
     sensor: replay_die) gives, by the daemon's rainflow counter, counted cycles and cycles of 10 °C or more within
     1.5 x of the recording (the median of three seeds). Without the laptop's wander its counted cycles were 0.26 x
-    (bench/cycle_replay.py)."""
+    (bench/cycle_replay.py). The A100's 3.4 minutes at 12 ms (49 to 55 °C, 76 to 169 W pulses) go through the
+    a100-sxm product, settled at its first reading: half a cycle recorded, half a cycle replayed, none of 10 °C."""
     from gpuwear.config import WearConfig
     from gpuwear.sim.simulated import replay_die
     from gpuwear.wear.rainflow import RainflowCounter
 
-    key, ambient, _ = FITS[trace]
-    product = PRODUCTS[key]
     t, watts, measured = _trace(trace)
+    if trace == A100_TRACE:
+        product = PRODUCTS["a100-sxm"]
+        ambient = measured[0] - watts[0] * product.r_th_worst
+    else:
+        key, ambient, _ = FITS[trace]
+        product = PRODUCTS[key]
 
     def counts(temps: list[float]) -> tuple[float, float]:
         found: list[tuple[float, float, float]] = []
@@ -115,9 +130,10 @@ def test_the_simulated_small_cycles_match_the_real_traces(trace: str) -> None:
     recorded = counts(measured)
     replayed = [counts([float(x) for x in replay_die(product, product.r_th_worst, ambient, t, watts, seed)])
                 for seed in range(3)]
+    assert recorded[0] > 0, recorded
     for i in range(2):
         median = sorted(r[i] for r in replayed)[1]
-        assert recorded[i] / 1.5 <= median <= recorded[i] * 1.5, (i, recorded, replayed)
+        assert recorded[i] / 1.5 <= median <= recorded[i] * 1.5, (i, recorded, replayed)  # 0 and 0 where none
 
 
 def test_idle_card_cools_towards_ambient_and_reports_idle() -> None:
