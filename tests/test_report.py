@@ -218,6 +218,38 @@ def test_the_bands_hold_on_the_stress_scenario_and_every_real_trace(tmp_path: Pa
     _check_bands(text, True)
 
 
+@pytest.mark.slow
+def test_a_bleeding_gpu_among_healthy_peers_is_named_in_report_and_on_the_page(tmp_path: Path) -> None:
+    """Issue 38's done-when, end to end through the daemon and its ledger: of two H100s training, the one that leaks
+    corrected ECC errors under load (fault ecc_bleed) is watched for bleeding_errors with its evidence in `report`,
+    `report --json` and the page; its peer is not. (The metric and the verdict: test_wear; the alert: the rule
+    tests.)"""
+    import json as _json
+
+    import yaml
+
+    from helpers import run_simulated
+
+    train = [{"kind": "train", "seconds": 6 * 3600, "utilization": 1.0}]
+    scenario = tmp_path / "bleed.yaml"
+    scenario.write_text(yaml.safe_dump({"description": "two H100s, one bleeding", "gpus": [
+        {"product": "h100-sxm", "schedule": train}, {"product": "h100-sxm", "schedule": train}],
+        "faults": [{"at": 10, "gpu": 0, "kind": "ecc_bleed", "corrected_per_second": 20}]}))
+    state = tmp_path / "state"
+    run_simulated(state, str(scenario), 3600.0, 3.0)
+    doc = _json.loads(gpuwear("report", "--json", "--state-dir", str(state), "--simulated", "bleed").stdout)
+    codes = {g["uuid"]: {r["code"] for r in g["health"]["reasons"]} for g in doc["gpus"]}
+    bleeding = [u for u, c in codes.items() if "bleeding_errors" in c]
+    assert len(codes) == 2 and len(bleeding) == 1, codes
+    text = gpuwear("report", "--state-dir", str(state), "--simulated", "bleed").stdout
+    assert "corrected ECC errors per loaded hour" in text and "peer(s) of the same product" in text, text
+    page = tmp_path / "page.html"
+    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "bleed")
+    sections = page.read_text().split('class="gpu"')[1:]  # one a GPU
+    assert len(sections) == 2
+    assert sum("corrected ECC errors per loaded hour; its 1 peer(s) of the same product" in g for g in sections) == 1
+
+
 def test_every_figure_of_the_answer_carries_its_band_and_no_comparison_below_its_minimum(
         simulated_day: tuple[Path, dict[str, dict[tuple[str, ...], float]]], tmp_path: Path) -> None:
     """Before: "Heat aged its chip as much as 3.2 h" read as an upper bound (3.2 h was the central value, the band
