@@ -860,6 +860,39 @@ def test_a_card_that_runs_just_below_its_slowdown_temperature_is_watched_for_hea
             assert reasons["close_to_slowdown"]["rule"] == RULES["close_to_slowdown"]
 
 
+def test_a_single_corrected_error_or_a_busy_gpu_among_idle_peers_is_not_bleeding() -> None:
+    """Issue 38's negative cases beside the reload and the lone GPU (above): one corrected error in hours of load is
+    a single event, not a rate (under the floor, even against peers at 0); a busy GPU with a few errors among peers
+    that were idle (none read under load for the hour a rate needs; its own 1,800 an hour, above the floor) has no
+    peer rate to be judged against, and its
+    record is too young for its own baseline. Samples every 10 minutes through GpuWear.add."""
+    from gpuwear.wear.models import peer_rates
+
+    p = WearConfig()
+
+    def card(uuid: str, errors: list[int], busy: bool) -> GpuWear:
+        w = GpuWear(uuid, name="NVIDIA H100 80GB HBM3")
+        for k, count in enumerate(errors):
+            w.add(GpuSample(timestamp=1.8e9 + 600.0 * k, monotonic=600.0 * k, temperature_gpu_celsius=60.0,
+                            utilization_gpu_ratio=1.0 if busy else 0.0, ecc_corrected_volatile=count),
+                  0.0 if k == 0 else 600.0)
+        return w
+
+    hours = 4 * 6 + 1
+    single = {"GPU-a": card("GPU-a", [0] * 12 + [1] * (hours - 12), True),
+              "GPU-b": card("GPU-b", [0] * hours, True)}
+    assert single["GPU-a"].error_counts["ecc_corrected"][1] == 1.0
+    peers = peer_rates(single, p)
+    assert "bleeding_errors" not in {r["code"] for r in verdict(single["GPU-a"], p, None, peers=peers["GPU-a"])
+                                     ["reasons"]}
+    idle_peers = {"GPU-busy": card("GPU-busy", [300 * k for k in range(hours)], True),
+                  "GPU-i1": card("GPU-i1", [0] * hours, False), "GPU-i2": card("GPU-i2", [0] * hours, False)}
+    peers = peer_rates(idle_peers, p)
+    assert "ecc_corrected" not in peers["GPU-busy"], peers  # the idle peers have no loaded rate
+    busy = verdict(idle_peers["GPU-busy"], p, None, peers=peers["GPU-busy"])
+    assert "bleeding_errors" not in {r["code"] for r in busy["reasons"]}, busy
+
+
 def test_peer_rates_are_the_other_gpus_of_the_same_product() -> None:
     """models.peer_rates gathers each product's rates once (the pairwise pass cost 1.7 ms at 64 GPUs on the scrape
     path); against the pairwise definition, on mixed products, equal rates and a GPU read too briefly under load."""
