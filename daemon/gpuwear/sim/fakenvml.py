@@ -896,7 +896,13 @@ class SimulatedDriver:
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: Any, counter_type: Any, count: Any) -> int:
         """nvmlMemoryErrorType_t CORRECTED=0 / UNCORRECTED=1, nvmlEccCounterType_t VOLATILE=0 / AGGREGATE=1."""
-        gpu = self._gpu(handle, "ecc_errors")
+        _out(count).value = self._ecc_count(self._gpu(handle, "ecc_errors"), error_type, counter_type)
+        return SUCCESS
+
+    @staticmethod
+    def _ecc_count(gpu: SimGpu, error_type: Any, counter_type: Any) -> int:
+        """A board's ECC errors of one type and counter (NOT_SUPPORTED without ECC, INVALID_ARGUMENT past the
+        enums)."""
         if not gpu.product.ecc:
             raise _UnsupportedError()
         s = gpu.state
@@ -905,8 +911,7 @@ class SimulatedDriver:
         value = table.get((_in(error_type), _in(counter_type)))
         if value is None:
             raise _InvalidError()
-        _out(count).value = value
-        return SUCCESS
+        return value
 
     def nvmlDeviceGetConfComputeMemSizeInfo(self, handle: Any, info: Any) -> int:
         self._gpu(handle)
@@ -1088,43 +1093,44 @@ class SimulatedDriver:
 
     nvmlDeviceGetSupportedClocksThrottleReasons = nvmlDeviceGetSupportedClocksEventReasons
 
-    def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any, count: Any, clocks: Any) -> int:
-        """The memory clocks the board can be locked to (Kepler or newer *fully supported* devices): NOT_SUPPORTED on
-        a GeForce (an RTX 3090: NVIDIA/TensorRT #2669; a GTX 1070's clock functions: KernelTuner/kernel_tuner #86);
-        else its maximum and its idle clock. ``count`` in: the array's size; out: the clocks written, or the number
-        needed with INSUFFICIENT_SIZE."""
+    def _lockable(self, handle: Any) -> SimGpu:
+        """A board whose clocks can be locked (Kepler or newer *fully supported* devices): NOT_SUPPORTED on a GeForce
+        (an RTX 3090: NVIDIA/TensorRT #2669; a GTX 1070's clock functions: KernelTuner/kernel_tuner #86)."""
         gpu = self._gpu(handle, "max_clocks")
         if "GeForce" in gpu.product.name:
             raise _UnsupportedError()
-        values = [int(gpu.product.memory_max_hz / 1e6), int(gpu.product.memory_max_hz * 0.1 / 1e6)]
+        return gpu
+
+    @staticmethod
+    def _memory_clocks(gpu: SimGpu) -> list[int]:
+        """The memory clocks a board can be locked to, MHz: its maximum and its idle clock."""
+        return [int(gpu.product.memory_max_hz / 1e6), int(gpu.product.memory_max_hz * 0.1 / 1e6)]
+
+    @staticmethod
+    def _fill(count: Any, array: Any, values: list[int]) -> int:
+        """NVML's sized-array answer: ``count`` in: the array's size; out: the values written, or the number needed
+        with INSUFFICIENT_SIZE."""
         n = _out(count)
-        if clocks is None or n.value < len(values):
+        if array is None or n.value < len(values):
             n.value = len(values)
             return ERROR_INSUFFICIENT_SIZE
-        for i, mhz in enumerate(values):
-            clocks[i] = mhz
+        for i, value in enumerate(values):
+            array[i] = value
         n.value = len(values)
         return SUCCESS
 
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any, count: Any, clocks: Any) -> int:
+        return self._fill(count, clocks, self._memory_clocks(self._lockable(handle)))
+
     def nvmlDeviceGetSupportedGraphicsClocks(self, handle: Any, memory_mhz: Any, count: Any, clocks: Any) -> int:
-        """The graphics clocks the board can be locked to at one of its memory clocks (Kepler or newer): its
-        maximum down to its idle clock in 15 MHz steps, the spacing real boards list; NOT_FOUND for a memory clock
-        that nvmlDeviceGetSupportedMemoryClocks does not list; NOT_SUPPORTED on a GeForce, as that one."""
-        gpu = self._gpu(handle, "max_clocks")
-        if "GeForce" in gpu.product.name:
-            raise _UnsupportedError()
-        p = gpu.product
-        if _in(memory_mhz) not in (int(p.memory_max_hz / 1e6), int(p.memory_max_hz * 0.1 / 1e6)):
+        """The graphics clocks at one of its memory clocks: its maximum down to its idle clock in 15 MHz steps, the
+        spacing real boards list; NOT_FOUND for a memory clock that nvmlDeviceGetSupportedMemoryClocks does not
+        list."""
+        gpu = self._lockable(handle)
+        if _in(memory_mhz) not in self._memory_clocks(gpu):
             return ERROR_NOT_FOUND
-        values = list(range(int(p.sm_max_hz / 1e6), int(p.idle_sm_hz / 1e6) - 1, -15))
-        n = _out(count)
-        if clocks is None or n.value < len(values):
-            n.value = len(values)
-            return ERROR_INSUFFICIENT_SIZE
-        for i, mhz in enumerate(values):
-            clocks[i] = mhz
-        n.value = len(values)
-        return SUCCESS
+        p = gpu.product
+        return self._fill(count, clocks, list(range(int(p.sm_max_hz / 1e6), int(p.idle_sm_hz / 1e6) - 1, -15)))
 
     def nvmlDeviceGetMemoryErrorCounter(self, handle: Any, error_type: Any, counter_type: Any, location: Any,
                                         count: Any) -> int:
@@ -1132,19 +1138,12 @@ class SimulatedDriver:
         are kept for DRAM (2) and SRAM (7) only, as nvidia-smi -q shows them; the other locations answer
         NOT_SUPPORTED there. Every simulated error is a DRAM error: SRAM and the older locations read 0."""
         gpu = self._gpu(handle, "ecc_errors")
-        if not gpu.product.ecc:
-            raise _UnsupportedError()
+        value = self._ecc_count(gpu, error_type, counter_type)
         where = _in(location)
         if not 0 <= where <= 7:
             raise _InvalidError()
         if gpu.product.architecture >= 6 and where not in (2, 7):  # nvmlDeviceArchitecture_t TURING = 6
             raise _UnsupportedError()
-        s = gpu.state
-        table = {(0, 0): s.ecc_corrected_volatile, (1, 0): s.ecc_uncorrected_volatile,
-                 (0, 1): s.ecc_corrected_aggregate, (1, 1): s.ecc_uncorrected_aggregate}
-        value = table.get((_in(error_type), _in(counter_type)))
-        if value is None:
-            raise _InvalidError()
         _out(count).value = value if where == 2 else 0
         return SUCCESS
 
