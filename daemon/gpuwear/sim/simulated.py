@@ -26,8 +26,9 @@ from typing import Any
 
 from gpuwear.yamlsafe import MAX_BYTES, YamlError, load_yaml, short_repr
 
-# NVML clock-event (throttle) reason bits, from nvml.h (nvmlClocksEventReason*).
 KERNEL_LOG_WAIT_SECONDS = 60.0  # the simulated kernel log's reader looks at its stop request at least this often
+
+# NVML clock-event (throttle) reason bits, from nvml.h (nvmlClocksEventReason*).
 REASON_GPU_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
 REASON_HW_SLOWDOWN = 0x8
