@@ -638,21 +638,22 @@ def machine() -> dict[str, str]:
     }
 
 
-def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tuple[str, int], Window],
-                 ticks: dict[int, dict[str, Any]] | None, week: dict[str, Any] | None,
-                 persist: dict[int, dict[str, Any]] | None,
-                 imp: dict[str, Any] | None, rss: dict[str, Any] | None, info: dict[str, str],
-                 load: tuple[str, str], elapsed: float, scrapes: dict[int, dict[str, Any]] | None = None) -> str:
-    rows: list[tuple[str, str, str, str, str, str, str]] = []
+Row = tuple[str, str, str, str, str, str, str]  # a row of the report's table
+
+
+def _cell(x: Window | None, f: Any) -> str:
+    """A window's figure for the table, or why it has none."""
+    if x is None:
+        return "not run"
+    if x.error:
+        return "failed (see below)"
+    return str(f(x))
+
+
+def _cpu_rows(s: dict[str, Any], windows: dict[tuple[str, int], Window]) -> list[Row]:
+    """CPU per wall second against nvitop-exporter and bare reads."""
+    rows: list[Row] = []
     w = windows.get
-
-    def cell(x: Window | None, f: Any) -> str:
-        if x is None:
-            return "not run"
-        if x.error:
-            return "failed (see below)"
-        return str(f(x))
-
     for n in s["gpus"]:
         g, v, b = w(("gpuwear", n)), w(("nvitop-exporter", n)), w(("bare", n))
         for label, get in ((f"CPU per wall second (share of one core), {n} GPU{'s' if n > 1 else ''}",
@@ -663,8 +664,8 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
             vv = get(v) if v and not v.error else float("nan")
             bv = get(b) if b and not b.error else float("nan")
             r1, r2 = ratio(gv, vv), ratio(gv, bv)
-            rows.append((label, cell(g, lambda x, get=get: pct(get(x))), cell(v, lambda x, get=get: pct(get(x))),
-                         cell(b, lambda x, get=get: pct(get(x))),
+            rows.append((label, _cell(g, lambda x, get=get: pct(get(x))), _cell(v, lambda x, get=get: pct(get(x))),
+                         _cell(b, lambda x, get=get: pct(get(x))),
                          f"gw/nvx {fmt_ratio(r1)} · gw/bare {fmt_ratio(r2)}", "≤ 0.5 · ≤ 1.25",
                          f"{met(None if r1 != r1 else r1 <= 0.5)} · {met(None if r2 != r2 else r2 <= 1.25)}"))
     g8 = w(("gpuwear", 8))
@@ -673,6 +674,12 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
                      met(g8.cpu_per_s < 0.005)))
         rows.append(("↳ same, net of the fake (py-spy est.)", pct(g8.own_cpu_per_s), "", "", "", "< 0.5 %",
                      met(None if g8.own_cpu_per_s != g8.own_cpu_per_s else g8.own_cpu_per_s < 0.005)))
+    return rows
+
+
+def _tick_rows(ticks: dict[int, dict[str, Any]] | None) -> list[Row]:
+    """CPU per tick in process, and per rendering scrape."""
+    rows: list[Row] = []
     for n, d in (ticks or {}).items():
         g, q = d.get("gpuwear", {}), d.get("gpuwear_sequential", {})
         if "tick" not in g or "tick" not in q:
@@ -692,6 +699,12 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
                          f"GPU{'s' if n > 1 else ''}: wear views + text exposition",
                          f"{total * 1e3:.1f} ms ({g['views'] * 1e3:.1f} + {g['render'] * 1e3:.1f}); "
                          f"{total / 15 * 100:.3f} % of a core at a 15 s scrape interval", "", "", "", "(report)", ""))
+    return rows
+
+
+def _scrape_rows(scrapes: dict[int, dict[str, Any]] | None) -> list[Row]:
+    """The re-rendering scrapes (bench/scrape_bench.py)."""
+    rows: list[Row] = []
     for n, d in (scrapes or {}).items():
         if "error" in d:
             rows.append((f"Re-rendering scrape, {n} GPUs", "failed (see below)", "", "", "", "", "n/a"))
@@ -712,18 +725,31 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
         rows.append((f"↳ latency of a re-rendering scrape over HTTP (new connection, Prometheus' headers), {n} GPUs",
                      f"p50 {d['http_ms']['p50']:.1f} ms / p99 {d['http_ms']['p99']:.1f} ms", "", "", "", "(report)",
                      ""))
+    return rows
+
+
+def _event_rows(ticks: dict[int, dict[str, Any]] | None) -> list[Row]:
+    """The XID listener's wait over the fake."""
+    rows: list[Row] = []
     for n, d in (ticks or {}).items():
         ev = d.get("fake_event_wait", {})
         if "cpu_per_s" in ev:
             rows.append((f"↳ of which the XID listener's nvmlEventSetWait over the fake (gpuwear and bare have one, "
                          f"nvitop-exporter not), {n} GPU{'s' if n > 1 else ''}", pct(ev["cpu_per_s"]), "0",
                          pct(ev["cpu_per_s"]), "", "(fake artefact)", ""))
+    return rows
+
+
+def _calls_and_rss_rows(s: dict[str, Any], windows: dict[tuple[str, int], Window]) -> list[Row]:
+    """NVML calls per second and RSS after start."""
+    rows: list[Row] = []
+    w = windows.get
     for n in s["gpus"]:
         g, v, b = w(("gpuwear", n)), w(("nvitop-exporter", n)), w(("bare", n))
         rows.append((f"NVML calls per second (FakeNvmlLibrary.calls), {n} GPU{'s' if n > 1 else ''}",
-                     cell(g, lambda x: f"{x.calls_per_s:.0f}" if x.calls_per_s is not None else "n/a"),
-                     cell(v, lambda x: f"{x.calls_per_s:.0f}" if x.calls_per_s is not None else "n/a"),
-                     cell(b, lambda x: f"{x.calls_per_s:.0f}" if x.calls_per_s is not None else "n/a"), "", "", ""))
+                     _cell(g, lambda x: f"{x.calls_per_s:.0f}" if x.calls_per_s is not None else "n/a"),
+                     _cell(v, lambda x: f"{x.calls_per_s:.0f}" if x.calls_per_s is not None else "n/a"),
+                     _cell(b, lambda x: f"{x.calls_per_s:.0f}" if x.calls_per_s is not None else "n/a"), "", "", ""))
     for n in s["gpus"]:
         g, v, b = w(("gpuwear", n)), w(("nvitop-exporter", n)), w(("bare", n))
         ok = None
@@ -732,9 +758,16 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
             r = g.rss_end / v.rss_end
             ok = g.rss_end < 60e6 and g.rss_end <= v.rss_end
         rows.append((f"RSS after start ({s['warmup'] + s['window']} s), {n} GPU{'s' if n > 1 else ''}",
-                     cell(g, lambda x: mib(x.rss_end)), cell(v, lambda x: mib(x.rss_end)),
-                     cell(b, lambda x: mib(x.rss_end)), f"gw/nvx {fmt_ratio(r)}", "< 60 MB and ≤ nvitop-exporter",
+                     _cell(g, lambda x: mib(x.rss_end)), _cell(v, lambda x: mib(x.rss_end)),
+                     _cell(b, lambda x: mib(x.rss_end)), f"gw/nvx {fmt_ratio(r)}", "< 60 MB and ≤ nvitop-exporter",
                      met(ok)))
+    return rows
+
+
+def _week_rows(week: dict[str, Any] | None, windows: dict[tuple[str, int], Window]) -> list[Row]:
+    """RSS over a simulated week."""
+    rows: list[Row] = []
+    w = windows.get
     if week:
         if "error" in week:
             rows.append(("RSS over a simulated week", "failed (see below)", "", "", "", "flat, < 60 MiB", "n/a"))
@@ -748,9 +781,16 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
                          f"{mib(week['rss_start'])} → {mib(week['rss_end'])} (max {mib(week['rss_max'])}; "
                          f"{growth / MiB:+.1f} MiB in all, {late / MiB:+.2f} MiB over the last "
                          f"{week['sim_days'] / 2:.1f} days)",
-                         cell(v8, lambda x: f"{mib(x.rss_end)} (no simulated time)") if v8 else "", "",
+                         _cell(v8, lambda x: f"{mib(x.rss_end)} (no simulated time)") if v8 else "", "",
                          "", "flat (< +1 % over the second half), < 60 MB",
                          met(flat and week["rss_max"] < 60e6)))
+    return rows
+
+
+def _latency_rows(windows: dict[tuple[str, int], Window]) -> list[Row]:
+    """/metrics latency under concurrent scrapers."""
+    rows: list[Row] = []
+    w = windows.get
     for n in (8, 64):
         g, v = w(("gpuwear", n)), w(("nvitop-exporter", n))
         if g is None or (g.scrape is None and not g.error):
@@ -769,9 +809,15 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
         per = (g.scrape["n"] // plan) if g.scrape and plan else 0
         rows.append((f"/metrics latency, {plan} threads × {per} scrapes back to back, {n} GPUs (most served from the "
                      "per-tick cache: see the re-rendering scrape rows)",
-                     cell(g, sc), cell(v, sc) if v else "not run", "", f"p99 gw/nvx {fmt_ratio(r)}",
+                     _cell(g, sc), _cell(v, sc) if v else "not run", "", f"p99 gw/nvx {fmt_ratio(r)}",
                      "p99 < 10 ms" if n == 8 else "(info)",
                      met(g.scrape["p99_ms"] < 10) if (g.scrape and n == 8) else ""))
+    return rows
+
+
+def _import_rows(imp: dict[str, Any] | None) -> list[Row]:
+    """Import throughput against its floor."""
+    rows: list[Row] = []
     if imp:
         e, f = imp["e2e"], imp["modes"].get("floats", {})
         floor = f.get("rows_per_s", float("nan"))
@@ -789,6 +835,12 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
             x = ratio(d.get("rows_per_s", float("nan")), floor)
             rows.append((label, f"{d['rows_per_s']:,.0f} rows/s" if "rows_per_s" in d else "failed", "", "",
                          f"/floor {fmt_ratio(x)}", "(info)", ""))
+    return rows
+
+
+def _persist_rows(persist: dict[int, dict[str, Any]] | None, week: dict[str, Any] | None) -> list[Row]:
+    """Saves, ledger writes and in-process memory over days."""
+    rows: list[Row] = []
     for n, d in (persist or {}).items():
         live = d.get("live") or []
         if len(live) >= 3:
@@ -829,7 +881,18 @@ def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tupl
         rows.append((f"Ledger file growth per simulated day per GPU (db + WAL, week run, {week['gpus']} GPUs)",
                      f"{week['ledger_growth_per_day_per_gpu'] / 1024:.1f} KiB/day (content once checkpointed: "
                      f"{week['logical_growth_per_day_per_gpu'] / 1024:.1f} KiB/day)", "", "", "", "(report)", ""))
+    return rows
 
+
+def build_report(args: argparse.Namespace, s: dict[str, Any], windows: dict[tuple[str, int], Window],
+                 ticks: dict[int, dict[str, Any]] | None, week: dict[str, Any] | None,
+                 persist: dict[int, dict[str, Any]] | None,
+                 imp: dict[str, Any] | None, rss: dict[str, Any] | None, info: dict[str, str],
+                 load: tuple[str, str], elapsed: float, scrapes: dict[int, dict[str, Any]] | None = None) -> str:
+    """The report: the table, its rows gathered part by part, then the details and the per-part sections."""
+    rows = [*_cpu_rows(s, windows), *_tick_rows(ticks), *_scrape_rows(scrapes), *_event_rows(ticks),
+            *_calls_and_rss_rows(s, windows), *_week_rows(week, windows), *_latency_rows(windows),
+            *_import_rows(imp), *_persist_rows(persist, week)]
     head = ("| metric | gpuwear | nvitop-exporter | bare | ratio | target | met? |\n"
             "|---|---|---|---|---|---|---|\n")
     rows = [r for r in rows if r[1] != "not run"]  # parts left out with --only
