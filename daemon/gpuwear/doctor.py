@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuwear.backends.aer import AerCounters, host_root
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
-from gpuwear.backends.pcibus import NvidiaBus
+from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.config import Config
 from gpuwear.jobs.resolve import foreign_pids, wsl2
 from gpuwear.ledger import Ledger, LedgerError, printable
@@ -144,9 +144,8 @@ class Doctor:
                 "uncorrectable PCIe errors: reseat the card or try another slot if they grow; `journalctl -k | grep "
                 "-i aer` says when")
         for address in NvidiaBus.under(root, self.dev).unlisted(g.pci_bus_id for g in gpus) or ():
-            self.check(False, f"an NVIDIA GPU at PCI {address} is on the bus, bound to the nvidia driver, but NVML "
-                              "does not list it", "the driver could not bring it up: read the kernel log "
-                              "(`journalctl -k | grep -i -e NVRM -e Xid`), then reboot or reset it")
+            self.check(False, unlisted_text(address), "the driver could not bring it up: read the kernel log "
+                       "(`journalctl -k | grep -i -e NVRM -e Xid`), then reboot or reset it")
 
     def _devices(self) -> None:
         if self.proc is not None and wsl2(self.proc):

@@ -28,7 +28,7 @@ from gpuwear.backends.nvml import (
     NvmlUnavailableError,
     NvmlVersionMismatchError,
 )
-from gpuwear.backends.pcibus import NvidiaBus
+from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
@@ -357,17 +357,16 @@ class Daemon:
         unlisted = list(self._unlisted or ())
         lines = []
         for m in self._missing(self.source.sampler.snapshot):
-            address = sysfs_address(m.pci_bus_id)
-            on_bus = f"; it is still on the PCI bus at {address}, bound to the nvidia driver" \
-                if address in unlisted else ""
+            address, on_bus = sysfs_address(m.pci_bus_id), ""
             if address in unlisted:
                 unlisted.remove(address)
+                on_bus = f"; it is still on the PCI bus at {address}, bound to the nvidia driver"
             lines.append(f"GPU {m.uuid} ({printable(m.name)}) is missing: this host's ledger has it (last seen "
                          f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(m.last_seen)) if m.last_seen else 'never'})"
                          f" but NVML does not list it{on_bus} (`gpuwear forget {m.uuid}` if it was taken out on "
                          "purpose)")
-        return lines + [f"an NVIDIA GPU at PCI {address} is on the bus, bound to the nvidia driver, but NVML does not "
-                        "list it: the driver could not bring it up? (the kernel log says why)" for address in unlisted]
+        return lines + [f"{unlisted_text(address)}: the driver could not bring it up? (the kernel log says why)"
+                        for address in unlisted]
 
     def _missing(self, snapshot: Snapshot) -> tuple[MissingGpu, ...]:
         listed = {g.identity.uuid for g in snapshot.gpus}

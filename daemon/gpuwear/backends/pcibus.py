@@ -32,6 +32,11 @@ _ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.M)
 
 
+def unlisted_text(address: str) -> str:
+    """How a GPU on the bus that NVML does not list is named to a person (/healthz, the page, doctor)."""
+    return f"an NVIDIA GPU at PCI {address} is on the bus, bound to the nvidia driver, but NVML does not list it"
+
+
 class NvidiaBus:
     """The NVIDIA GPUs bound to the nvidia driver under ``root`` (the kernel's /sys/bus/pci/devices; a test or a
     replay gives its own tree, and its own ``proc`` and ``dev``)."""

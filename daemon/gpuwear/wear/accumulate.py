@@ -213,6 +213,19 @@ def utc_day(day_number: int) -> str:
     return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day_number)).isoformat()
 
 
+def _rates(t: list[float], min_seconds: float) -> tuple[float | None, float | None]:
+    """Events per hour of ``t`` ([loaded s, loaded events, idle s, idle events]), loaded and idle; None for a side
+    read for ``min_seconds`` or less."""
+    return (t[1] * 3600 / t[0] if t[0] > min_seconds and t[0] > 0 else None,
+            t[3] * 3600 / t[2] if t[2] > min_seconds and t[2] > 0 else None)
+
+
+def _keep_newest(error_days: dict[str, Any]) -> None:
+    """Drop all but the newest ERROR_DAYS_KEPT days of an error_days map (ISO dates sort as days)."""
+    for old in sorted(error_days)[:-ERROR_DAYS_KEPT]:
+        del error_days[old]
+
+
 def _counters(s: GpuSample) -> list[tuple[str, float]]:
     out = []
     if s.ecc_corrected_volatile is not None:
@@ -489,8 +502,7 @@ class GpuWear:
         day = self.error_days.get(day_key)
         if day is None:
             day = self.error_days[day_key] = {}
-            for old in sorted(self.error_days)[:-ERROR_DAYS_KEPT]:
-                del self.error_days[old]
+            _keep_newest(self.error_days)
         for name, value in _counters(s):
             totals = self.error_counts.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             totals[0 if loaded else 2] += dt
@@ -525,9 +537,7 @@ class GpuWear:
     def error_rates(self, min_seconds: float = 0.0) -> dict[str, tuple[float | None, float | None]]:
         """Events per loaded and per idle hour of each error counter (None where it was read for under
         ``min_seconds`` of that side)."""
-        return {name: (t[1] * 3600 / t[0] if t[0] > min_seconds and t[0] > 0 else None,
-                       t[3] * 3600 / t[2] if t[2] > min_seconds and t[2] > 0 else None)
-                for name, t in self.error_counts.items()}
+        return {name: _rates(t, min_seconds) for name, t in self.error_counts.items()}
 
     def own_error_rates(self, baseline_days: int, min_seconds: float = 0.0) -> dict[str, tuple[float | None,
                                                                                                float | None]]:
@@ -548,9 +558,7 @@ class GpuWear:
                 acc = sums.setdefault(name, [0.0, 0.0, 0.0, 0.0])
                 acc[side] += seconds
                 acc[side + 1] += events
-        return {name: (t[1] * 3600 / t[0] if t[0] > min_seconds and t[0] > 0 else None,
-                       t[3] * 3600 / t[2] if t[2] > min_seconds and t[2] > 0 else None)
-                for name, t in sums.items()}
+        return {name: _rates(t, min_seconds) for name, t in sums.items()}
 
     def _baselines(self, s: GpuSample) -> None:
         self.last_counts = dict(_counters(s))
@@ -783,8 +791,7 @@ class GpuWear:
             for name, counts in counters.items():
                 before = mine_day.get(name, [0.0, 0.0])
                 mine_day[name] = [x + y for x, y in zip(before, counts, strict=True)]
-        for old in sorted(out.error_days)[:-ERROR_DAYS_KEPT]:
-            del out.error_days[old]
+        _keep_newest(out.error_days)
         for load, bins in other.slow_reads.items():
             mine_bins = out.slow_reads.setdefault(load, {})
             for key, n in bins.items():
