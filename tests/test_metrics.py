@@ -484,6 +484,46 @@ def test_nvlink_links_and_errors_are_read_on_gpus_that_have_them() -> None:
     assert len(per_link) == 18 * 4
 
 
+def test_links_down_or_downgraded_reach_the_verdict_with_their_rule() -> None:
+    """Issue 29's done-when for the links: an NVLink link gone down (with a recovery counted) and a PCIe link trained
+    at 8 lanes of 16 were alerts only, never in the verdict, `report` or the page. Now each is a reason with its
+    rule, once it has lasted as long as its alert's hold (links train for a while after a boot); a healthy peer has
+    none."""
+    from gpuwear.wear.models import RULES
+
+    train = [{"kind": "train", "seconds": 7200, "utilization": 0.9}]
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": train}] * 3, "faults": [
+        {"at": 100, "gpu": 1, "kind": "nvlink_errors", "link": 3, "recovery": 2, "down": True},
+        {"at": 100, "gpu": 2, "kind": "pcie_downgrade", "width": 8}]})
+    tracker = WearTracker({}, WearConfig())
+
+    def reasons() -> dict[str, set[str]]:
+        codes: dict[str, set[str]] = {}
+        for key in _samples(exposition(rig, "links", tracker)):
+            if m := re.match(r'gpuwear_health_reason\{code="([^"]+)",gpu="(\d)"', key):
+                codes.setdefault(m.group(2), set()).add(m.group(1))
+        return codes
+
+    def run(ticks: int) -> None:
+        for _ in range(ticks):
+            rig.run(1)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+
+    run(200)  # a slow read after the faults: the recovery counts at once, the links not yet
+    links = {"nvlink_down", "nvlink_recoveries", "pcie_link_downgraded"}
+    assert {g: c & links for g, c in reasons().items() if c & links} == {"1": {"nvlink_recoveries"}}
+    run(600)  # past both holds (5 and 10 minutes)
+    assert {g: c & links for g, c in reasons().items() if c & links} == \
+        {"1": {"nvlink_down", "nvlink_recoveries"}, "2": {"pcie_link_downgraded"}}
+    views = tracker.views
+    uuids = [g.identity.uuid for g in rig.sampler.snapshot.gpus]
+    by_code = {r["code"]: r for u in uuids[1:] for r in views[u].verdict["reasons"]}
+    assert "1 of the 18 NVLink links it had active within the last day are down (17 active)" in \
+        by_code["nvlink_down"]["text"]
+    assert "Gen5 x8, below the Gen5 x16" in by_code["pcie_link_downgraded"]["text"]
+    assert all(by_code[c]["rule"] == RULES[c] for c in links)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
 def test_the_series_budget_holds_after_a_simulated_week(scenario: str) -> None:

@@ -250,6 +250,48 @@ def test_a_bleeding_gpu_among_healthy_peers_is_named_in_report_and_on_the_page(t
     assert sum("corrected ECC errors per loaded hour; its 1 peer(s) of the same product" in g for g in sections) == 1
 
 
+@pytest.mark.slow
+def test_links_down_or_downgraded_are_named_in_report_and_on_the_page(tmp_path: Path) -> None:
+    """Issue 29's done-when for the links, end to end through the daemon and its ledger: of three H100s training,
+    the one with an NVLink link down is `act` for nvlink_down, the one whose PCIe link retrained at 8 lanes is
+    watched for pcie_link_downgraded, each with its rule in `report --json` and its words in `report` and in its own
+    section of the page; the third has neither. (The metric and the holds: test_metrics; the alerts: the rule
+    tests.)"""
+    import json as _json
+
+    import yaml
+
+    from gpuwear.wear.models import RULES
+    from helpers import run_simulated
+
+    train = [{"kind": "train", "seconds": 6 * 3600, "utilization": 1.0}]
+    scenario = tmp_path / "links.yaml"
+    scenario.write_text(yaml.safe_dump({"description": "three H100s, two with a link fault", "gpus": [
+        {"product": "h100-sxm", "schedule": train}] * 3, "faults": [
+        {"at": 900, "gpu": 1, "kind": "nvlink_errors", "link": 3, "recovery": 1, "down": True},
+        {"at": 900, "gpu": 2, "kind": "pcie_downgrade", "width": 8}]}))  # after links seen whole
+    state = tmp_path / "state"
+    run_simulated(state, str(scenario), 3600.0, 3.0)
+    doc = _json.loads(gpuwear("report", "--json", "--state-dir", str(state), "--simulated", "links").stdout)
+    reasons = {g["uuid"]: {r["code"]: r for r in g["health"]["reasons"]} for g in doc["gpus"]}
+    links = {"nvlink_down", "pcie_link_downgraded"}
+    found = sorted(sorted(set(r) & links) for r in reasons.values())
+    assert found == [[], ["nvlink_down"], ["pcie_link_downgraded"]], reasons
+    for r in reasons.values():
+        for code in set(r) & links:
+            assert r[code]["rule"] == RULES[code]
+    assert [g["health"]["status"] for g in doc["gpus"] if "nvlink_down" in reasons[g["uuid"]]] == ["act"]
+    text = gpuwear("report", "--state-dir", str(state), "--simulated", "links").stdout
+    assert "NVLink links it had active within the last day are down (17 active)" in text, text
+    assert "its PCIe link runs at Gen5 x8, below the Gen5 x16 its card and slot allow" in text, text
+    page = tmp_path / "page.html"
+    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "links")
+    sections = page.read_text().split('class="gpu"')[1:]  # one a GPU
+    assert len(sections) == 3
+    assert sum("NVLink links it had active within the last day are down" in g for g in sections) == 1
+    assert sum("its PCIe link runs at Gen5 x8" in g for g in sections) == 1
+
+
 def test_every_figure_of_the_answer_carries_its_band_and_no_comparison_below_its_minimum(
         simulated_day: tuple[Path, dict[str, dict[tuple[str, ...], float]]], tmp_path: Path) -> None:
     """Before: "Heat aged its chip as much as 3.2 h" read as an upper bound (3.2 h was the central value, the band

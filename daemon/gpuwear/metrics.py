@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from gpuwear.sample import CLOCK_EVENT_REASONS
+from gpuwear.sample import CLOCK_EVENT_REASONS, pcie_downgraded
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.models import STATUS_ORDER
 from gpuwear.wear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LABELS, WearView
@@ -165,17 +165,9 @@ def _nvlink_links(status: GpuStatus) -> Series:
     return [((str(link), _NVLINK_KINDS.get(field, field)), float(n)) for link, field, n in counts or ()]
 
 
-PCIE_BUSY_RATIO = 0.5  # utilization from which a link below its top generation is a downgrade, not power saving
-
-
 def _pcie_downgraded(status: GpuStatus) -> float | None:
-    s = status.sample
-    if s is None or s.pcie_link_width is None or s.pcie_link_width_max is None:
-        return None
-    slower = (s.pcie_link_generation is not None and s.pcie_link_generation_max is not None
-              and s.pcie_link_generation < s.pcie_link_generation_max
-              and (s.utilization_gpu_ratio or 0.0) >= PCIE_BUSY_RATIO)
-    return 1.0 if s.pcie_link_width < s.pcie_link_width_max or slower else 0.0
+    down = pcie_downgraded(status.sample) if status.sample is not None else None
+    return None if down is None else float(down)
 
 
 def _info(status: GpuStatus) -> Series:

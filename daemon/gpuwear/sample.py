@@ -153,6 +153,22 @@ _FIELD_NAMES = frozenset(f.name for f in fields(GpuSample))
 assert all(f.default is None for f in fields(GpuSample) if f.name not in ("timestamp", "monotonic"))
 
 
+
+PCIE_BUSY_RATIO = 0.5  # utilization from which a link below its top generation is a downgrade, not power saving
+
+
+def pcie_downgraded(s: GpuSample) -> bool | None:
+    """Whether the GPU's PCIe link trained below what the card and its slot allow: fewer lanes than its maximum
+    width, or a lower generation than its maximum while the GPU is at least PCIE_BUSY_RATIO busy (an idle link
+    drops its generation to save power); None without the width (nvmlDeviceGetCurrPcieLinkWidth /
+    nvmlDeviceGetMaxPcieLinkWidth, ...LinkGeneration)."""
+    if s.pcie_link_width is None or s.pcie_link_width_max is None:
+        return None
+    slower = (s.pcie_link_generation is not None and s.pcie_link_generation_max is not None
+              and s.pcie_link_generation < s.pcie_link_generation_max
+              and (s.utilization_gpu_ratio or 0.0) >= PCIE_BUSY_RATIO)
+    return s.pcie_link_width < s.pcie_link_width_max or slower
+
 # nvmlClocksEventReason* bits (nvml.h) of ``GpuSample.clock_event_reasons``, by name.
 CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
     ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),

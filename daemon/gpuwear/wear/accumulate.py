@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample
+from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample, pcie_downgraded
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
 from gpuwear.wear.schema import ERROR_DAYS_KEPT, INCIDENT_EPISODE_SECONDS, INCIDENTS_KEPT, READING_GROUPS
 
@@ -241,11 +241,12 @@ def _counters(s: GpuSample) -> list[tuple[str, float]]:
     return out
 
 
+LINKS_WINDOW_SECONDS = 86400  # NVLink links fewer than the most active within this long are down (as the alert)
 HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
                  "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
                  "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
                  "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
-                 "pcie_aer_nonfatal", "pcie_aer_fatal")
+                 "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors")
 
 
 def _seen_in(w: GpuWear) -> dict[str, int]:
@@ -606,6 +607,32 @@ class GpuWear:
                 self.health[name] = value
         if s.temperature_memory_celsius is not None:
             self.health["memory_temperature_reported"] = True
+        self._links(s)
+
+    def _links(self, s: GpuSample) -> None:
+        """The links' state at the GPU's latest reading of them (the slow interval), in ``health``:
+        ``nvlink_links_active`` beside ``nvlink_links_most``, the most seen active within LINKS_WINDOW_SECONDS,
+        and ``nvlink_links_most_at``, when they were last seen so (s); ``pcie_downgraded_since``, the start of the
+        current run of readings with the PCIe link below what card and slot allow (sample.pcie_downgraded), with
+        the link's lanes and generation, current and maximum."""
+        h = self.health
+        now = int(s.timestamp)
+        active = s.nvlink_links_active
+        if active is not None:
+            h["nvlink_links_active"] = active
+            stale = now - h.get("nvlink_links_most_at", now) > LINKS_WINDOW_SECONDS
+            if active >= h.get("nvlink_links_most", 0) or stale:
+                h["nvlink_links_most"], h["nvlink_links_most_at"] = active, now
+        down = pcie_downgraded(s)
+        if down is None:
+            return
+        for name in ("pcie_link_width", "pcie_link_width_max", "pcie_link_generation", "pcie_link_generation_max"):
+            if (value := getattr(s, name)) is not None:
+                h[name] = value
+        if down:
+            h.setdefault("pcie_downgraded_since", now)
+        else:
+            h.pop("pcie_downgraded_since", None)
 
     def add_xids(self, counts: dict[int, int], wall: float) -> None:
         """Add XID events (code -> new events) seen at ``wall``."""

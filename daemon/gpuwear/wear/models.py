@@ -71,6 +71,15 @@ RULES = {
     "stalled_calls": "gpuwear's own rule, not NVIDIA's: wear.health.stall_watch_count NVML reads past the sampler's "
                      "deadline (sampling.nvml_deadline_seconds) in the GPU's record (the field case: a GB200 whose "
                      "driver calls hung only under load: NVIDIA/DCGM #313)",
+    "nvlink_down": "NVIDIA DCGM's health watch, which isolates a GPU with an NVLink link down (DCGM_FR_NVLINK_DOWN); "
+                   "gpuwear applies it as its GpuwearNvlinkDown alert does: fewer links active than the most active "
+                   "within the last day, for 5 minutes (links train for a while after a boot)",
+    "nvlink_recoveries": "gpuwear's own rule, as its GpuwearNvlinkRecoveries alert: any NVLink recovery (a link that "
+                         "failed and retrained) since the driver loaded (nvmlDeviceGetNvLinkErrorCounter, "
+                         "NVML_NVLINK_ERROR_DL_RECOVERY)",
+    "pcie_link_downgraded": "gpuwear's own rule, as its GpuwearPcieLinkDowngraded alert: for 10 minutes, the PCIe link "
+                            "trained below the lanes, or under load the generation, that the card and its slot allow "
+                            "(nvmlDeviceGetCurrPcieLinkWidth and Generation against the Max ones)",
     "repeat_incidents": "NVIDIA NVSentinel's MultipleRemediations rule (a node remediated more than once within 7 "
                         "days: the repairs are not resolving the fault), applied by gpuwear per GPU to the incidents "
                         "that call for a reset, a reboot or service (wear.health.repeat_incidents, repeat_window_days)",
@@ -420,6 +429,34 @@ def peer_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, dict[st
     return out
 
 
+NVLINK_DOWN_HOLD_SECONDS = 300  # links fewer than before for this long are down (they train after a boot)
+PCIE_DOWNGRADED_HOLD_SECONDS = 600
+
+
+def _links(w: GpuWear, reason: Callable[[str, str, str], None]) -> None:
+    """The NVLink and PCIe reasons, from the links' state at the GPU's latest reading (GpuWear._links)."""
+    h, now = w.health, w.last_seen
+    if now is None:
+        return
+    active, most = h.get("nvlink_links_active"), h.get("nvlink_links_most")
+    if active is not None and most is not None and active < most \
+            and now - h.get("nvlink_links_most_at", now) >= NVLINK_DOWN_HOLD_SECONDS:
+        reason("act", "nvlink_down", f"{most - active} of the {most} NVLink links it had active within the last day "
+               f"are down ({active} active): jobs that talk over NVLink fail or fall back to slower paths; a reset or "
+               "a reboot may bring them back, links that keep dropping need service")
+    if h.get("nvlink_recovery_errors", 0) > 0:
+        reason("watch", "nvlink_recoveries", f"{h['nvlink_recovery_errors']} NVLink recovery event(s) since the "
+               "driver loaded (a link failed and retrained): watch for links going down")
+    since = h.get("pcie_downgraded_since")
+    if since is not None and now - since >= PCIE_DOWNGRADED_HOLD_SECONDS:
+        link = (f"Gen{h.get('pcie_link_generation', '?')} x{h.get('pcie_link_width', '?')}, below the "
+                f"Gen{h.get('pcie_link_generation_max', '?')} x{h.get('pcie_link_width_max', '?')} its card and slot "
+                "allow")
+        reason("watch", "pcie_link_downgraded", f"its PCIe link runs at {link}, since "
+               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(since))}: transfers to and from it run slower; "
+               "reseat the card or its riser (a lane that keeps failing is the card's or the slot's)")
+
+
 def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float | None = None,
             above_slowdown: float | None = None, peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
     """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the card's
@@ -462,6 +499,7 @@ def verdict(w: GpuWear, p: WearConfig, trend: dict[str, Any] | None, busy: float
         reason("watch", "pcie_aer_uncorrectable", f"{fatal + nonfatal} uncorrectable PCIe error(s) since boot "
                f"({fatal} fatal, {nonfatal} non-fatal), as the kernel counts them at the GPU's PCI function: the link, "
                "a riser or the slot; reseat the card or try another slot if they grow")
+    _links(w, reason)
     if h.get("remapped_rows_uncorrected", 0) > 0 or h.get("remapped_rows_corrected", 0) > 0:
         n = h.get("remapped_rows_uncorrected", 0) + h.get("remapped_rows_corrected", 0)
         reason("watch", "remapped_rows", f"{n} memory row(s) remapped: the spare rows did their job; keep watching")
