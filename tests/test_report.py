@@ -101,12 +101,13 @@ def test_report_in_words(simulated_day: tuple[Path, dict[str, dict[tuple[str, ..
     assert "not a remaining life" in block
     # how much of the risk the answer sees: the field data cited, heat a small part, what this card's verdict watches
     geforce = text.split("NVIDIA GeForce RTX 4090")[1].split("NVIDIA H100 80GB HBM3")[0]
-    for card, memory in ((block, "Its health verdict watches memory errors (ECC"),
-                         (geforce, "not its memory errors: the card reports no ECC counters")):
+    for card, memory, nvlink in ((block, "Its health verdict watches memory errors (ECC", True),
+                                 (geforce, "not its memory errors: the card reports no ECC counters", False)):
         seen = card.split("What this sees of the risk:")[1].split("\n")[0]
         assert "thermal interface and sensor 6 (1.4 %)" in seen and "Llama 3 Herd of Models" in seen, seen
         assert memory in seen, seen
-        assert "error counters that bleed under load" in seen and "NVLink links down" in seen, seen
+        assert "error counters that bleed under load" in seen and "PCIe link trained below" in seen, seen
+        assert ("its NVLink links going down or retraining" in seen) is nvlink, seen  # an RTX 4090 has no NVLink
     for forbidden in ("% worn", "remaining life:", "probability"):
         assert forbidden not in text
 
@@ -284,6 +285,8 @@ def test_links_down_or_downgraded_are_named_in_report_and_on_the_page(tmp_path: 
     text = gpuwear("report", "--state-dir", str(state), "--simulated", "links").stdout
     assert "NVLink links it had active within the last day are down (17 active)" in text, text
     assert "its PCIe link runs at Gen5 x8, below the Gen5 x16 its card and slot allow" in text, text
+    # what the verdict watches, in each GPU's paragraph: the links now (it said they were alerts only)
+    assert text.count("its NVLink links going down or retraining, its PCIe link trained below") == 3, text
     page = tmp_path / "page.html"
     gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "links")
     sections = page.read_text().split('class="gpu"')[1:]  # one a GPU

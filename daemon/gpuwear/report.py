@@ -339,11 +339,13 @@ def risk_seen(d: dict[str, Any]) -> str:
                        "calls that stall")
     if any(k.startswith("pcie_aer_") for k in measured):
         watched.append("uncorrectable PCIe errors the kernel counts (AER)")
+    if "nvlink_links_active" in measured:
+        watched.append("its NVLink links going down or retraining")
+    if "pcie_link_width" in measured:
+        watched.append("its PCIe link trained below what card and slot allow")
     return (f"What this sees of the risk: of {FIELD_INTERRUPTIONS} unexpected interruptions of Llama 3's training on "
             f"16,384 H100s, GPU causes were {causes} (Meta, The Llama 3 Herd of Models, table 5): heat is a small "
-            f"part, which the wear estimates above are about. Its health verdict watches " + ", ".join(watched)
-            + "; NVLink links down and PCIe links trained down are in the metrics and their alerts, not in this "
-            "verdict.")
+            f"part, which the wear estimates above are about. Its health verdict watches " + ", ".join(watched) + ".")
 
 
 def _wear_lines(d: dict[str, Any]) -> list[str]:
