@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -293,6 +294,48 @@ def test_links_down_or_downgraded_are_named_in_report_and_on_the_page(tmp_path: 
     assert len(sections) == 3
     assert sum("NVLink links it had active within the last day are down" in g for g in sections) == 1
     assert sum("its PCIe link runs at Gen5 x8" in g for g in sections) == 1
+
+
+@pytest.mark.slow
+def test_xids_from_the_kernel_log_and_a_repeat_offender_are_named_in_report_and_on_the_page(tmp_path: Path) -> None:
+    """Issue 29's done-when for XIDs and repeat offenders, end to end: the fake's driver writes XID 79 twice (an hour
+    apart) for one H100 and XID 13 for the other into its kernel log only (NVML cannot report 79), the daemon reads
+    them, and `report --json`, `report` and each GPU's own section of the page give xid_79 and repeat_incidents for
+    the first (act, each with its rule) and xid_13 for the second. (The metric: test_kernlog; the alerts: the rule
+    tests.)"""
+    import json as _json
+
+    import yaml
+
+    from gpuwear.wear.models import RULES, rule
+    from helpers import run_simulated
+
+    train = [{"kind": "train", "seconds": 6 * 3600, "utilization": 1.0}]
+    scenario = tmp_path / "xids.yaml"
+    scenario.write_text(yaml.safe_dump({"description": "two H100s, XIDs", "gpus": [
+        {"product": "h100-sxm", "schedule": train}] * 2, "faults": [
+        {"at": 900, "gpu": 0, "kind": "xid", "xid": 79}, {"at": 4500, "gpu": 0, "kind": "xid", "xid": 79},
+        {"at": 900, "gpu": 1, "kind": "xid", "xid": 13}]}))
+    state = tmp_path / "state"
+    run_simulated(state, str(scenario), 3600.0, 3.0)
+    doc = _json.loads(gpuwear("report", "--json", "--state-dir", str(state), "--simulated", "xids").stdout)
+    reasons = [{r["code"]: r for r in g["health"]["reasons"]} for g in doc["gpus"]]
+    assert {"xid_79", "repeat_incidents"} <= set(reasons[0]) and "xid_13" not in reasons[0], reasons
+    assert "xid_13" in reasons[1] and not {"xid_79", "repeat_incidents"} & set(reasons[1]), reasons
+    assert reasons[0]["xid_79"]["severity"] == reasons[0]["repeat_incidents"]["severity"] == "act"
+    assert reasons[0]["repeat_incidents"]["rule"] == RULES["repeat_incidents"]
+    assert reasons[1]["xid_13"]["rule"] == rule("xid_13")
+    text = gpuwear("report", "--state-dir", str(state), "--simulated", "xids").stdout
+    first, second = text.split("NVIDIA H100 80GB HBM3")[1:3]
+    assert "NVSentinel" in first and "NVSentinel" not in second, text
+    page = tmp_path / "page.html"
+    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "xids")
+    sections = page.read_text().split('class="gpu"')[1:]
+    assert len(sections) == 2
+    shown = [(i, html.escape(r[code]["text"], quote=True)) for i, r in enumerate(reasons)
+             for code in ("xid_79", "repeat_incidents", "xid_13") if code in r]
+    for i, words in shown:  # in its own GPU's section, not the other's
+        assert [words in section for section in sections] == [j == i for j in range(2)], words
 
 
 def test_every_figure_of_the_answer_carries_its_band_and_no_comparison_below_its_minimum(
