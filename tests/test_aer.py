@@ -118,6 +118,17 @@ def test_an_uncorrectable_pcie_error_reaches_the_verdict_and_the_detail_metric(t
     for severity, value in (("correctable", 2), ("nonfatal", 1), ("fatal", 0)):
         assert re.search(rf'^gpuwear_pcie_aer_errors_total{{gpu="0",severity="{severity}",uuid="{uuids[0]}"}} '
                          rf'{value}\.0$', detail, re.M), severity
+    # report and the page, from the GPUs' records as a ledger gives them (issue 29's done-when): that GPU's alone
+    from gpuwear import page
+    from gpuwear.report import document, text_report
+
+    doc = document([first, second], WearConfig(), {}, "test", True)
+    words = "1 uncorrectable PCIe error(s) since boot (0 fatal, 1 non-fatal)"
+    text = text_report(doc)
+    mine, theirs = text.split(second.uuid, 1)
+    assert words in mine and words not in theirs, text
+    sections = page.render(doc).split('class="gpu"')[1:]
+    assert [words in section for section in sections] == [True, False]
     rig.backend.close()
 
 

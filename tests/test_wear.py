@@ -858,6 +858,13 @@ def test_a_card_that_runs_just_below_its_slowdown_temperature_is_watched_for_hea
             assert "100 % of busy time within 5 °C below its slowdown temperature (89 °C)" in \
                 reasons["close_to_slowdown"]["text"]
             assert reasons["close_to_slowdown"]["rule"] == RULES["close_to_slowdown"]
+            # in `report` and on the page too (issue 29's done-when), from the record as a ledger gives it
+            from gpuwear import page
+            from gpuwear.report import document, text_report
+
+            doc = document([w], WearConfig(), {}, "test", False)
+            words = reasons["close_to_slowdown"]["text"]
+            assert words in text_report(doc) and words.replace("'", "&#x27;") in page.render(doc)
 
 
 def test_a_single_corrected_error_or_a_busy_gpu_among_idle_peers_is_not_bleeding() -> None:
