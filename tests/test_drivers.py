@@ -126,20 +126,19 @@ def test_the_daemon_samples_every_profile_and_device_kind(driver: str, kind: str
         assert set(gpu.unavailable.values()) <= {"not_supported", "no_permission", "function_not_found",
                                                  "unknown_field", "module_scope"}
         pid = synthetic_pid("matrix-job")
-        if kind == "mig-unprivileged":  # the driver refuses, and says so: no attribution, no alert
-            assert sample.processes is None and gpu.unavailable["processes"] == "no_permission"
+        if kind == "mig-unprivileged":  # the GPU's own list needs root; each MIG device answers its own (nvml.h)
+            assert "processes" not in gpu.unavailable, gpu.unavailable
             assert sample.utilization_gpu_ratio is None and gpu.unavailable["utilization"] == "not_supported"
             assert series(body, "gpuwear_readings_unavailable", "0")
+        assert sample.processes is not None and [p for p, _ in sample.processes] == [pid]
+        if kind.startswith("mig-"):  # the MIG devices, and the one the process runs on (the first: GPU instance 2)
+            assert sample.mig_devices is not None and [d[:2] for d in sample.mig_devices] == [(2, 0), (1, 0)]
+            assert all(uuid.startswith("MIG-") for _, _, uuid in sample.mig_devices)
+            assert sample.process_instances == ((pid, 2, 0),)
         else:
-            assert sample.processes is not None and [p for p, _ in sample.processes] == [pid]
-            if kind == "mig-root":  # the MIG devices, and the one the process runs on (the first: GPU instance 2)
-                assert sample.mig_devices is not None and [d[:2] for d in sample.mig_devices] == [(2, 0), (1, 0)]
-                assert all(uuid.startswith("MIG-") for _, _, uuid in sample.mig_devices)
-                assert sample.process_instances == ((pid, 2, 0),)
-            else:
-                assert sample.process_instances == ()
-            view = daemon.tracker.views[gpu.identity.uuid]
-            assert "matrix-job" in str(view), "job attribution found no job"
+            assert sample.process_instances == ()
+        view = daemon.tracker.views[gpu.identity.uuid]
+        assert "matrix-job" in str(view), "job attribution found no job"
         if PROFILES[driver].exports("nvmlDeviceGetMemoryInfo_v2") and kind != "mig-unprivileged":
             assert sample.memory_used_bytes is not None
         if kind == "wsl2":  # the Windows driver's version, as WSL2's library says it; every reading still read
@@ -147,11 +146,18 @@ def test_the_daemon_samples_every_profile_and_device_kind(driver: str, kind: str
             assert system is not None and system.driver_version == WINDOWS_DRIVERS[driver]
 
 
+def _no_mig_devices(doc: dict[str, Any]) -> dict[str, Any]:
+    """The scenario with MIG on but no MIG device made on its first GPU: nothing answers its processes unprivileged."""
+    doc["gpus"][0].pop("mig_devices", None)
+    return doc
+
+
 def test_time_on_a_gpu_whose_processes_cannot_be_read_is_unattributed_never_idle(tmp_path: Path) -> None:
-    """MIG on and the daemon not root (the shipped unit): NVML answers NO_PERMISSION for the processes, and the A100
-    trained while its time went to its idle line. Now it goes to an unattributed line that says why; the H100
-    beside it, whose processes are read, books the job."""
-    with daemon_over(scenario_doc("r550", "mig-unprivileged"), tmp_path) as (daemon, clock):
+    """MIG on and the daemon not root (the shipped unit): NVML answers NO_PERMISSION for the GPU's processes (and
+    here no MIG device answers its own: none was made), and the A100 trained while its time went to its idle line.
+    Now it goes to an unattributed line that says why; the H100 beside it, whose processes are read, books the
+    job."""
+    with daemon_over(_no_mig_devices(scenario_doc("r550", "mig-unprivileged")), tmp_path) as (daemon, clock):
         run(daemon, clock, 30)
         mig, whole = (g.identity.uuid for g in daemon.source.sampler.snapshot.gpus)
         assert daemon.source.sampler.snapshot.gpus[0].unavailable.get("processes") == "no_permission"
@@ -168,7 +174,7 @@ def test_time_on_a_gpu_whose_processes_cannot_be_read_is_unattributed_never_idle
         records = daemon.ledger.jobs() if daemon.ledger is not None else []
     lines = [r for r in records if mig in {g["uuid"] for g in r["gpus"]}]
     assert [r["kind"] for r in lines] == ["unattributed"], lines
-    assert "no permission" in lines[0]["name"] and "MIG" in lines[0]["name"]
+    assert "no permission" in lines[0]["name"]
     assert main(["jobs", "--simulated", "matrix", "--state-dir", str(tmp_path)]) == 0
 
 
@@ -694,7 +700,7 @@ def test_doctor_says_a_jetson_yields_nothing(tmp_path: Path) -> None:
 def test_doctor_says_what_makes_a_mig_gpus_processes_readable(tmp_path: Path) -> None:
     from gpuwear.doctor import Doctor
 
-    simulation = parse_scenario(scenario_doc("r550", "mig-unprivileged"), "mig")
+    simulation = parse_scenario(_no_mig_devices(scenario_doc("r550", "mig-unprivileged")), "mig")
     doctor = Doctor(Config(state_dir=str(tmp_path)), NvmlBackend(FakeNvmlLibrary(simulation, ManualClock())),
                     tmp_path / "ledger.sqlite", dev=tmp_path)
     findings = doctor.run()
@@ -754,7 +760,7 @@ def test_fake_process_layout_is_the_drivers_not_the_callers() -> None:
 
 def test_logs_of_unavailable_readings_name_the_reason(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gpuwear.backends.nvml")
-    rig = make_rig(scenario_doc(NEWEST, "mig-unprivileged"))
+    rig = make_rig(_no_mig_devices(scenario_doc(NEWEST, "mig-unprivileged")))
     try:
         rig.run(2)
         assert any("processes (no_permission)" in r.getMessage() for r in caplog.records)

@@ -241,15 +241,18 @@ def test_pods_on_mig_devices_of_one_gpu_are_each_named_after_their_own() -> None
     assert with_pod_names([pod], held, {pod.key: frozenset({"MIG-not-allocated"})}) == [pod]
 
 
-def test_pods_on_mig_devices_are_named_through_nvml_and_the_kubelet(kubelet: FakeKubelet) -> None:
-    """Through the fake NVML (an A100 with two MIG devices, read as root: a real process on each), the kubelet
-    naming each MIG device by its MIG UUID, and the daemon's own pairing (service.mig_places, mig_parent):
-    each pod's job is named after its own pod."""
+@pytest.mark.parametrize("privileged", [True, False], ids=["root", "unprivileged"])
+def test_pods_on_mig_devices_are_named_through_nvml_and_the_kubelet(kubelet: FakeKubelet, privileged: bool) -> None:
+    """Through the fake NVML (an A100 with two MIG devices, a real process on each), the kubelet naming each MIG
+    device by its MIG UUID, and the daemon's own pairing (service.mig_places, mig_parent): each pod's job is named
+    after its own pod. Unprivileged too (the shipped unit): the GPU's list needs root, but each MIG device answers
+    its own (nvml.h: "Per-instance information can be queried by using specific MIG device handles"); before, the
+    daemon read only the GPU's and booked the time unattributed."""
     from gpuwear.service import mig_places
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        rig = make_rig({"privileged": True, "gpus": [{"product": "a100-sxm", "mig": True,
+        rig = make_rig({"privileged": privileged, "gpus": [{"product": "a100-sxm", "mig": True,
                                                       "mig_devices": ["3g.40gb", "4g.40gb"], "schedule": [
                                                           {"kind": "train", "seconds": 600,
                                                            "pids": [os.getpid(), child.pid]}]}]})

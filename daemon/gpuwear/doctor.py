@@ -19,8 +19,9 @@ from gpuwear.sample import GpuIdentity
 
 # What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
 PROCESS_FIXES = {
-    "no_permission": "with MIG on, NVML lists a GPU's processes to root only: run gpuwear as root (a drop-in with "
-                     "DynamicUser=no and User=root; docs/deployment.md), or accept unattributed time on MIG GPUs",
+    "no_permission": "NVML lists this GPU's processes to root only (with MIG on, the GPU's list needs root and its "
+                     "MIG devices' own lists did not answer either): run gpuwear as root (a drop-in with "
+                     "DynamicUser=no and User=root; docs/deployment.md), or accept unattributed time on it",
     "not_supported": "this driver does not list processes (a vGPU guest, WSL2): jobs cannot be attributed here",
     "function_not_found": "this driver is too old to list processes: upgrade it to attribute jobs",
 }

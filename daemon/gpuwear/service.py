@@ -77,7 +77,7 @@ def mig_places(sample: GpuSample) -> dict[int, str]:
 
 def _processes_unseen(reason: str | None) -> str:
     """Why a GPU's processes are unknown for a tick, for its unattributed line (NVML's answer, or its absence)."""
-    return {"no_permission": "processes not readable without root (NVML: no permission; MIG on?)",
+    return {"no_permission": "processes not readable without root (NVML: no permission)",
             "not_supported": "processes not reported by this driver (NVML: not supported; a vGPU guest or WSL2?)",
             "function_not_found": "processes not reported by this driver (NVML: function not found)",
             }.get(reason or "", f"processes not read ({reason})" if reason else "processes not read this tick")

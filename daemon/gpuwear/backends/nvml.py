@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -415,7 +415,36 @@ _NOT_AVAILABLE = frozenset({_NOT_AVAILABLE_ULL, 2**32 - 1})  # ...as an unsigned
 
 def _processes(h: Any, api: Api) -> Values:
     """The compute processes, through the newest nvmlDeviceGetComputeRunningProcesses the driver exports, into
-    the layout that driver fills (pynvml's own wrapper reads a 32-byte layout as 24 bytes on 535.43-535.86)."""
+    the layout that driver fills (pynvml's own wrapper reads a 32-byte layout as 24 bytes on 535.43-535.86).
+
+    With MIG on, nvml.h: "if device handle is provided, the API returns aggregate information, only if the caller
+    has appropriate privileges. Per-instance information can be queried by using specific MIG device handles": where
+    the GPU's own list is refused (NO_PERMISSION, an unprivileged daemon), each MIG device's list is read on its
+    handle, its processes placed on its GPU and compute instance; the refusal stands where those are refused too."""
+    try:
+        return _process_list(h, api)
+    except pynvml.NVMLError as exc:
+        if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
+            raise
+        processes: list[tuple[int, float | None]] = []
+        instances: list[tuple[int, int, int]] = []
+        try:
+            handles = list(_mig_handles(h))
+            for mig in handles:
+                gpu_instance = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
+                compute_instance = int(pynvml.nvmlDeviceGetComputeInstanceId(mig))
+                listed = _process_list(mig, api)["processes"]
+                processes.extend(listed)
+                instances.extend((pid, gpu_instance, compute_instance) for pid, _ in listed)
+        except pynvml.NVMLError:
+            raise exc from None
+        if not handles:
+            raise
+        return {"processes": tuple(processes), "process_instances": tuple(instances)}
+
+
+def _process_list(h: Any, api: Api) -> Values:
+    """One handle's (a GPU's or a MIG device's) processes and the instances they run on (:func:`_processes`)."""
     fn = pynvml._nvmlGetFunctionPointer(api.processes)
     count = ctypes.c_uint(0)
     ret = fn(h, ctypes.byref(count), None)
@@ -447,17 +476,20 @@ def _mig_devices(h: Any, api: Api) -> Values:
     (0 with MIG off), then nvmlDeviceGetMigDeviceHandleByIndex for each index (NOT_FOUND where none was made: the
     indexes can have holes) and the device's nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId and
     nvmlDeviceGetUUID ("MIG-<uuid>", what the kubelet names the device a pod holds)."""
-    out = []
+    return {"mig_devices": tuple((int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                                  int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+                                  _text(pynvml.nvmlDeviceGetUUID(mig))) for mig in _mig_handles(h))}
+
+
+def _mig_handles(h: Any) -> Iterator[Any]:
+    """The handles of the GPU's MIG devices (none with MIG off): nvmlDeviceGetMaxMigDeviceCount, then
+    nvmlDeviceGetMigDeviceHandleByIndex for each index, skipping NOT_FOUND (the indexes can have holes)."""
     for index in range(min(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)), MAX_MIG_DEVICES)):
         try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
+            yield pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
         except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
-                continue
-            raise
-        out.append((int(pynvml.nvmlDeviceGetGpuInstanceId(mig)), int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
-                    _text(pynvml.nvmlDeviceGetUUID(mig))))
-    return {"mig_devices": tuple(out)}
+            if exc.value != pynvml.NVML_ERROR_NOT_FOUND:
+                raise
 
 
 def _fan_speed(fan: int, h: Any, api: Api) -> float:

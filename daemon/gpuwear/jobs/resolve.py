@@ -46,8 +46,9 @@ class Job:
 @dataclass(frozen=True)
 class Unseen:
     """A GPU whose processes gpuwear could not read for an interval: its time is *unattributed*, with the reason
-    (never idle: a job may have run). ``reason``: the NVML answer (``no_permission``: MIG on and the daemon not
-    root; ``not_supported``: a vGPU guest, WSL2) or why the read gave nothing."""
+    (never idle: a job may have run). ``reason``: the NVML answer (``no_permission``: a list NVML gives root only,
+    such as a MIG GPU's whose MIG devices do not answer theirs; ``not_supported``: a vGPU guest, WSL2) or why the
+    read gave nothing."""
 
     reason: str
 

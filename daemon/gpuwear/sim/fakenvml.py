@@ -13,7 +13,8 @@ process list is filled in the layout that release fills; a field id newer than t
 answers the per-field ``NVML_ERROR_INVALID_ARGUMENT``. Device kinds behave as real ones
 (simulated ``Product``): GeForce cards report no ECC, memory temperature, violation counters or
 serial; passive cards no fans; with MIG enabled whole-device utilization is NOT_SUPPORTED and,
-for an unprivileged client, process and memory queries answer NO_PERMISSION; a Tegra (Jetson)
+for an unprivileged client, the whole device's process and memory queries answer NO_PERMISSION (a MIG
+device's own answer); a Tegra (Jetson)
 device answers NOT_SUPPORTED to everything but its name, UUID and index; a GH200's energy
 counter is the module's, the Grace CPU's draw included, while its power reading is the GPU's.
 
@@ -306,7 +307,9 @@ class SimulatedDriver:
         return gpu, gpu.mig_devices[slot % 8]
 
     def _restricted(self, gpu: SimGpu) -> None:
-        """With MIG enabled, whole-device process and memory queries need root."""
+        """With MIG enabled, whole-device process and memory queries need root (nvml.h: "if device handle is
+        provided, the API returns aggregate information, only if the caller has appropriate privileges. Per-instance
+        information can be queried by using specific MIG device handles")."""
         if gpu.state.mig_enabled and not self.simulation.privileged:
             raise _NoPermissionError()
 
@@ -434,9 +437,8 @@ class SimulatedDriver:
     def _memory(self, handle: Any) -> tuple[int, int, int]:
         """(total, reserved by the driver, allocated), bytes: of the GPU, or of one MIG device (its share of the
         GPU's processes' memory)."""
-        if (mig := self._mig(handle)) is not None:
+        if (mig := self._mig(handle)) is not None:  # per-instance: no privilege asked (nvml.h), unlike the GPU's
             gpu, device = mig
-            self._restricted(gpu)
             mine = len(self._instance_processes(gpu, device))
             return device.memory_bytes, 0, int(device.memory_bytes * 0.7) if mine else 0
         gpu = self._gpu(handle, "memory_info")
@@ -680,7 +682,8 @@ class SimulatedDriver:
         allocated), never past the caller's buffer; INSUFFICIENT_SIZE with the count needed when it is short."""
         mig = self._mig(handle)
         gpu = mig[0] if mig is not None else self._gpu(handle, "processes")
-        self._restricted(gpu)
+        if mig is None:  # nvml.h: the GPU's aggregate list needs privileges, a MIG device's own list does not
+            self._restricted(gpu)
         with self._lock:
             procs = [] if graphics else list(gpu.state.processes)
         places = self._places(gpu, procs)
