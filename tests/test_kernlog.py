@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_rig
-from gpuwear.kernlog import KernelLogXids, bus_key, kmsg_message, parse_xid, resolve
+from gpuwear.kernlog import KernelLogXids, bus_key, kmsg_message, parse_sxid, parse_xid, resolve
 from helpers import free_port, logs_on_failure, started, wait_for
 
 # The driver's words, as they reach dmesg and the journal (XID 79 with an unknown process, 119 from a process;
@@ -32,6 +32,27 @@ LINES = [
 @pytest.mark.parametrize(("line", "expected"), LINES)
 def test_the_drivers_xid_lines_are_read_and_nothing_else(line: str, expected: tuple[str, int] | None) -> None:
     assert parse_xid(line) == expected
+
+
+# NVSwitch SXid lines as public logs show them (GPUd's parser, NVSentinel's and other tests): none is a GPU's XID
+SXID_LINES = [
+    ("nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)",
+     ("00000000:05:00.0", 12028, False)),
+    ("kernel: [123.456791] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 30 sourcetrack timeout error",
+     ("00000000:C3:00.0", 24007, True)),
+    ("nvidia-nvswitch1 SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 04", ("00000000:06:00.0", 20009, False)),
+    ("nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 11001, Fatal, ingress invalid command", ("00000000:00:00.0", 11001,
+                                                                                          True)),
+    ("nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): garbled, Fatal", None),
+    ("NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", None),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), SXID_LINES)
+def test_the_nvswitch_sxid_lines_are_read_apart(line: str, expected: tuple[str, int, bool] | None) -> None:
+    assert parse_sxid(line) == expected
+    if expected is not None:
+        assert parse_xid(line) is None
 
 
 def test_kmsg_records_and_bus_ids_compare_with_nvmls() -> None:
@@ -183,6 +204,18 @@ def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path
         body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
         line = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_events_total{") and 'xid="79"' in ln)
         assert 'gpu="1"' in line and line.endswith(" 1.0"), line
+        # an NVSwitch's SXids (issue 29): counted for the host by severity, never as a GPU's XID
+        assert "gpuwear_nvswitch_sxid_events_total{" not in body
+        with kern.open("a") as f:
+            f.write("4,4243,123456790,-;nvidia-nvswitch2: SXid (PCI:0000:0b:00.0): 12028, Non-fatal, Link 32 egress "
+                    "non-posted PRIV error (First)\n"
+                    "4,4244,123456791,-;nvidia-nvswitch2: SXid (PCI:0000:0b:00.0): 24007, Fatal, Link 30 sourcetrack "
+                    "timeout error\n")
+        body = wait_for(f"http://127.0.0.1:{port}/metrics", 'gpuwear_nvswitch_sxid_events_total{severity="fatal"}')
+        assert 'gpuwear_nvswitch_sxid_events_total{severity="fatal"} 1.0' in body
+        assert 'gpuwear_nvswitch_sxid_events_total{severity="non_fatal"} 1.0' in body
+        assert 'xid="12028"' not in body and 'xid="24007"' not in body
+    assert "SXid 24007 (fatal, kernel log)" in log.read_text()
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ DAEMON_ALERTS = {"GpuwearDaemonDown", "GpuwearDaemonAbsent", "GpuwearLedgerNotPe
                  "GpuwearLedgerMovedAside"}
 UUID_ALERTS = {"GpuwearGpuMissing"}  # a GPU NVML does not list has no index: named by its UUID alone
 PCI_ALERTS = {"GpuwearGpuNotEnumerated"}  # a GPU NVML never listed has neither: named by its PCI address
+HOST_ALERTS = {"GpuwearNvswitchFatalSxid"}  # the host's NVLink fabric: no GPU to name, the node
 
 T = TypeVar("T")
 
@@ -279,6 +280,9 @@ def test_alert_metadata(name: str) -> None:
         for label in ("$labels.pci_address", "$labels.instance"):
             assert label in annotations["description"], f"{name}: description does not quote {label}"
         assert "$labels.pci_address" in annotations["summary"], f"{name}: summary does not name the GPU"
+    elif name in HOST_ALERTS:
+        assert "$labels.instance" in annotations["description"], f"{name}: description does not quote the node"
+        assert "$labels.instance" in annotations["summary"], f"{name}: summary does not name the node"
     elif name not in DAEMON_ALERTS:
         for label in ("$labels.gpu", "$labels.uuid", "$labels.instance"):
             assert label in annotations["description"], f"{name}: description does not quote {label}"

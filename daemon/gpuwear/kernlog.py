@@ -1,4 +1,5 @@
-"""XIDs from the kernel log: the NVIDIA driver's ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., ...`` lines.
+"""XIDs from the kernel log: the NVIDIA driver's ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., ...`` lines, and the
+NVSwitch driver's ``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, ...`` lines.
 
 NVML's event API does not report every XID (an NVIDIA maintainer: not 79, 119 or 120, NVIDIA/DCGM #162); the driver
 writes each one to the kernel log. :class:`KernelLogXids` follows a source on a thread of its own and hands each XID
@@ -37,9 +38,12 @@ SOURCES = ("auto", "journal", "kmsg", "off")
 KMSG = "/dev/kmsg"
 POLL_SECONDS = 0.5  # how often a followed file is looked at for new lines (/dev/kmsg and the journal wake on a line)
 
-# "NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." (and "SXid" on
-# NVSwitch systems, whose PCI id is a switch's, not a GPU's: not matched here)
+# "NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d{1,5}),")
+# an NVSwitch's: "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error"
+# (its PCI id is the switch's, not a GPU's)
+_SXID = re.compile(r"nvidia-nvswitch\d*:? SXid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): "
+                   r"(\d{1,5})(?:, (Fatal|Non-fatal))?")
 
 
 def parse_xid(message: str) -> tuple[str, int] | None:
@@ -49,6 +53,16 @@ def parse_xid(message: str) -> tuple[str, int] | None:
         return None
     domain, bus, device, code = m.groups()
     return bus_key(f"{domain}:{bus}:{device}"), int(code)
+
+
+def parse_sxid(message: str) -> tuple[str, int, bool] | None:
+    """(the NVSwitch's PCI bus id, as :func:`bus_key` writes it; the SXid; whether the driver calls it fatal) of an
+    NVSwitch driver's SXid line, else None. A line without its severity is taken as non-fatal."""
+    m = _SXID.search(message)
+    if m is None:
+        return None
+    switch, code, severity = m.groups()
+    return bus_key(switch), int(code), severity == "Fatal"
 
 
 def bus_key(pci_bus_id: str) -> str:
@@ -80,16 +94,19 @@ def resolve(source: str, env: Mapping[str, str] | None = None) -> str:
 
 class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
-    line. /dev/kmsg and the journal are waited on until a line comes (no wake-up while the log is quiet: an idle
-    daemon's periodic wake-ups are most of its CPU); :meth:`stop` wakes the wait, and ends a followed file within
+    line and ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line. /dev/kmsg and the journal
+    are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's periodic wake-ups are most
+    of its CPU); :meth:`stop` wakes the wait, and ends a followed file within
     about :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log),
     read until stopped, and what wakes its wait."""
 
     def __init__(self, source: str, on_xid: Callable[[str, int], None],
                  lines: Callable[[threading.Event], Iterator[str]] | None = None,
-                 wake: Callable[[], None] | None = None) -> None:
+                 wake: Callable[[], None] | None = None,
+                 on_sxid: Callable[[str, int, bool], None] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         self._on_xid = on_xid
+        self._on_sxid = on_sxid
         self._given = lines
         self._wake_given = wake
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # stop() writes: /dev/kmsg's wait ends
@@ -127,9 +144,12 @@ class KernelLogXids:
     def _run(self) -> None:
         try:
             for line in self._lines():
-                found = parse_xid(kmsg_message(line))
+                message = kmsg_message(line)
+                found = parse_xid(message)
                 if found is not None:
                     self._on_xid(*found)
+                elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
+                    self._on_sxid(*switch)
         except OSError as exc:
             log.warning("kernel log %s cannot be read (%s): XIDs come from NVML's events alone, which do not report "
                         "XID 79, 119 or 120", self.source, exc.strerror or exc)

@@ -367,6 +367,10 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
                     "it up: the kernel log says why), by PCI address (Linux sysfs, health.host_root); absent when "
                     "there is none or the bus is not read.", ("pci_address",),
                     lambda pub: [((address,), 1.0) for address in pub.unlisted or ()]),
+    MetricDef("gpuwear_nvswitch_sxid_events_total", "counter", "", "SXid lines of this host's NVSwitches in the "
+                    "kernel log since start (health.kernel_log), by the driver's severity (fatal, non_fatal): errors "
+                    "of the NVLink fabric, which name no GPU; absent until one is seen.", ("severity",),
+                    lambda pub: [((severity,), float(n)) for severity, n in sorted(pub.snapshot.sxids.items())]),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
                     lambda pub: [((), float(pub.snapshot.ticks))]),
     MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "

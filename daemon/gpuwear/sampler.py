@@ -134,6 +134,8 @@ class Snapshot:
     gpus: tuple[GpuStatus, ...]
     system: SystemInfo | None
     ticks: int
+    # SXid lines of this host's NVSwitches in the kernel log since start, by severity ("fatal", "non_fatal")
+    sxids: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 EMPTY = Snapshot(gpus=(), system=None, ticks=0)
@@ -219,6 +221,8 @@ class Sampler:
         self._ticks = 0
         self._snapshot = EMPTY
         self._logged_drops: set[tuple[int, str]] = set()
+        self._sxids: dict[str, int] = {}
+        self._sxid_said: dict[int, list[float]] = {}  # SXid -> [when said, lines since]
         self.deadline = deadline_seconds  # 0: read the GPUs on the calling thread, no deadline
         self.driver_errors = driver_errors  # the driver went away: reopen the backend
         self.unavailable_errors = unavailable_errors  # reopening failed: still gone
@@ -276,6 +280,23 @@ class Sampler:
                 log.warning("XID %d on PCI %s, a GPU NVML does not list here", xid, pci_bus_id)  # hex: parse_xid
                 return
             self._count_xid(gpu, xid, "kernel")
+
+    def record_sxid(self, switch: str, sxid: int, fatal: bool) -> None:
+        """Count an NVSwitch's SXid line of the kernel log (:func:`gpuwear.kernlog.parse_sxid`), for the host: an
+        NVSwitch is not a GPU, and an SXid names no GPU. Said in the log as XIDs are: once, then once a minute."""
+        severity = "fatal" if fatal else "non_fatal"
+        with self._lock:
+            self._sxids[severity] = self._sxids.get(severity, 0) + 1
+            now = self.xid_clock()
+            said = self._sxid_said.get(sxid)
+            if said is None or now - said[0] >= XID_SAY_EVERY_SECONDS:
+                more = f"; {int(said[1])} more of it since it was last said" if said and said[1] else ""
+                log.warning("NVSwitch at PCI %s: SXid %d (%s, kernel log)%s", switch, sxid,
+                            severity.replace("_", "-"), more)
+                self._sxid_said[sxid] = [now, 0.0]
+            else:
+                said[1] += 1
+            self._publish()
 
     def _count_xid(self, gpu: _Gpu, xid: int, source: str) -> None:
         now = self.xid_clock()
@@ -568,7 +589,7 @@ class Sampler:
 
     def _publish(self) -> None:
         self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,
-                                  ticks=self._ticks)
+                                  ticks=self._ticks, sxids=_frozen(self._sxids))
 
 
 
