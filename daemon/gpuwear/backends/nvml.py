@@ -336,11 +336,29 @@ def _utilization(h: Any, api: Api) -> Values:
 
 
 def _memory_used(h: Any, api: Api) -> Values:
+    """The GPU's used memory; with MIG on and the GPU's own answer refused (nvml.h: the aggregate needs privileges,
+    "Per-instance information can be queried by using specific MIG device handles"), its MIG devices' summed."""
+    try:
+        return {"memory_used_bytes": _used(h, api)}
+    except pynvml.NVMLError as exc:
+        if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
+            raise
+        try:
+            used = [_used(mig, api) for mig in _mig_handles(h)]
+        except pynvml.NVMLError:
+            raise exc from None
+        if not used:
+            raise
+        return {"memory_used_bytes": float(sum(used))}
+
+
+def _used(h: Any, api: Api) -> float:
+    """One handle's (a GPU's or a MIG device's) used memory, bytes."""
     if api.memory_v2:  # nvidia-smi's "memory.used": without the memory the driver reserves for itself
-        return {"memory_used_bytes": float(_versioned(
+        return float(_versioned(
             api, "memory_v2", lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used,
-            lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used))}
-    return {"memory_used_bytes": float(pynvml.nvmlDeviceGetMemoryInfo(h).used)}
+            lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used))
+    return float(pynvml.nvmlDeviceGetMemoryInfo(h).used)
 
 
 def _mig(h: Any, api: Api) -> Values:
