@@ -52,7 +52,7 @@ def driver_has(scenario: str) -> frozenset[str]:
     return make_rig(scenario_source(scenario)).library.profile.symbols
 
 
-SCENARIOS = ("demo", "training", "pids", "r470", "mig", "wsl2")
+SCENARIOS = ("demo", "training", "pids", "r470", "mig", "wsl2", "vgpu")
 SETTLE_SECONDS = 200.0  # demo: both GPUs training (fans spinning, a job's process on each)
 MiB = 2**20
 ERROR_UNKNOWN = 999  # the fake answers this when one of its functions raised
@@ -61,7 +61,7 @@ ERROR_UNKNOWN = 999  # the fake answers this when one of its functions raised
 def scenario_source(name: str) -> str | dict[str, object]:
     """A built-in scenario, or "pids": the demo's two cards running this (real) test process,
     so that clients which look PIDs up on the host (psutil) keep them."""
-    if name not in ("pids", "r470", "mig", "wsl2"):
+    if name not in ("pids", "r470", "mig", "wsl2", "vgpu"):
         return name
     run = [{"kind": "train", "seconds": 3600, "utilization": 0.9, "pids": [os.getpid()]}]
     if name == "mig":  # an A100 with MIG on and two MIG devices, read as root, the test process on the first
@@ -74,6 +74,9 @@ def scenario_source(name: str) -> str | dict[str, object]:
     if name == "wsl2":  # a GeForce under WSL2: the library says the Windows driver's version, has no minor number
         return {"description": "WSL2: an RTX 4090 through the Windows driver", "driver": "r550",
                 "windows_driver": "552.55", "gpus": [{"product": "rtx4090", "schedule": run}]}
+    if name == "vgpu":  # a virtual machine's vGPU of an A100 (nvmlDeviceGetVirtualizationMode: VGPU)
+        return {"description": "a vGPU guest: an A100-40C running the test process",
+                "gpus": [{"product": "a100-sxm", "vgpu": "NVIDIA A100-40C", "schedule": run}]}
     return {"description": "the demo's cards running the test process",
             "gpus": [{"product": "rtx4090", "schedule": run}, {"product": "h100-sxm", "schedule": run}]}
 
@@ -460,12 +463,13 @@ def test_nvidias_example_names_every_gpu_without_a_missing_function(scenario: st
     assert not missing, f"FUNCTION_NOT_FOUND for functions the driver exports: {missing}\n{run.recorder.table()}"
     gpus = re.findall(r"<product_name>(.*?)</product_name>.*?<uuid>(.*?)</uuid>.*?<virtualization_mode>(.*?)<",
                       run.result, re.S)
-    assert [(name, mode) for name, _, mode in gpus] == [(t["name"], "None") for t in run.truth], run.result
+    mode = "VGPU" if scenario == "vgpu" else "None"  # what example.py writes for a guest's vGPU and bare metal
+    assert [(name, m) for name, _, m in gpus] == [(t["name"], mode) for t in run.truth], run.result
     assert "Not Found" not in run.result and "Unknown" not in run.result, run.result
     brands = re.findall(r"<product_brand>(.*?)</product_brand>", run.result)
     expected = {"NVIDIA GeForce RTX 4090": "GeForce", "NVIDIA H100 80GB HBM3": "NVIDIA",
                 "NVIDIA A100-SXM4-80GB": "NVIDIA", "NVIDIA GeForce GTX 1080 Ti": "GeForce",
-                "Tesla V100-PCIE-16GB": "Tesla"}
+                "Tesla V100-PCIE-16GB": "Tesla", "NVIDIA A100-40C": "NVIDIA vGPU for Compute"}  # a C-series vGPU
     assert brands == [expected[t["name"]] for t in run.truth], run.result  # the product line, not the fan count
 
 

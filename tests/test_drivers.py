@@ -42,7 +42,9 @@ KINDS: dict[str, tuple[str, bool, bool]] = {
     "jetson": ("jetson-orin", False, False),
     "gh200": ("gh200", False, False),
     "wsl2": ("rtx4090", False, False),
+    "vgpu-guest": ("a100-sxm", False, False),  # a VM's vGPU of an A100 (scenario vgpu)
 }
+VGPU = "NVIDIA A100-40C"  # a vGPU type's name, as NVIDIA's driver tables give them
 OLD_CARDS = {"rtx4090": "gtx1080ti", "h100-sxm": "v100"}  # what an R470 box has instead
 # WSL2: the library says the Windows driver's version; the two pairings seen in public reports (the 535.54 library
 # as 536.25: the process-layout issue; 550.90 as 552.55: microsoft/WSL #11277)
@@ -67,7 +69,8 @@ def scenario_doc(driver: str, kind: str, faults: list[dict[str, Any]] | None = N
     windows = {"windows_driver": WINDOWS_DRIVERS[driver]} if kind == "wsl2" else {}
     return {"driver": driver, "privileged": privileged, "faults": faults or [], **windows,
             "gpus": [{"product": product_for(kind, driver), "mig": mig, "schedule": train,
-                      **({"mig_devices": ["3g.40gb", "4g.40gb"]} if mig else {})},
+                      **({"mig_devices": ["3g.40gb", "4g.40gb"]} if mig else {}),
+                      **({"vgpu": VGPU} if kind == "vgpu-guest" else {})},
                      {"product": "v100" if driver == "r470" else "h100-sxm", "schedule": train}]}
 
 
@@ -141,6 +144,8 @@ def test_the_daemon_samples_every_profile_and_device_kind(driver: str, kind: str
         assert "matrix-job" in str(view), "job attribution found no job"
         if PROFILES[driver].exports("nvmlDeviceGetMemoryInfo_v2"):  # MIG unprivileged: its MIG devices' summed
             assert sample.memory_used_bytes is not None
+        if kind == "vgpu-guest":  # read as a physical GPU but for what nvml.h says a vGPU guest does not give
+            assert gpu.identity.name == VGPU and sample.temperature_gpu_celsius is not None
         if kind == "wsl2":  # the Windows driver's version, as WSL2's library says it; every reading still read
             system = daemon.source.sampler.snapshot.system
             assert system is not None and system.driver_version == WINDOWS_DRIVERS[driver]
@@ -708,6 +713,20 @@ def test_doctor_says_what_makes_a_mig_gpus_processes_readable(tmp_path: Path) ->
     assert len(unseen) == 1 and not unseen[0].ok, findings  # the A100 with MIG, not the H100 beside it
     assert "GPU 0" in unseen[0].what and "no permission" in unseen[0].what and "unattributed" in unseen[0].what
     assert "root" in unseen[0].fix
+
+
+def test_doctor_says_a_vgpu_is_a_share_of_a_physical_gpu(tmp_path: Path) -> None:
+    """Issue 28's vGPU guest: NVML reads there as on the physical GPU (NVIDIA's vGPU Management SDK guide), so a
+    VM's gpuwear would give the card's wear under every VM on it as if its own. doctor now says what NVML's
+    virtualization mode tells (a note: nothing here changes it); the bare-metal H100 beside it gets none."""
+    from gpuwear.doctor import Doctor
+
+    simulation = parse_scenario(scenario_doc("r550", "vgpu-guest"), "vgpu")
+    doctor = Doctor(Config(state_dir=str(tmp_path)), NvmlBackend(FakeNvmlLibrary(simulation, ManualClock())),
+                    tmp_path / "ledger.sqlite", dev=tmp_path)
+    shares = [f for f in doctor.run() if "a vGPU" in f.what]
+    assert len(shares) == 1 and shares[0].ok and f"GPU 0 {VGPU}" in shares[0].what, shares
+    assert "under every virtual machine on it" in shares[0].note
 
 
 @pytest.mark.parametrize("dxg", [True, False])

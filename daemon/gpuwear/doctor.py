@@ -17,6 +17,8 @@ from gpuwear.jobs.resolve import foreign_pids, wsl2
 from gpuwear.ledger import Ledger, LedgerError, printable
 from gpuwear.sample import GpuIdentity
 
+VGPU_GUEST = 2  # NVML_GPU_VIRTUALIZATION_MODE_VGPU: "Device is associated with vGPU inside virtual machine"
+
 # What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
 PROCESS_FIXES = {
     "no_permission": "NVML lists this GPU's processes to root only (with MIG on, the GPU's list needs root and its "
@@ -89,6 +91,12 @@ class Doctor:
                 self.check(persistent is not False, mode,
                            "enable it (`systemctl enable --now nvidia-persistenced`): without it each NVML call "
                            "may re-initialise the GPU, calls are slow and polling keeps the GPU awake")
+            if self.backend.virtualization_mode(i) == VGPU_GUEST:
+                self.remark(f"GPU {gpu.index} {gpu.name}: a vGPU, this virtual machine's share of a physical GPU "
+                            "(NVML: virtualization mode VGPU)",
+                            "its temperatures, power and fans are the physical GPU's, under every virtual machine "
+                            "on it: its wear figures are the card's under all their work, not this machine's "
+                            "alone; its utilization is this vGPU's share")
             try:
                 reading = self.backend.read(i, slow=True)
             except GpuLostError as exc:

@@ -1005,6 +1005,14 @@ class NvmlBackend:
         except pynvml.NVMLError:
             return None
 
+    def virtualization_mode(self, index: int) -> int | None:
+        """nvmlDeviceGetVirtualizationMode (nvmlGpuVirtualizationMode_t: 0 bare metal, 1 pass-through, 2 a vGPU in a
+        virtual machine, 3 and 4 a hypervisor's); None when the GPU does not say."""
+        try:
+            return int(pynvml.nvmlDeviceGetVirtualizationMode(self._devices[index].handle))
+        except pynvml.NVMLError:
+            return None
+
     def unavailable(self, index: int) -> dict[str, str]:
         """What this GPU cannot give so far, reader key or field name -> reason."""
         return dict(self._devices[index].unavailable)

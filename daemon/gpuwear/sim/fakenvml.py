@@ -44,6 +44,7 @@ ERROR_UNINITIALIZED = 1
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
+_VGPU_BRANDS = {"A": 7, "B": 8, "C": 9, "Q": 10, "G": 11}  # nvmlBrandType_t by a vGPU type's series letter
 ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
@@ -376,7 +377,8 @@ class SimulatedDriver:
         if (mig := self._mig(handle)) is not None:  # as nvidia-smi -L names it: "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
             buf.value = f"{mig[0].product.name} MIG {mig[1].profile}".encode()
             return SUCCESS
-        buf.value = self._gpu(handle, identity=True).product.name.encode()
+        gpu = self._gpu(handle, identity=True)
+        buf.value = (gpu.vgpu[0] if gpu.vgpu else gpu.product.name).encode()  # a vGPU guest: its type's name
         return SUCCESS
 
     def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
@@ -443,7 +445,7 @@ class SimulatedDriver:
             return device.memory_bytes, 0, int(device.memory_bytes * 0.7) if mine else 0
         gpu = self._gpu(handle, "memory_info")
         self._restricted(gpu)
-        total = gpu.product.memory_total_bytes
+        total = gpu.vgpu[1] if gpu.vgpu else gpu.product.memory_total_bytes  # a vGPU: its type's frame buffer
         reserved = int(total * RESERVED_MEMORY_RATIO)
         allocated = int(total * 0.78 * min(1.0, gpu.state.utilization * 1.5)) + (8 << 20 if gpu.state.processes else 0)
         return total, reserved, allocated
@@ -795,6 +797,7 @@ class SimulatedDriver:
         if _in(counter) not in (0, 1):
             raise _InvalidError()
         gpu = self._gpu(handle, "pcie_throughput")
+        self._not_in_vgpu_guest(gpu)
         _out(value).value = int((200 + 1_500_000 * gpu.state.utilization) * (0.4 if _in(counter) == 0 else 1.0))
         return SUCCESS
 
@@ -969,11 +972,22 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceGetVirtualizationMode(self, handle: Any, mode: Any) -> int:
-        """nvmlGpuVirtualizationMode_t: NVML_GPU_VIRTUALIZATION_MODE_NONE (0, "Represents Bare Metal GPU" in
-        nvml.h; Kepler or newer): every simulated GPU is a bare-metal one."""
-        self._gpu(handle)
-        _out(mode).value = 0
+        """nvmlGpuVirtualizationMode_t (Kepler or newer): NVML_GPU_VIRTUALIZATION_MODE_NONE (0, "Represents Bare
+        Metal GPU" in nvml.h), or NVML_GPU_VIRTUALIZATION_MODE_VGPU (2, "Device is associated with vGPU inside
+        virtual machine") for a scenario's vgpu, as NVIDIA's vGPU Management SDK guide says a guest tells the two
+        ("call the NVML function nvmlDeviceGetVirtualizationMode()")."""
+        _out(mode).value = 2 if self._gpu(handle).vgpu else 0
         return SUCCESS
+
+    @staticmethod
+    def _not_in_vgpu_guest(gpu: SimGpu) -> None:
+        """nvml.h, of nvmlDeviceGetPcieThroughput and nvmlDeviceGetSupportedClocksEventReasons: "This method is not
+        supported in virtual machines running virtual GPU (vGPU)". The rest a guest reads as of a physical GPU
+        (NVIDIA's vGPU Management SDK guide: "Properties and metrics other than GPU engine usage are reported for a
+        vGPU in a similar way to how the same properties and metrics are reported for a physical GPU"; engine usage
+        is the vGPU's share)."""
+        if gpu.vgpu:
+            raise _UnsupportedError()
 
     def nvmlDeviceGetGridLicensableFeatures_v4(self, handle: Any, features: Any) -> int:
         """nvml.h: "Identifies whether the system supports vGPU Software Licensing. If it does, return the list of
@@ -1090,7 +1104,7 @@ class SimulatedDriver:
     def nvmlDeviceGetSupportedClocksEventReasons(self, handle: Any, reasons: Any) -> int:
         """The clock-event reasons the board reports (nvmlClocksEventReason*: idle 0x1 through display clock
         setting 0x100, "For all fully supported products"); every simulated board reports each of them."""
-        self._gpu(handle, "clock_reasons")
+        self._not_in_vgpu_guest(self._gpu(handle, "clock_reasons"))
         _out(reasons).value = 0x1FF
         return SUCCESS
 
@@ -1195,13 +1209,19 @@ class SimulatedDriver:
         buf.value = name[: max(0, _in(length) - 1)]
         return SUCCESS
 
+    # A (Virtual Applications) 7, B (Virtual PC) 8, C ("vGPU for Compute") 9, Q (RTX Virtual Workstation) 10,
+    # G (Cloud Gaming) 11: nvmlBrandType_t of a vGPU type of that series
     def nvmlDeviceGetBrand(self, handle: Any, brand: Any) -> int:
         """nvmlBrandType_t from the product line its name says, as real boards report it: GEFORCE (5) for a GeForce
         (an RTX 4090: "GeForce", 1Panel-dev/1Panel #11910), TESLA (2) for a Tesla V100 (NVIDIA/nvidia-docker #738,
         #914), NVIDIA_RTX (13) for a workstation RTX, NVIDIA (14) for the datacenter parts (a GH200: "NVIDIA",
         hashicorp/nomad-device-nvidia #87). Before, the fan count chose: a fan-cooled RTX 6000 Ada was a GeForce and
         a GeForce laptop GPU (no fan NVML reads) was not."""
-        name = self._gpu(handle).product.name
+        gpu = self._gpu(handle)
+        if gpu.vgpu:  # a vGPU: its type's series, the letter after its frame buffer (nvml.h's nvmlBrandType_t)
+            _out(brand).value = _VGPU_BRANDS.get(gpu.vgpu[0][-1], 14)
+            return SUCCESS
+        name = gpu.product.name
         _out(brand).value = 5 if "GeForce" in name else 2 if name.startswith("Tesla") else 13 if "RTX" in name else 14
         return SUCCESS
 

@@ -388,6 +388,8 @@ class SimGpu:
         # the MIG devices made on it (a scenario's mig_devices), there while MIG mode is on; its processes are
         # placed on them in turn, the first on the first
         self.mig_devices: tuple[MigDevice, ...] = ()
+        # seen from a VM given a share of it (a scenario's vgpu): the vGPU type's name and frame buffer (bytes)
+        self.vgpu: tuple[str, int] | None = None
 
     def phase_at(self, t: float) -> tuple[Phase, float]:
         """The schedule's phase at simulated time ``t`` and the seconds into it."""
@@ -756,7 +758,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         # > 1: a dusty heatsink or dried paste; up to 5, a failed fan or a heatsink off its die
         cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 5.0)
         unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig",
-                               "mig_devices"}
+                               "mig_devices", "vgpu"}
         if unknown:
             raise ScenarioError(f"{where}.{sorted(map(str, unknown))[0][:60]}: unknown key")
         if BRANCHES.index(PROFILES[driver].branch) < BRANCHES.index(product.min_branch):
@@ -773,6 +775,14 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             raise ScenarioError(f"{where}.mig_devices: expected a list of at most 7 MIG profiles, on a GPU with "
                                 f"mig: true, got {short_repr(profiles)}")
         gpu.mig_devices = mig_devices(gpu.uuid, profiles, f"{where}.mig_devices")
+        vgpu = spec.get("vgpu")
+        if vgpu is not None:
+            size = re.fullmatch(r"(?:NVIDIA|GRID) [A-Za-z0-9]+-(\d{1,3})[A-Z]", vgpu) if isinstance(vgpu, str) else None
+            if size is None or mig or int(size.group(1)) << 30 > product.memory_total_bytes:
+                raise ScenarioError(f"{where}.vgpu: expected a vGPU type's name such as \"NVIDIA A100-40C\" (its "
+                                    "frame buffer in GB, at most the product's; not with mig), got "
+                                    f"{short_repr(vgpu)}")
+            gpu.vgpu = (vgpu, int(size.group(1)) << 30)
         for fld in spec.get("unsupported", []) or []:
             gpu.state.unsupported.add(str(fld))
         gpus.append(gpu)
