@@ -53,6 +53,8 @@ def driver_has(scenario: str) -> frozenset[str]:
 
 
 SCENARIOS = ("demo", "training", "pids", "r470", "mig", "wsl2", "vgpu")
+# the judges of the fake (NVIDIA's example.py, py3nvml) also over every other driver profile's library
+JUDGED = SCENARIOS + tuple(f"driver-{d}" for d in PROFILES if d not in ("r470", NEWEST))
 SETTLE_SECONDS = 200.0  # demo: both GPUs training (fans spinning, a job's process on each)
 MiB = 2**20
 ERROR_UNKNOWN = 999  # the fake answers this when one of its functions raised
@@ -61,7 +63,7 @@ ERROR_UNKNOWN = 999  # the fake answers this when one of its functions raised
 def scenario_source(name: str) -> str | dict[str, object]:
     """A built-in scenario, or "pids": the demo's two cards running this (real) test process,
     so that clients which look PIDs up on the host (psutil) keep them."""
-    if name not in ("pids", "r470", "mig", "wsl2", "vgpu"):
+    if name not in ("pids", "r470", "mig", "wsl2", "vgpu") and not name.startswith("driver-"):
         return name
     run = [{"kind": "train", "seconds": 3600, "utilization": 0.9, "pids": [os.getpid()]}]
     if name == "mig":  # an A100 with MIG on and two MIG devices, read as root, the test process on the first
@@ -74,6 +76,9 @@ def scenario_source(name: str) -> str | dict[str, object]:
     if name == "wsl2":  # a GeForce under WSL2: the library says the Windows driver's version, has no minor number
         return {"description": "WSL2: an RTX 4090 through the Windows driver", "driver": "r550",
                 "windows_driver": "552.55", "gpus": [{"product": "rtx4090", "schedule": run}]}
+    if name.startswith("driver-"):  # the demo's cards on that release's library
+        return {"description": f"the demo's cards on {name[7:]}", "driver": name[7:],
+                "gpus": [{"product": "rtx4090", "schedule": run}, {"product": "h100-sxm", "schedule": run}]}
     if name == "vgpu":  # a virtual machine's vGPU of an A100 (nvmlDeviceGetVirtualizationMode: VGPU)
         return {"description": "a vGPU guest: an A100-40C running the test process",
                 "gpus": [{"product": "a100-sxm", "vgpu": "NVIDIA A100-40C", "schedule": run}]}
@@ -453,7 +458,7 @@ def _nvidia_example() -> tuple[Any, list[str]]:
     return module.deviceQuery(), []
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", JUDGED)
 def test_nvidias_example_names_every_gpu_without_a_missing_function(scenario: str) -> None:
     """NVIDIA's example.py met FUNCTION_NOT_FOUND for nvmlDeviceGetVirtualizationMode (every branch exports it)
     and for nvmlDeviceGetGridLicensableFeatures_v4: the fake answers both as a bare-metal GPU does."""
@@ -496,7 +501,7 @@ def _py3nvml() -> tuple[Any, list[str]]:
             return nvidia_smi.XmlDeviceQuery(), []
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", JUDGED)
 def test_py3nvml_device_query_meets_no_missing_function(scenario: str) -> None:
     """py3nvml's XmlDeviceQuery met FUNCTION_NOT_FOUND for nvmlDeviceGetPciInfo_v2 (every branch exports it) and,
     past it, for 18 more functions its driver exports (accounting, applications clocks, board id, inforom, VBIOS,
