@@ -96,9 +96,9 @@ class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
     line and ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line. /dev/kmsg and the journal
     are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's periodic wake-ups are most
-    of its CPU); :meth:`stop` wakes the wait, and ends a followed file within
-    about :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log),
-    read until stopped, and what wakes its wait."""
+    of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about :data:`POLL_SECONDS`.
+    ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read until stopped, and what
+    wakes its wait."""
 
     def __init__(self, source: str, on_xid: Callable[[str, int], None],
                  lines: Callable[[threading.Event], Iterator[str]] | None = None,

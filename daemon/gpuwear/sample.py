@@ -153,7 +153,6 @@ _FIELD_NAMES = frozenset(f.name for f in fields(GpuSample))
 assert all(f.default is None for f in fields(GpuSample) if f.name not in ("timestamp", "monotonic"))
 
 
-
 PCIE_BUSY_RATIO = 0.5  # utilization from which a link below its top generation is a downgrade, not power saving
 
 
@@ -168,6 +167,7 @@ def pcie_downgraded(s: GpuSample) -> bool | None:
               and s.pcie_link_generation < s.pcie_link_generation_max
               and (s.utilization_gpu_ratio or 0.0) >= PCIE_BUSY_RATIO)
     return s.pcie_link_width < s.pcie_link_width_max or slower
+
 
 # nvmlClocksEventReason* bits (nvml.h) of ``GpuSample.clock_event_reasons``, by name.
 CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (

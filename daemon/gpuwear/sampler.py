@@ -287,15 +287,10 @@ class Sampler:
         severity = "fatal" if fatal else "non_fatal"
         with self._lock:
             self._sxids[severity] = self._sxids.get(severity, 0) + 1
-            now = self.xid_clock()
-            said = self._sxid_said.get(sxid)
-            if said is None or now - said[0] >= XID_SAY_EVERY_SECONDS:
-                more = f"; {int(said[1])} more of it since it was last said" if said and said[1] else ""
+            more = _to_say(self._sxid_said, sxid, self.xid_clock())
+            if more is not None:
                 log.warning("NVSwitch at PCI %s: SXid %d (%s, kernel log)%s", switch, sxid,
                             severity.replace("_", "-"), more)
-                self._sxid_said[sxid] = [now, 0.0]
-            else:
-                said[1] += 1
             self._publish()
 
     def _count_xid(self, gpu: _Gpu, xid: int, source: str) -> None:
@@ -312,14 +307,10 @@ class Sampler:
         mine.append(now)
         gpu.xids[xid] += 1
         gpu.last_xid = xid
-        said = gpu.xid_said.get(xid)
-        if said is None or now - said[0] >= XID_SAY_EVERY_SECONDS:  # a storm is said once a minute, not line by line
-            more = f"; {int(said[1])} more of it since it was last said" if said and said[1] else ""
+        more = _to_say(gpu.xid_said, xid, now)
+        if more is not None:
             log.warning("GPU %d (%s): XID %d (%s)%s", gpu.identity.index, gpu.identity.uuid, xid,
                         "NVML event" if source == "nvml" else "kernel log", more)
-            gpu.xid_said[xid] = [now, 0.0]
-        else:
-            said[1] += 1
         self._publish()
 
     def tick(self) -> Snapshot:
@@ -591,6 +582,18 @@ class Sampler:
         self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,
                                   ticks=self._ticks, sxids=_frozen(self._sxids))
 
+
+
+def _to_say(said: dict[int, list[float]], code: int, now: float) -> str | None:
+    """Whether an event's code is to be said in the log now, with what to add ("; N more of it since it was last
+    said"): a storm is said once a :data:`XID_SAY_EVERY_SECONDS`, not line by line (``said``: code -> [when last
+    said, events since], kept up to date); None: counted in ``said``, not said."""
+    last = said.get(code)
+    if last is not None and now - last[0] < XID_SAY_EVERY_SECONDS:
+        last[1] += 1
+        return None
+    said[code] = [now, 0.0]
+    return f"; {int(last[1])} more of it since it was last said" if last and last[1] else ""
 
 
 def _why_nothing(reading: Any) -> str:

@@ -13,9 +13,10 @@ process list is filled in the layout that release fills; a field id newer than t
 answers the per-field ``NVML_ERROR_INVALID_ARGUMENT``. Device kinds behave as real ones
 (simulated ``Product``): GeForce cards report no ECC, memory temperature, violation counters or
 serial; passive cards no fans; with MIG enabled whole-device utilization is NOT_SUPPORTED and,
-for an unprivileged client, the whole device's process and memory queries answer NO_PERMISSION (a MIG
-device's own answer); a Tegra (Jetson)
-device answers NOT_SUPPORTED to everything but its name, UUID and index; a GH200's energy
+for an unprivileged client, the whole device's process and memory queries answer NO_PERMISSION (a
+MIG device's own answer); a vGPU guest's GPU (a scenario's vgpu) answers as the physical one but
+for what nvml.h says a guest does not; a Tegra (Jetson) device answers NOT_SUPPORTED to
+everything but its name, UUID and index; a GH200's energy
 counter is the module's, the Grace CPU's draw included, while its power reading is the GPU's.
 
 Constants are NVML's C ABI values from ``nvml.h``; this module does not import pynvml
@@ -44,7 +45,6 @@ ERROR_UNINITIALIZED = 1
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
-_VGPU_BRANDS = {"A": 7, "B": 8, "C": 9, "Q": 10, "G": 11}  # nvmlBrandType_t by a vGPU type's series letter
 ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
@@ -53,6 +53,10 @@ ERROR_GPU_IS_LOST = 15
 ERROR_LIB_RM_VERSION_MISMATCH = 18
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
 ERROR_UNKNOWN = 999
+
+# nvmlBrandType_t of a vGPU type by its series letter: A (Virtual Applications) 7, B (Virtual PC) 8, C ("vGPU for
+# Compute") 9, Q (RTX Virtual Workstation) 10, G (Cloud Gaming) 11
+_VGPU_BRANDS = {"A": 7, "B": 8, "C": 9, "Q": 10, "G": 11}
 
 _ERROR_STRINGS = {
     SUCCESS: b"Success", ERROR_UNINITIALIZED: b"Uninitialized",
@@ -1209,8 +1213,6 @@ class SimulatedDriver:
         buf.value = name[: max(0, _in(length) - 1)]
         return SUCCESS
 
-    # A (Virtual Applications) 7, B (Virtual PC) 8, C ("vGPU for Compute") 9, Q (RTX Virtual Workstation) 10,
-    # G (Cloud Gaming) 11: nvmlBrandType_t of a vGPU type of that series
     def nvmlDeviceGetBrand(self, handle: Any, brand: Any) -> int:
         """nvmlBrandType_t from the product line its name says, as real boards report it: GEFORCE (5) for a GeForce
         (an RTX 4090: "GeForce", 1Panel-dev/1Panel #11910), TESLA (2) for a Tesla V100 (NVIDIA/nvidia-docker #738,
