@@ -88,7 +88,8 @@ Pods = list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]]
 
 class FakeKubelet:
     """A real gRPC server on a unix socket answering List with ``pods``, or as ``mode`` says: "error" (an
-    INTERNAL status), "slow" (answers after 3 s) or "garbage" (bytes that are no ListPodResourcesResponse)."""
+    INTERNAL status), "slow" (answers after 3 s), "garbage" (bytes that are no ListPodResourcesResponse) or
+    "unavailable once" (UNAVAILABLE, as a connection to a kubelet since restarted ends a call, then answers)."""
 
     def __init__(self, api: tuple[ModuleType, ModuleType], path: Path, pods: Pods | None = None) -> None:
         self.pb, self.pb_grpc = api
@@ -115,6 +116,9 @@ class FakeKubelet:
         self.calls += 1
         if self.mode == "error":
             context.abort(grpc.StatusCode.INTERNAL, "pod resources unavailable")
+        if self.mode == "unavailable once":
+            self.mode = "ok"
+            context.abort(grpc.StatusCode.UNAVAILABLE, "Stream removed")
         if self.mode == "slow":
             time.sleep(3)
         return self.response()
@@ -321,6 +325,39 @@ def test_kubelet_down_removed_broken_or_slow_falls_back_and_logs_once_then_recov
         kubelet.start()
         assert names() == "train-0", mode
     client.close()
+
+
+def test_a_kubelet_restarted_between_two_asks_is_answered_without_a_warning(
+        kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture) -> None:
+    """A kubelet restarts (an upgrade, a config change) between two asks: the channel still holds the old one's
+    connection, and the first call on it can fail UNAVAILABLE ("Stream removed (sendmsg: Broken pipe)": the clean CI
+    run met it, a race with gRPC noticing the old server gone). Before, that was a warning that the kubelet does not
+    answer and a refresh interval of pods named by UID; now an UNAVAILABLE on a channel that had answered is asked
+    once more on a fresh channel. The restarts themselves, then the race made certain ("unavailable once")."""
+    kubelet.pods = [("ml", "train-0", [("trainer", [("nvidia.com/gpu", [GPU_A])])])]
+    kubelet.start()
+    now = [0.0]
+    client = PodResources(str(kubelet.path), refresh_seconds=10.0, timeout_seconds=5.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    try:
+        for _ in range(5):
+            now[0] += 10.0
+            answer = client.by_gpu()
+            assert answer is not None and GPU_A in answer
+            kubelet.stop()
+            kubelet.start()
+        kubelet.mode = "unavailable once"
+        now[0] += 10.0
+        answer = client.by_gpu()
+        assert answer is not None and GPU_A in answer and kubelet.mode == "ok"
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+        kubelet.stop()  # down: still said, once, after the one more try
+        now[0] += 10.0
+        assert client.by_gpu() is None
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "UNAVAILABLE" in warnings[0].getMessage()
+    finally:
+        client.close()
 
 
 def test_the_kubelet_is_asked_at_most_every_refresh_interval(kubelet: FakeKubelet) -> None:

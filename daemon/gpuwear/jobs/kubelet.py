@@ -194,13 +194,17 @@ class PodResources:
         self.questions += 1
         grpc = self._grpc
         try:
-            if self._list is None:
-                self._channel = grpc.insecure_channel(
-                    f"unix:{self.path}", options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
-                                                  ("grpc.enable_http_proxy", 0)])
-                self._list = self._channel.unary_unary(LIST_METHOD, request_serializer=lambda _: b"",
-                                                       response_deserializer=bytes)
-            answer = by_gpu(decode_list(self._list(b"", timeout=self.timeout_seconds)), self._mig_parent)
+            answered_before = self._list is not None
+            try:
+                reply = self._call()
+            except grpc.RpcError as exc:
+                # a channel that had answered: the kubelet may have restarted since, its connection gone ("Stream
+                # removed"), a race with gRPC noticing it; one more try on a fresh channel
+                if not answered_before or not hasattr(exc, "code") or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                self.close()
+                reply = self._call()
+            answer = by_gpu(decode_list(reply), self._mig_parent)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else ""
@@ -217,6 +221,16 @@ class PodResources:
                      "answers again" if self._failing else "answers", len(answer))
         self._failing = False
         return answer
+
+    def _call(self) -> bytes:
+        """The List call, on the channel kept from the last answer or on a new one."""
+        if self._list is None:
+            self._channel = self._grpc.insecure_channel(
+                f"unix:{self.path}", options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
+                                              ("grpc.enable_http_proxy", 0)])
+            self._list = self._channel.unary_unary(LIST_METHOD, request_serializer=lambda _: b"",
+                                                   response_deserializer=bytes)
+        return bytes(self._list(b"", timeout=self.timeout_seconds))
 
     def _failed(self, problem: str) -> None:
         """Drop the channel (a new one reconnects at once, where gRPC's would back off) and log the first
