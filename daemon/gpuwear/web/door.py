@@ -75,9 +75,9 @@ class FrontDoor:
         self._socket.setblocking(False)
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(self._loop_exception)
-        # /metrics renders on the loop's own thread (1.5 ms at 8 GPUs; the hop to a render thread and back cost a
-        # scrape 0.23 ms more, measured from outside: bench/scrape_outside.md); the page reads the ledger (seconds on
-        # a ledger years old): on a thread of its own, never on the loop
+        # /metrics renders on the loop's own thread: CPU-bound under the GIL, a render thread bought no parallel work
+        # and its hop there and back cost each scrape more (measured from outside: bench/scrape_outside.md); the page
+        # reads the ledger (seconds on a ledger years old): on a thread of its own, never on the loop
         self._page = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-page")
         self._bcrypt = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-bcrypt")
         self._bcrypt_bucket = TokenBucket(limits.bcrypt_per_second, limits.bcrypt_burst)
