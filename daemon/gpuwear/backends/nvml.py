@@ -28,13 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
 from gpuwear.sample import GpuIdentity, SystemInfo
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_LIBRARY = "libnvidia-ml.so.1"
 
@@ -336,20 +337,11 @@ def _utilization(h: Any, api: Api) -> Values:
 
 
 def _memory_used(h: Any, api: Api) -> Values:
-    """The GPU's used memory; with MIG on and the GPU's own answer refused (nvml.h: the aggregate needs privileges,
-    "Per-instance information can be queried by using specific MIG device handles"), its MIG devices' summed."""
+    """The GPU's used memory; where its own answer is refused, its MIG devices' summed (:func:`_per_mig_device`)."""
     try:
         return {"memory_used_bytes": _used(h, api)}
     except pynvml.NVMLError as exc:
-        if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
-            raise
-        try:
-            used = [_used(mig, api) for mig in _mig_handles(h)]
-        except pynvml.NVMLError:
-            raise exc from None
-        if not used:
-            raise
-        return {"memory_used_bytes": float(sum(used))}
+        return {"memory_used_bytes": float(sum(_per_mig_device(h, exc, lambda mig: _used(mig, api))))}
 
 
 def _used(h: Any, api: Api) -> float:
@@ -435,30 +427,33 @@ def _processes(h: Any, api: Api) -> Values:
     """The compute processes, through the newest nvmlDeviceGetComputeRunningProcesses the driver exports, into
     the layout that driver fills (pynvml's own wrapper reads a 32-byte layout as 24 bytes on 535.43-535.86).
 
-    With MIG on, nvml.h: "if device handle is provided, the API returns aggregate information, only if the caller
-    has appropriate privileges. Per-instance information can be queried by using specific MIG device handles": where
-    the GPU's own list is refused (NO_PERMISSION, an unprivileged daemon), each MIG device's list is read on its
-    handle, its processes placed on its GPU and compute instance; the refusal stands where those are refused too."""
+    Where the GPU's own list is refused (MIG on, an unprivileged daemon: :func:`_per_mig_device`), each MIG device's
+    list, its processes placed on its GPU and compute instance."""
     try:
         return _process_list(h, api)
     except pynvml.NVMLError as exc:
-        if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
-            raise
-        processes: list[tuple[int, float | None]] = []
-        instances: list[tuple[int, int, int]] = []
-        try:
-            handles = list(_mig_handles(h))
-            for mig in handles:
-                gpu_instance = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
-                compute_instance = int(pynvml.nvmlDeviceGetComputeInstanceId(mig))
-                listed = _process_list(mig, api)["processes"]
-                processes.extend(listed)
-                instances.extend((pid, gpu_instance, compute_instance) for pid, _ in listed)
-        except pynvml.NVMLError:
-            raise exc from None
-        if not handles:
-            raise
-        return {"processes": tuple(processes), "process_instances": tuple(instances)}
+        per_device = _per_mig_device(h, exc, lambda mig: (int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                                                          int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+                                                          _process_list(mig, api)["processes"]))
+    return {"processes": tuple(p for _, _, listed in per_device for p in listed),
+            "process_instances": tuple((pid, gpu_instance, compute_instance)
+                                       for gpu_instance, compute_instance, listed in per_device for pid, _ in listed)}
+
+
+def _per_mig_device(h: Any, refused: pynvml.NVMLError, each: Callable[[Any], T]) -> list[T]:
+    """Where a GPU's own answer was refused NO_PERMISSION, ``each`` of its MIG devices' handles. nvml.h: with MIG on,
+    "if device handle is provided, the API returns aggregate information, only if the caller has appropriate
+    privileges. Per-instance information can be queried by using specific MIG device handles". The refusal stands
+    (raised again) for any other error, on a GPU without MIG devices, or where a MIG device refuses too."""
+    if refused.value != pynvml.NVML_ERROR_NO_PERMISSION:
+        raise refused
+    try:
+        answers = [each(mig) for mig in _mig_handles(h)]
+    except pynvml.NVMLError:
+        raise refused from None
+    if not answers:
+        raise refused
+    return answers
 
 
 def _process_list(h: Any, api: Api) -> Values:
