@@ -458,14 +458,14 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "clock-event (throttle) reason active.", ("reason",), _wear_map("throttle_seconds"),
                   basic=PROTECTING),
     MetricDef("gpuwear_lifetime_temperature_above_seconds_total", "counter", "seconds", "Observed time at or "
-                  "above a temperature, by sensor (from the 1 °C time-at-temperature histogram).",
+                  "above a temperature, by sensor (from the time-at-temperature histogram, 1 degree Celsius bins).",
                   ("sensor", "celsius"), _wear_map("above_celsius"), detail=True),
     MetricDef("gpuwear_lifetime_threshold_above_seconds_total", "counter", "seconds", "Observed time at or "
                   "above the device's own thresholds (slowdown, gpu_max on the die; memory_max on memory).",
                   ("sensor", "threshold"), _wear_map("above_threshold"),
                   basic=BASIC_THRESHOLDS),
     MetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
-                  "E1049, half cycles 0.5) by temperature range in °C.", ("sensor", "range"), _wear_map("cycles"),
+                  "E1049, half cycles 0.5) by temperature range in degrees Celsius.", ("sensor", "range"), _wear_map("cycles"),
                   basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES)),
     MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
                   _fans(0)),
