@@ -273,12 +273,12 @@ def test_a_series_line_is_its_labels_and_value_whatever_came_before(series: list
     from gpuwear.collector import _ESCAPED, _PREFIXES, _Family
     from gpuwear.metrics import MetricDef
 
-    family = _Family.of(MetricDef("x", "gauge", "", "x", ("k",), lambda v: [(("a",), v)]), ("gpu",))
+    family = _Family.of(MetricDef("x", "gauge", "", "x", ("k",), lambda one: [one]), ("gpu",))
     for k in range(_PREFIXES - 2):  # nearly full: the series below fill it, and it is cleared
-        family.write([], [((f"filler{k}",), 1.0)], ("0",))
+        family.write([], [(((f"filler{k}",), 1.0), ("0",))])
     for label, value in series:
         out: list[str] = []
-        family.write(out, [((label,), value)], ("0",))
+        assert family.write(out, [(((label,), value), ("0",))]) == 1
         assert out == [f'x{{gpu="0",k="{label.translate(_ESCAPED)}"}} {floatToGoString(value)}\n']
     assert len(family.prefixes[("0",)]) <= _PREFIXES
 

@@ -111,20 +111,32 @@ class _Family:
                    f"# HELP {name} {m.help.translate(_ESCAPED)}\n# TYPE {name} {kind}\n{unit}", sample,
                    tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)))
 
-    def write(self, out: list[str], series: list[tuple[tuple[str, ...], float]], base: tuple[str, ...]) -> None:
-        """Append the sample lines of ``series`` of one source (``base``: its escaped GPU label values)."""
-        prefixes = self.prefixes.get(base)
-        if prefixes is None:
-            if len(self.prefixes) >= _PREFIXES:
-                self.prefixes.clear()
-            prefixes = self.prefixes[base] = {}
-        for labels, value in series:
-            prefix = prefixes.get(labels)
-            if prefix is None:
-                if len(prefixes) >= _PREFIXES:
-                    prefixes.clear()
-                prefix = prefixes[labels] = self._prefix(base, labels)
-            out.append(f"{prefix}{_number(value)}\n")
+    def write(self, out: list[str], sources: Sequence[tuple[Any, tuple[str, ...]]]) -> int:
+        """Append the sample lines of each source (what the definition reads its series from, and its escaped GPU
+        label values); the number of lines written."""
+        values, by_base, lines = self.metric.values, self.prefixes, 0
+        for item, base in sources:
+            series = values(item)
+            if not series:
+                continue
+            prefixes = by_base.get(base)
+            if prefixes is None:
+                if len(by_base) >= _PREFIXES:
+                    by_base.clear()
+                prefixes = by_base[base] = {}
+            for labels, value in series:
+                prefix = prefixes.get(labels)
+                if prefix is None:
+                    if len(prefixes) >= _PREFIXES:
+                        prefixes.clear()
+                    prefix = prefixes[labels] = self._prefix(base, labels)
+                # _number's first case written here: a call per line was a tenth of the text's time
+                if value.__class__ is float and -1e6 < value < 1e6:
+                    out.append(f"{prefix}{value!r}\n")
+                else:
+                    out.append(f"{prefix}{_number(value)}\n")
+            lines += len(series)
+        return lines
 
     def _prefix(self, base: tuple[str, ...], labels: tuple[str, ...]) -> str:
         """``name{label="value",...} `` of a series, its labels sorted by name (as the encoders write them)."""
@@ -163,9 +175,7 @@ class Encoder:
         out: list[str] = []
         for source, family in families:
             out.append(family.openmetrics_head if openmetrics else family.text_head)
-            values = family.metric.values
-            for item, base in sources[source]:
-                family.write(out, values(item), base)
+            family.write(out, sources[source])
         return "".join(out).encode() + extra + (b"# EOF\n" if openmetrics else b"")
 
 
@@ -221,10 +231,9 @@ class ProcessMetrics:
             return b""
         out: list[str] = []
         for family in self._families:
-            series = family.metric.values(reading)
-            if series:
-                out.append(family.openmetrics_head if openmetrics else family.text_head)
-                family.write(out, series, ())
+            out.append(family.openmetrics_head if openmetrics else family.text_head)
+            if not family.write(out, [(reading, ())]):  # a family without series has no head either
+                out.pop()
         return "".join(out).encode()
 
 

@@ -465,7 +465,8 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   ("sensor", "threshold"), _wear_map("above_threshold"),
                   basic=BASIC_THRESHOLDS),
     MetricDef("gpuwear_lifetime_thermal_cycles_total", "counter", "", "Closed rainflow thermal cycles (ASTM "
-                  "E1049, half cycles 0.5) by temperature range in degrees Celsius.", ("sensor", "range"), _wear_map("cycles"),
+                  "E1049, half cycles 0.5) by temperature range in degrees Celsius.", ("sensor", "range"),
+                  _wear_map("cycles"),
                   basic=frozenset(("gpu", CYCLE_LABELS[i]) for i in BASIC_CYCLE_RANGES)),
     MetricDef("gpuwear_lifetime_fan_on_seconds_total", "counter", "seconds", "Time each fan turned.", ("fan",),
                   _fans(0)),
