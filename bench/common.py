@@ -3,17 +3,21 @@ process's RSS and written bytes from /proc, and an HTTP GET that answers (0, b""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 PYTHON = sys.executable
+ROOT = Path(__file__).resolve().parent.parent
 PR_SET_PDEATHSIG = 1  # linux/prctl.h: the signal a process gets when its parent dies
 
 
@@ -92,3 +96,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, and wait for the daemon's final save."""
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
+
+
+@contextlib.contextmanager
+def revision(rev: str) -> Iterator[Path]:
+    """A temporary git worktree of ``rev`` (its package is ``/daemon`` below it), removed on the way out."""
+    tree = Path(tempfile.mkdtemp(prefix="gpuwear-against-")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)

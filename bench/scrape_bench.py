@@ -1,6 +1,6 @@
 """What a Prometheus scrape costs and carries, the way Prometheus sees it: a new tick between two scrapes.
 
-    python bench/scrape_bench.py [GPUS ...] [--days 7] [--rounds 100] [--detail] [--against REV [--pairs 2]]
+    python bench/scrape_bench.py [GPUS ...] [--days 7] [--rounds 100] [--detail] [--warm] [--against REV [--pairs 2]]
 
 For each GPU count: the daemon as ``gpuwear run --simulate`` builds it (the benchmark scenario of bench/gen.py:
 mixed products, jobs starting and ending every 1.5 h), on a manual clock. First a history of ``--days``
@@ -8,7 +8,9 @@ simulated days in 5-minute ticks (``wear.max_gap_seconds`` raised to match; a we
 hour), then ``--rounds`` rounds of: one 1 s tick, then one scrape. Every scrape therefore re-renders: nothing
 is served from the per-tick cache, as with Prometheus at a 15 s interval over a 1 s tick. The CPU rounds run
 first, in this thread, before the daemon's threads start (its XID listener drives the fake library's simulation);
-then as many scrapes over HTTP.
+then as many scrapes over HTTP. Before each scrape the CPU's caches are emptied (:class:`Evictor`), as a scrape every
+15 s meets them on a host that does other work; ``--warm`` leaves them as the tick left them (bench/README.md: the
+figures before 2026-12-05 are warm).
 
 Per scrape it reports the CPU (``time.thread_time``: this thread only) of rendering the body Prometheus asks for
 (OpenMetrics, gzip), split into the wear views, the text and the compression (medians over the rounds, and the mean
@@ -43,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
+from common import ROOT, revision
 
 from gpuwear import service
 from gpuwear.backends.nvml import NvmlBackend
@@ -129,8 +131,30 @@ def daemon_with_history(gpus: int, days: float, detail: bool,
     return daemon, clock, history_s
 
 
-def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
+class Evictor:
+    """Puts the CPU's caches in the state a scrape every 15 s meets: a write to every cache line of a buffer twice
+    the size of this machine's largest cache (the other processes of a busy host, and the daemon's own ticks, have
+    long replaced what the last scrape left there). Off: nothing."""
+
+    LINE = 64  # bytes
+
+    def __init__(self, on: bool) -> None:
+        size = 32 << 20  # where sysfs does not say: more than most servers' last-level cache
+        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):  # e.g. "32768K"
+            with contextlib.suppress(OSError, ValueError):
+                text = index.read_text().strip()
+                size = max(size, int(text.rstrip("KM")) << {"K": 10, "M": 20}.get(text[-1], 0))
+        self.buffer = bytearray(2 * size) if on else None
+        self._ones = b"\1" * (len(self.buffer) // self.LINE) if self.buffer is not None else b""
+
+    def __call__(self) -> None:
+        if self.buffer is not None:
+            self.buffer[::self.LINE] = self._ones
+
+
+def run(gpus: int, days: float, rounds: int, detail: bool, cold: bool = True) -> dict[str, Any]:
     daemon, clock, history_s = daemon_with_history(gpus, days, detail)
+    evict = Evictor(cold)
     exposition = daemon.exposition
     rounds_ms: list[tuple[float, float, float]] = []  # (views, text, gzip) per scrape
     calibration: list[float] = []  # the calibration workload's CPU ms after each
@@ -138,6 +162,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
     for _ in range(rounds):  # the CPU of rendering, before the daemon's own threads start (none of the scrape's)
         clock.advance(1.0)
         daemon._tick()
+        evict()
         c0 = time.thread_time()
         daemon.published()  # the wear views, derived at the first scrape after a tick
         c1 = time.thread_time()
@@ -170,6 +195,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
         for i in range(rounds):
             clock.advance(1.0)
             daemon._tick()
+            evict()
             p0, t0 = time.process_time(), time.thread_time()
             kept.request("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
             response = kept.getresponse()
@@ -181,7 +207,8 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
     finally:
         daemon.stop()
     return {
-        "gpus": gpus, "days": days, "rounds": rounds, "detail": detail, "history_seconds": round(history_s, 1),
+        "gpus": gpus, "days": days, "rounds": rounds, "detail": detail, "cold": cold,
+        "history_seconds": round(history_s, 1),
         # the median scrape (a 2-core VM's neighbours make some rounds take twice as long) and the mean
         "cpu_ms": {"total": statistics.median(sum(r) for r in rounds_ms),
                    **{part: statistics.median(r[i] for r in rounds_ms) for i, part in enumerate(PARTS)},
@@ -197,25 +224,12 @@ def run(gpus: int, days: float, rounds: int, detail: bool) -> dict[str, Any]:
     }
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@contextlib.contextmanager
-def revision(rev: str) -> Iterator[Path]:
-    """A temporary git worktree of ``rev`` (its package is ``/daemon`` below it), removed on the way out."""
-    tree = Path(tempfile.mkdtemp(prefix="gpuwear-against-")) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
-    try:
-        yield tree
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-
-
-def against(rev: str, gpus: int, days: float, rounds: int, detail: bool, pairs: int) -> dict[str, Any]:
+def against(rev: str, gpus: int, days: float, rounds: int, detail: bool, pairs: int,
+            cold: bool = True) -> dict[str, Any]:
     """This script on the working tree's code and on ``rev``'s, alternately, each in a fresh process: the medians
     of both and their ratios (working tree / rev)."""
     args = [sys.executable, __file__, str(gpus), "--days", str(days), "--rounds", str(rounds)]
-    args += ["--detail"] if detail else []
+    args += (["--detail"] if detail else []) + ([] if cold else ["--warm"])
     runs: dict[str, list[dict[str, Any]]] = {"tree": [], rev: []}
     with revision(rev) as tree:
         for _ in range(pairs):
@@ -241,12 +255,15 @@ def main() -> int:
     parser.add_argument("--detail", action="store_true")
     parser.add_argument("--against", metavar="REV", help="also measure this git revision's code, alternately")
     parser.add_argument("--pairs", type=int, default=2, help="with --against: runs of each (default 2)")
+    parser.add_argument("--warm", action="store_true",
+                        help="leave the CPU's caches as the tick left them (default: emptied before each scrape)")
     args = parser.parse_args()
     for n in args.gpus:
         if args.against:
-            print(json.dumps(against(args.against, n, args.days, args.rounds, args.detail, args.pairs)), flush=True)
+            print(json.dumps(against(args.against, n, args.days, args.rounds, args.detail, args.pairs, not args.warm)),
+                  flush=True)
         else:
-            print(json.dumps(run(n, args.days, args.rounds, args.detail)), flush=True)
+            print(json.dumps(run(n, args.days, args.rounds, args.detail, not args.warm)), flush=True)
     return 0
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scrape_bench import ROOT, daemon_with_history, revision
+from common import ROOT, revision
+from scrape_bench import daemon_with_history
 
 STEPS = ("none", "views", "text", "all")
 START_WALL = 1_796_000_000.0  # 2026-11-29: every run the same

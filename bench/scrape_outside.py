@@ -1,6 +1,6 @@
 """What a real scrape costs the daemon, measured from outside on its own CPU clock, beside nvitop-exporter.
 
-    python bench/scrape_outside.py [--gpus 8,64] [--scrapes 20] [--every 2]
+    python bench/scrape_outside.py [--gpus 8,64] [--scrapes 20] [--every 2] [--against REV]
 
 For each GPU count, gpuwear (``gpuwear run --simulate SCENARIO``) and nvitop-exporter (over the fake NVML library:
 ``python -m gpuwear.sim.fakenvml --scenario SCENARIO nvitop-exporter``) run side by side on the same scenario
@@ -17,14 +17,19 @@ both. At 2 s, as at Prometheus' default 15 s, every scrape follows new samples: 
   over the quiet gaps between its scrapes). Median, min and max over the scrapes.
 - **Whole process**: the same clock over the whole window, per wall second (scrapes included).
 
+``--against REV``: a third process, gpuwear at a git revision (a temporary worktree first on its ``PYTHONPATH``), on
+the same scenario and scraped in turn with the other two: what a change saved, in the same windows, and its ratio.
+
 The in-process figures (bench/scrape_bench.py) are a diagnostic; these are what a user's Prometheus meets.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import http.client
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
-from common import PYTHON, _die_with_parent, free_port, gpuwear
+from common import PYTHON, _die_with_parent, free_port, gpuwear, revision
 
 ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
           "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
@@ -90,16 +95,22 @@ def scrape(port: int) -> int:
         one.close()
 
 
-def start(tool: str, scenario: Path, work: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start(tool: str, scenario: Path, work: Path, tree: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """``tool`` serving on a free port, once it answers /metrics; ``tree``: gpuwear's code from that worktree."""
     port = free_port()
-    if tool == "gpuwear":
+    env = None
+    if tool != "nvitop-exporter":
         argv = gpuwear("run", "--simulate", str(scenario), "--listen", f"127.0.0.1:{port}", "--state-dir",
-                       str(work / "state"))
+                       str(work / tool / "state"))
+        if tree is not None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tree / "daemon"),
+                                                                             os.environ.get("PYTHONPATH"))))}
     else:
         exe = shutil.which("nvitop-exporter", path=str(Path(PYTHON).parent)) or "nvitop-exporter"
         argv = [PYTHON, "-m", "gpuwear.sim.fakenvml", "--scenario", str(scenario), exe, "--bind-address",
                 "127.0.0.1", "--port", str(port), "--interval", "1.0"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                            env=env)
     deadline = time.monotonic() + 120
     while not scrape(port):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -109,11 +120,15 @@ def start(tool: str, scenario: Path, work: Path) -> tuple[subprocess.Popen[bytes
     return proc, port
 
 
-def measure(gpus: int, scrapes: int, every: float, keep: bool = True) -> dict[str, dict[str, float]]:
+def measure(gpus: int, scrapes: int, every: float, keep: bool = True,
+            against: tuple[str, Path] | None = None) -> dict[str, dict[str, float]]:
+    """Each tool's figures (gpuwear, nvitop-exporter; ``against``: (name, worktree) of gpuwear at a revision)."""
     with tempfile.TemporaryDirectory(prefix="gpuwear-outside-") as folder:
         work = Path(folder)
         scenario = gen.scenario(gpus, work)
         procs = {tool: start(tool, scenario, work) for tool in ("gpuwear", "nvitop-exporter")}
+        if against is not None:
+            procs[against[0]] = start(against[0], scenario, work, against[1])
         try:
             time.sleep(5.0)  # past start-up
             scrapers = {tool: Scraper(port, keep) for tool, (_, port) in procs.items()}
@@ -124,7 +139,7 @@ def measure(gpus: int, scrapes: int, every: float, keep: bool = True) -> dict[st
             began = {tool: (time.monotonic(), cpu_ns(p.pid)) for tool, (p, _) in procs.items()}
             for i in range(scrapes):
                 for k, (tool, (proc, _)) in enumerate(procs.items()):
-                    time.sleep(max(0.0, began[tool][0] + i * every + k * every / 2 - time.monotonic()))
+                    time.sleep(max(0.0, began[tool][0] + i * every + k * every / len(procs) - time.monotonic()))
                     wall0, cpu0 = time.monotonic(), cpu_ns(proc.pid)
                     if tool in last:  # the quiet gap since its last scrape: what it spends unscraped
                         idle_rate[tool].append((cpu0 - last[tool][1]) / (wall0 - last[tool][0]))
@@ -158,29 +173,36 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=2.0, help="wall seconds between two scrapes of one tool")
     parser.add_argument("--connection", choices=("kept", "new"), default="kept",
                         help="kept: as Prometheus, the connection kept while the server keeps it; new: one a scrape")
+    parser.add_argument("--against", metavar="REV", help="also gpuwear at this git revision, in the same windows")
     args = parser.parse_args()
     rows = []
-    for n in (int(x) for x in args.gpus.split(",")):
-        r = measure(n, args.scrapes, args.every, args.connection == "kept")
-        g, v = r["gpuwear"], r["nvitop-exporter"]
-        for label, key, fmt in (("CPU per scrape, median (ms)", "median_ms", "{:.2f}"),
-                                ("CPU per scrape, min to max (ms)", None, ""),
-                                ("scrape wall time, median (ms)", "wall_ms", "{:.1f}"),
-                                ("whole process, share of one core", "whole_share", "{:.2%}"),
-                                ("unscraped, share of one core", "idle_share", "{:.2%}"),
-                                ("body, uncompressed (bytes)", "body_bytes", "{:.0f}"),
-                                ("connections opened", "connections", "{:.0f}")):
-            if key is None:
-                rows.append(f"| {n} | {label} | {g['min_ms']:.2f} to {g['max_ms']:.2f} | "
-                            f"{v['min_ms']:.2f} to {v['max_ms']:.2f} | |")
-            else:
-                ratio = g[key] / v[key] if v[key] else float("nan")
-                rows.append(f"| {n} | {label} | {fmt.format(g[key])} | {fmt.format(v[key])} | {ratio:.2f} × |")
+    with revision(args.against) if args.against else contextlib.nullcontext() as tree:
+        old = f"gpuwear at {args.against}"
+        for n in (int(x) for x in args.gpus.split(",")):
+            r = measure(n, args.scrapes, args.every, args.connection == "kept",
+                        (old, tree) if tree is not None else None)
+            tools = [r["gpuwear"], r["nvitop-exporter"], *((r[old],) if tree is not None else ())]
+            for label, key, fmt in (("CPU per scrape, median (ms)", "median_ms", "{:.2f}"),
+                                    ("CPU per scrape, min to max (ms)", None, ""),
+                                    ("scrape wall time, median (ms)", "wall_ms", "{:.1f}"),
+                                    ("whole process, share of one core", "whole_share", "{:.2%}"),
+                                    ("unscraped, share of one core", "idle_share", "{:.2%}"),
+                                    ("body, uncompressed (bytes)", "body_bytes", "{:.0f}"),
+                                    ("connections opened", "connections", "{:.0f}")):
+                if key is None:
+                    cells = [f"{t['min_ms']:.2f} to {t['max_ms']:.2f}" for t in tools] + [""] * (len(tools) - 1)
+                else:
+                    cells = [fmt.format(t[key]) for t in tools]
+                    cells += [f"{tools[0][key] / t[key]:.2f} ×" if t[key] else "" for t in tools[1:]]
+                rows.append(f"| {n} | {label} | " + " | ".join(cells) + " |")
+    against = f" --against {args.against}" if args.against else ""
+    columns = ["GPUs", "figure", "gpuwear", "nvitop-exporter", *((old,) if args.against else ()),
+               "gpuwear / nvitop-exporter", *((f"gpuwear / {args.against}",) if args.against else ())]
     print(f"# A real scrape, measured from outside (gpuwear against nvitop-exporter)\n\n"
           f"`python bench/scrape_outside.py --gpus {args.gpus} --scrapes {args.scrapes} --every {args.every:g} "
-          f"--connection {args.connection}`, "
+          f"--connection {args.connection}{against}`, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
-          "| GPUs | figure | gpuwear | nvitop-exporter | gpuwear / nvitop-exporter |\n|---|---|---|---|---|")
+          "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
     print("\n".join(rows))
     return 0
 
