@@ -253,6 +253,38 @@ def test_a_bleeding_gpu_among_healthy_peers_is_named_in_report_and_on_the_page(t
 
 
 @pytest.mark.slow
+def test_a_vgpus_figures_are_said_to_be_the_physical_cards_in_report_and_on_the_page(tmp_path: Path) -> None:
+    """A vGPU guest's NVML gives the physical GPU's temperatures, power and fans (NVIDIA's vGPU guide), so the wear
+    figures of a virtual machine's vGPU are the card's under every VM on it. doctor said so; `report`, its JSON and
+    the page took them for the machine's own. Now the record keeps that the GPU is a vGPU (NVML's virtualization
+    mode, read with its identity) and each says it, for the vGPU and not for the bare-metal H100 beside it."""
+    import json as _json
+
+    import yaml
+
+    from helpers import run_simulated
+
+    train = [{"kind": "train", "seconds": 6 * 3600, "utilization": 1.0}]
+    scenario = tmp_path / "vgpu.yaml"
+    scenario.write_text(yaml.safe_dump({"description": "a vGPU beside a bare-metal GPU", "gpus": [
+        {"product": "a100-sxm", "vgpu": "NVIDIA A100-40C", "schedule": train},
+        {"product": "h100-sxm", "schedule": train}]}))
+    state = tmp_path / "state"
+    run_simulated(state, str(scenario), 3600.0, 2.0)
+    doc = _json.loads(gpuwear("report", "--json", "--state-dir", str(state), "--simulated", "vgpu").stdout)
+    assert sorted((g["name"], g["vgpu_guest"]) for g in doc["gpus"]) == [
+        ("NVIDIA A100-40C", True), ("NVIDIA H100 80GB HBM3", False)], doc["gpus"]
+    shared = "It is a vGPU, this virtual machine's share of a physical GPU"
+    text = gpuwear("report", "--state-dir", str(state), "--simulated", "vgpu").stdout
+    assert text.count(shared) == 1, text
+    assert text.index(shared) < text.index("NVIDIA H100"), text  # in the vGPU's block
+    page = tmp_path / "page.html"
+    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "vgpu")
+    sections = page.read_text().split('class="gpu"')[1:]
+    assert [shared.replace("'", "&#x27;") in g for g in sections] == [True, False], sections
+
+
+@pytest.mark.slow
 def test_links_down_or_downgraded_are_named_in_report_and_on_the_page(tmp_path: Path) -> None:
     """Issue 29's done-when for the links, end to end through the daemon and its ledger: of three H100s training,
     the one with an NVLink link down is `act` for nvlink_down, the one whose PCIe link retrained at 8 lanes is

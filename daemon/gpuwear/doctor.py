@@ -15,9 +15,7 @@ from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.config import Config
 from gpuwear.jobs.resolve import foreign_pids, wsl2
 from gpuwear.ledger import Ledger, LedgerError, printable
-from gpuwear.sample import GpuIdentity
-
-VGPU_GUEST = 2  # NVML_GPU_VIRTUALIZATION_MODE_VGPU: "Device is associated with vGPU inside virtual machine"
+from gpuwear.sample import VGPU_GUEST, GpuIdentity
 
 # What makes a GPU's processes readable, by NVML's answer (jobs attribution: gpuwear.jobs.attribute)
 PROCESS_FIXES = {
@@ -91,7 +89,7 @@ class Doctor:
                 self.check(persistent is not False, mode,
                            "enable it (`systemctl enable --now nvidia-persistenced`): without it each NVML call "
                            "may re-initialise the GPU, calls are slow and polling keeps the GPU awake")
-            if self.backend.virtualization_mode(i) == VGPU_GUEST:
+            if gpu.virtualization_mode == VGPU_GUEST:
                 self.remark(f"GPU {gpu.index} {gpu.name}: a vGPU, this virtual machine's share of a physical GPU "
                             "(NVML: virtualization mode VGPU)",
                             "its temperatures, power and fans are the physical GPU's, under every virtual machine "

@@ -60,6 +60,7 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
     return {
         "uuid": w.uuid, "name": w.name, "serial": w.serial,
         "first_seen": w.first_seen, "last_seen": w.last_seen, "sampled_live": live,
+        "vgpu_guest": bool(w.health.get("vgpu_guest")),  # NVML's virtualization mode VGPU: a VM's share of a card
         "readings": readings(w, live),
         "health": {**health, "measured": dict(w.health), "xid_events": dict(w.xids),
                    "gpu_lost_events": w.lost_events},
@@ -281,9 +282,19 @@ def plain_words(d: dict[str, Any]) -> str:
     since = f" since {time.strftime('%Y-%m-%d', time.gmtime(first))}" if first is not None else ""
     coverage = d["coverage_ratio"]
     share = f" ({100 * coverage:.0f} % of that time)" if coverage is not None else ""
-    return (text + _limits_words(d) + _change_words(d) + f" This rests on {duration(d['observed_seconds'])} observed"
+    return (text + _limits_words(d) + _change_words(d) + _shared_words(d)
+            + f" This rests on {duration(d['observed_seconds'])} observed"
             f"{since}{share}; nothing before is known. Wear is an estimate from models (docs/wear-model.md), not a "
             "measured remaining life.")
+
+
+def _shared_words(d: dict[str, Any]) -> str:
+    """What a vGPU's figures are (NVML reads a vGPU guest's temperatures, power and fans from the physical GPU)."""
+    if not d.get("vgpu_guest"):
+        return ""
+    return (" It is a vGPU, this virtual machine's share of a physical GPU: the temperatures, power and fans these "
+            "figures rest on are the physical card's, under the work of every virtual machine on it while this one "
+            "ran, not this machine's alone.")
 
 
 def _limits_words(d: dict[str, Any]) -> str:

@@ -20,6 +20,12 @@ class GpuIdentity:
     cuda_capability: str | None  # nvmlDeviceGetCudaComputeCapability, "9.0"
     memory_total_bytes: int | None  # nvmlDeviceGetMemoryInfo().total ("memory.total")
     fan_count: int  # nvmlDeviceGetNumFans; 0 on passive cards
+    virtualization_mode: int | None = None  # nvmlDeviceGetVirtualizationMode; None where the GPU does not say
+
+
+# NVML_GPU_VIRTUALIZATION_MODE_VGPU: "Device is associated with vGPU inside virtual machine" (0: bare metal,
+# 1: pass-through, 3 and 4: a hypervisor's view)
+VGPU_GUEST = 2
 
 
 @dataclass(frozen=True)

@@ -827,6 +827,7 @@ class NvmlBackend:
         memory = optional(lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
         pci = optional(lambda: pynvml.nvmlDeviceGetPciInfo(h))
         serial = optional(lambda: pynvml.nvmlDeviceGetSerial(h))
+        virtualization = optional(lambda: pynvml.nvmlDeviceGetVirtualizationMode(h))
         return GpuIdentity(
             index=index,
             uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
@@ -837,6 +838,7 @@ class NvmlBackend:
             cuda_capability=f"{capability[0]}.{capability[1]}" if capability else None,
             memory_total_bytes=int(memory.total) if memory is not None else None,
             fan_count=self._fan_count(h),
+            virtualization_mode=int(virtualization) if virtualization is not None else None,
         )
 
     MAX_FANS = 8
@@ -997,14 +999,6 @@ class NvmlBackend:
         """nvmlDeviceGetPersistenceMode; None when the GPU does not say (Windows, lost)."""
         try:
             return bool(pynvml.nvmlDeviceGetPersistenceMode(self._devices[index].handle) == pynvml.NVML_FEATURE_ENABLED)
-        except pynvml.NVMLError:
-            return None
-
-    def virtualization_mode(self, index: int) -> int | None:
-        """nvmlDeviceGetVirtualizationMode (nvmlGpuVirtualizationMode_t: 0 bare metal, 1 pass-through, 2 a vGPU in a
-        virtual machine, 3 and 4 a hypervisor's); None when the GPU does not say."""
-        try:
-            return int(pynvml.nvmlDeviceGetVirtualizationMode(self._devices[index].handle))
         except pynvml.NVMLError:
             return None
 

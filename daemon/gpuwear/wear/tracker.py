@@ -18,7 +18,7 @@ from gpuwear.config import WearConfig
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.ledger import Event
-from gpuwear.sample import GpuSample
+from gpuwear.sample import VGPU_GUEST, GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import LOADED_UTILIZATION, GpuWear
 from gpuwear.wear.models import (
@@ -328,6 +328,8 @@ class WearTracker:
             w = self._wears[ident.uuid] = GpuWear(ident.uuid, gate_celsius=self._params.cycles.hysteresis_celsius)
         w.name, w.serial, w.pci_bus_id = ident.name, ident.serial or w.serial, ident.pci_bus_id or w.pci_bus_id
         w.index = ident.index
+        if ident.virtualization_mode == VGPU_GUEST:  # a vGPU's UUID is its own: once one, always one
+            w.health["vgpu_guest"] = True
         seen = self._seen.get(ident.uuid)
         if seen is None:  # first sight in this process: the time since the ledger last saw it is a gap
             seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids))
