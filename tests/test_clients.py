@@ -501,6 +501,13 @@ def _py3nvml() -> tuple[Any, list[str]]:
             return nvidia_smi.XmlDeviceQuery(), []
 
 
+# the boards' PCI device IDs (pci.ids, vendor 10de): GP102 [GeForce GTX 1080 Ti] 1b06, GV100GL [Tesla V100 PCIe 16GB]
+# 1db4, GA100 [A100 SXM4 80GB] 20b2, AD102 [GeForce RTX 4090] 2684, GH100 [H100 SXM5 80GB] 2330; a vGPU of an A100 as
+# the A100 it shares
+PCI_DEVICE_IDS = {"NVIDIA GeForce GTX 1080 Ti": 0x1B06, "Tesla V100-PCIE-16GB": 0x1DB4, "NVIDIA A100-SXM4-80GB": 0x20B2,
+                  "NVIDIA GeForce RTX 4090": 0x2684, "NVIDIA H100 80GB HBM3": 0x2330, "NVIDIA A100-40C": 0x20B2}
+
+
 @pytest.mark.parametrize("scenario", JUDGED)
 def test_py3nvml_device_query_meets_no_missing_function(scenario: str) -> None:
     """py3nvml's XmlDeviceQuery met FUNCTION_NOT_FOUND for nvmlDeviceGetPciInfo_v2 (every branch exports it) and,
@@ -526,6 +533,8 @@ def test_py3nvml_device_query_meets_no_missing_function(scenario: str) -> None:
         memory = re.search(r"<supported_clocks>\s*(<supported_mem_clock>|N/A)", gpu)  # nor clocks to lock to
         assert memory is not None and (memory.group(1) == "N/A") == geforce, gpu
         assert "<accounting_mode_buffer_size>4000</accounting_mode_buffer_size>" in gpu, gpu
+        # the PCI device ID as the pci.ids database has it for the board, NVIDIA's vendor ID below (it was 0)
+        assert f"<pci_device_id>{PCI_DEVICE_IDS[truth['name']]:04X}10DE</pci_device_id>" in gpu, gpu
         if truth["pids"] and scenario == "pids":  # processes on this host are named (nvmlSystemGetProcessName)
             assert re.search(r"<process_name>[^<]*python[^<]*</process_name>", gpu), gpu
 

@@ -36,7 +36,7 @@ from typing import Any
 from gpuwear.backends.nvml import FanSpeedInfo, ProcessInfoCc, ProcessInfoV1, ProcessInfoV2
 from gpuwear.clock import Clock
 from gpuwear.sim.drivers import PROFILES, DriverProfile
-from gpuwear.sim.simulated import MigDevice, SimGpu, Simulation
+from gpuwear.sim.simulated import MigDevice, Product, SimGpu, Simulation
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,12 @@ class _NoPermissionError(Exception):
 def _in(x: Any) -> Any:
     """The Python value of a scalar argument (a ctypes scalar or a plain int)."""
     return x.value if isinstance(x, ctypes._SimpleCData) else x
+
+
+def _pci_device_id(product: Product) -> int:
+    """nvmlPciInfo_t.pciDeviceId: "The combined 16-bit device id and 16-bit vendor id" (nvml.h), the device ID in the
+    upper half (nvidia-smi's pci.device_id 0x233010DE for an H100 SXM5)."""
+    return (product.pci_device << 16) | 0x10DE if product.pci_device else 0
 
 
 def _out(x: Any) -> Any:
@@ -405,6 +411,7 @@ class SimulatedDriver:
         pci.busId = gpu.pci_bus_id.encode()
         pci.busIdLegacy = gpu.pci_bus_id[4:].encode()
         pci.domain, pci.bus, pci.device = 0, int(gpu.pci_bus_id[9:11], 16), 0
+        pci.pciDeviceId = _pci_device_id(gpu.product)
         return SUCCESS
 
     def nvmlDeviceGetPciInfo_v2(self, handle: Any, info: Any) -> int:
@@ -415,6 +422,7 @@ class SimulatedDriver:
         pci = _out(info)
         pci.busId = gpu.pci_bus_id[4:].encode()
         pci.domain, pci.bus, pci.device = 0, int(gpu.pci_bus_id[9:11], 16), 0
+        pci.pciDeviceId = _pci_device_id(gpu.product)
         return SUCCESS
 
     nvmlDeviceGetPciInfo = nvmlDeviceGetPciInfo_v2  # the unversioned export: the same legacy layout

@@ -94,6 +94,7 @@ class Product:
     die_share: float = DIE_SHARE  # the die pole's share of the thermal resistance
     wander_celsius: float = 0.0  # the standard deviation of the die's wander (wander); 0: none
     nvlinks: int = 0  # NVLink links (an SXM board's, wired to NVSwitches: all active); 0: none
+    pci_device: int = 0  # the PCI device ID under NVIDIA's vendor ID 0x10DE (the pci.ids database); 0: not on PCI
 
 
 PRODUCTS: dict[str, Product] = {
@@ -107,6 +108,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=False, remapped_rows=False, r_th_best=0.095, r_th_worst=0.2,
             r_th_memory=0.0, tau_memory_seconds=40.0,
             sm_max_hz=2.52e9, memory_max_hz=10.5e9, min_branch="r525",
+            pci_device=0x2684,
         ),
         Product(  # the card of the rtx6000ada trace, with that trace's fit (blower at 30 %: r_th_worst)
             key="rtx6000ada", name="NVIDIA RTX 6000 Ada Generation", architecture=8,
@@ -116,6 +118,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=False, remapped_rows=True, r_th_best=0.18, r_th_worst=0.4469,
             r_th_memory=0.0, tau_memory_seconds=60.0,
             sm_max_hz=3.105e9, memory_max_hz=10.001e9, min_branch="r525",
+            pci_device=0x26B1,
         ),
         Product(  # the card of the rtx4060laptop trace, with that trace's fit (a laptop: no fan NVML can read)
             key="rtx4060-laptop", name="NVIDIA GeForce RTX 4060 Laptop GPU", architecture=8,
@@ -126,6 +129,7 @@ PRODUCTS: dict[str, Product] = {
             r_th_memory=0.0, tau_memory_seconds=60.0,
             sm_max_hz=2.37e9, memory_max_hz=8.001e9, min_branch="r525",
             tau_die_seconds=11.31, die_share=0.3714, wander_celsius=0.9,
+            pci_device=0x28E0,
         ),
         Product(
             key="gtx1080ti", name="NVIDIA GeForce GTX 1080 Ti", architecture=4,
@@ -135,6 +139,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=False, remapped_rows=False, r_th_best=0.22, r_th_worst=0.36,
             r_th_memory=0.0, tau_memory_seconds=40.0,
             sm_max_hz=1.911e9, memory_max_hz=5.505e9, idle_sm_hz=139e6,
+            pci_device=0x1B06,
         ),
         Product(
             key="h100-sxm", name="NVIDIA H100 80GB HBM3", architecture=9,
@@ -144,6 +149,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=False, remapped_rows=True, r_th_best=0.075, r_th_worst=0.075,
             r_th_memory=0.082, tau_memory_seconds=60.0,
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r525", nvlinks=18,
+            pci_device=0x2330,
         ),
         Product(
             key="a100-sxm", name="NVIDIA A100-SXM4-80GB", architecture=7,
@@ -153,6 +159,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=False, remapped_rows=True, r_th_best=0.11, r_th_worst=0.11,
             r_th_memory=0.12, tau_memory_seconds=60.0,
             sm_max_hz=1.41e9, memory_max_hz=1.593e9, mig_capable=True, nvlinks=12,
+            pci_device=0x20B2,
         ),
         Product(
             key="gh200", name="NVIDIA GH200 480GB", architecture=9,
@@ -163,6 +170,7 @@ PRODUCTS: dict[str, Product] = {
             r_th_memory=0.08, tau_memory_seconds=60.0,
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, module_extra_watts=150.0,
             min_branch="r535", nvlinks=18,
+            pci_device=0x2342,
         ),
         Product(
             key="jetson-orin", name="Orin (nvgpu)", architecture=7,
@@ -181,6 +189,7 @@ PRODUCTS: dict[str, Product] = {
             retired_pages=True, remapped_rows=False, r_th_best=0.19, r_th_worst=0.19,
             r_th_memory=0.2, tau_memory_seconds=60.0,
             sm_max_hz=1.38e9, memory_max_hz=0.877e9,
+            pci_device=0x1DB4,
         ),
     )
 }
