@@ -176,7 +176,10 @@ class Encoder:
         for source, family in families:
             out.append(family.openmetrics_head if openmetrics else family.text_head)
             family.write(out, sources[source])
-        return "".join(out).encode() + extra + (b"# EOF\n" if openmetrics else b"")
+        out.append(extra.decode())  # ASCII: one join and one encode of the body, no copy of it per part added
+        if openmetrics:
+            out.append("# EOF\n")
+        return "".join(out).encode()
 
 
 def encode(pub: Published, openmetrics: bool, extra: bytes = b"", detail: bool = False) -> bytes:
