@@ -3,6 +3,7 @@ its PCI bus id, counted once when NVML reports the same XID, and served by the r
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -206,6 +207,8 @@ def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path
         assert 'gpu="1"' in line and line.endswith(" 1.0"), line
         # an NVSwitch's SXids (issue 29): counted for the host by severity, never as a GPU's XID
         assert "gpuwear_nvswitch_sxid_events_total{" not in body
+        page = wait_for(f"http://127.0.0.1:{port}/", "</html>")  # rendered, and kept until what it shows changes
+        assert "NVSwitch" not in page
         with kern.open("a") as f:
             f.write("4,4243,123456790,-;nvidia-nvswitch2: SXid (PCI:0000:0b:00.0): 12028, Non-fatal, Link 32 egress "
                     "non-posted PRIV error (First)\n"
@@ -215,6 +218,12 @@ def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path
         assert 'gpuwear_nvswitch_sxid_events_total{severity="fatal"} 1.0' in body
         assert 'gpuwear_nvswitch_sxid_events_total{severity="non_fatal"} 1.0' in body
         assert 'xid="12028"' not in body and 'xid="24007"' not in body
+        # and on the page, as the host's: the page kept before them is not served again
+        page = wait_for(f"http://127.0.0.1:{port}/", "fatal NVSwitch SXid")
+        fabric = re.findall(r"<strong>NVSwitch fabric.</strong> ([^<]*)</p>", page)
+        assert [line.split(" in the kernel log")[0] for line in fabric] == [
+            "1 fatal NVSwitch SXid error(s)", "1 non-fatal NVSwitch SXid error(s)"], fabric
+        assert "journalctl -k | grep SXid" in fabric[0]
     assert "SXid 24007 (fatal, kernel log)" in log.read_text()
 
 

@@ -217,9 +217,10 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
 
 
 def render(doc: dict[str, Any], jobs: dict[str, Any] | None = None, generated: float | None = None,
-           note: str | None = None, missing: tuple[str, ...] = ()) -> str:
+           note: str | None = None, missing: tuple[str, ...] = (), fabric: tuple[str, ...] = ()) -> str:
     """The page of a report document (and the jobs document of the same ledger, for the shares); ``missing``: one
-    sentence per GPU of this host that NVML does not list now (the daemon's /healthz words), shown first."""
+    sentence per GPU of this host that NVML does not list now (the daemon's /healthz words), shown first;
+    ``fabric``: the host's NVSwitch errors in words (Daemon.fabric_problems), after them."""
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if generated is None else generated))
     parts = ["<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -232,6 +233,7 @@ def render(doc: dict[str, Any], jobs: dict[str, Any] | None = None, generated: f
         parts.append('<p class="banner"><strong>Simulated GPUs</strong> (gpuwear --simulate): not real '
                      "hardware.</p>")
     parts.extend(f'<p class="banner missing"><strong>Missing GPU.</strong> {_e(line)}.</p>' for line in missing)
+    parts.extend(f'<p class="banner missing"><strong>NVSwitch fabric.</strong> {_e(line)}.</p>' for line in fabric)
     if not doc["gpus"]:
         parts.append("<p>No GPU in the ledger yet: the first save comes a minute after the daemon starts.</p>")
     parts.extend(_gpu(d, jobs) for d in doc["gpus"])

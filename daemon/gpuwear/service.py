@@ -234,8 +234,8 @@ class Daemon:
             config.kubernetes.pod_resources_socket, config.kubernetes.pod_resources_refresh_seconds,
             mig_parent=lambda mig: self._mig_parents.get(mig))
         self.job_watcher = JobWatcher(resolver, None if pods is None else pods.by_gpu)
-        # ((the save it shows, the missing GPUs it names), its HTML)
-        self._page: tuple[tuple[float | None, tuple[str, ...]], bytes] | None = None
+        # ((the save it shows, the missing GPUs it names, the NVSwitch errors it names), its HTML)
+        self._page: tuple[tuple[float | None, tuple[str, ...], tuple[str, ...]], bytes] | None = None
         self._summariser = Summariser(config.wear)  # each job record's lines, kept with it in the ledger
         self._lines_filled: int | None = None  # the key under which every record's lines are kept
         self._lines_verified = False  # the kept lines checked against what was written (verify_lines)
@@ -368,6 +368,21 @@ class Daemon:
         return lines + [f"{unlisted_text(address)}: the driver could not bring it up? (the kernel log says why)"
                         for address in unlisted]
 
+    def fabric_problems(self) -> list[str]:
+        """The NVSwitch SXid lines of the kernel log since the start, by severity (the host's, not a GPU's), in
+        words: what the GpuwearNvswitchFatalSxid alert and its runbook say."""
+        sxids = self.source.sampler.snapshot.sxids
+        lines = []
+        if fatal := sxids.get("fatal", 0):
+            lines.append(f"{fatal} fatal NVSwitch SXid error(s) in the kernel log since gpuwear started: the NVLink "
+                         "fabric between this host's GPUs failed there, and jobs that span them fail or hang. Read the "
+                         "lines (journalctl -k | grep SXid) and nv-fabricmanager's log; resetting the GPUs and "
+                         "switches (a reboot) usually brings the fabric back, one that fails again needs service")
+        if non_fatal := sxids.get("non_fatal", 0):
+            lines.append(f"{non_fatal} non-fatal NVSwitch SXid error(s) in the kernel log since gpuwear started: "
+                         "watch for them growing or turning fatal")
+        return lines
+
     def _missing(self, snapshot: Snapshot) -> tuple[MissingGpu, ...]:
         listed = {g.identity.uuid for g in snapshot.gpus}
         return tuple(MissingGpu(uuid, name, seen, bus) for uuid, (name, seen, bus)
@@ -408,8 +423,9 @@ class Daemon:
         """The page at / (gpuwear.page): the ledger as last saved, rendered again only after the next save."""
         saved = self._ledger_status.last_success_wall
         missing = tuple(self.missing_gpus())
+        fabric = tuple(self.fabric_problems())
         cached = self._page
-        if cached is not None and cached[0] == (saved, missing):
+        if cached is not None and cached[0] == (saved, missing, fabric):
             return cached[1]
         from gpuwear import page
         from gpuwear.report import documents
@@ -424,12 +440,13 @@ class Daemon:
                 ledger.close()
         except (LedgerError, sqlite3.Error, OSError) as exc:  # not saved yet, or unreadable: say so, cache nothing
             doc = {"ledger": str(self.ledger_file), "simulated": self.source.simulation is not None, "gpus": []}
-            return page.render(doc, note=f"the ledger cannot be read yet ({exc})", missing=missing).encode()
+            return page.render(doc, note=f"the ledger cannot be read yet ({exc})", missing=missing,
+                               fabric=fabric).encode()
         note = "as of the last save" + (f", {time.strftime('%H:%M:%S', time.localtime(saved))}" if saved else "")
         if left_out:
             note += f"; {left_out}"
-        body = page.render(doc, jobs, note=note, missing=missing).encode()
-        self._page = ((saved, missing), body)
+        body = page.render(doc, jobs, note=note, missing=missing, fabric=fabric).encode()
+        self._page = ((saved, missing, fabric), body)
         return body
 
     def persist(self, final: bool = False) -> bool:
