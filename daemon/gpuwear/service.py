@@ -374,9 +374,9 @@ class Daemon:
         sxids = self.source.sampler.snapshot.sxids
         lines = []
         if fatal := sxids.get("fatal", 0):
-            lines.append(f"{fatal} fatal NVSwitch SXid error(s) in the kernel log since gpuwear started: the NVLink "
-                         "fabric between this host's GPUs failed there, and jobs that span them fail or hang. Read the "
-                         "lines (journalctl -k | grep SXid) and nv-fabricmanager's log; resetting the GPUs and "
+            lines.append(f"{fatal} fatal NVSwitch SXid error(s) in the kernel log since gpuwear started: a failure "
+                         "of the NVLink fabric between this host's GPUs, where jobs that span them fail or hang. Read "
+                         "the lines (journalctl -k | grep SXid) and nv-fabricmanager's log; resetting the GPUs and "
                          "switches (a reboot) usually brings the fabric back, one that fails again needs service")
         if non_fatal := sxids.get("non_fatal", 0):
             lines.append(f"{non_fatal} non-fatal NVSwitch SXid error(s) in the kernel log since gpuwear started: "
