@@ -1,12 +1,14 @@
-"""What a Prometheus scrape costs and carries, the way Prometheus sees it: a new tick between two scrapes.
+"""What a Prometheus scrape costs and carries, the way Prometheus sees it: 15 s of ticks between two scrapes.
 
-    python bench/scrape_bench.py [GPUS ...] [--days 7] [--rounds 100] [--detail] [--warm] [--against REV [--pairs 2]]
+    python bench/scrape_bench.py [GPUS ...] [--days 7] [--rounds 100] [--detail] [--ticks 15] [--warm]
+                                 [--against REV [--pairs 2]]
 
 For each GPU count: the daemon as ``gpuwear run --simulate`` builds it (the benchmark scenario of bench/gen.py:
 mixed products, jobs starting and ending every 1.5 h), on a manual clock. First a history of ``--days``
 simulated days in 5-minute ticks (``wear.max_gap_seconds`` raised to match; a week of 1 s ticks would take an
-hour), then ``--rounds`` rounds of: one 1 s tick, then one scrape. Every scrape therefore re-renders: nothing
-is served from the per-tick cache, as with Prometheus at a 15 s interval over a 1 s tick. The CPU rounds run
+hour), then ``--rounds`` rounds of: ``--ticks`` 1 s ticks (15: Prometheus' interval; 1 in the figures before
+2026-12-05), then one scrape. Every scrape therefore re-renders: nothing is served from the per-tick cache, as with
+Prometheus at a 15 s interval over a 1 s tick; the wear views take in 15 ticks' worth, as then. The CPU rounds run
 first, in this thread, before the daemon's threads start (its XID listener drives the fake library's simulation);
 then as many scrapes over HTTP. Before each scrape the CPU's caches are emptied (:class:`Evictor`), as a scrape every
 15 s meets them on a host that does other work; ``--warm`` leaves them as the tick left them (bench/README.md: the
@@ -152,16 +154,20 @@ class Evictor:
             self.buffer[::self.LINE] = self._ones
 
 
-def run(gpus: int, days: float, rounds: int, detail: bool, cold: bool = True) -> dict[str, Any]:
+def run(gpus: int, days: float, rounds: int, detail: bool, cold: bool = True, ticks: int = 15) -> dict[str, Any]:
     daemon, clock, history_s = daemon_with_history(gpus, days, detail)
     evict = Evictor(cold)
+
+    def tick() -> None:  # the 1 s ticks between two scrapes
+        for _ in range(ticks):
+            clock.advance(1.0)
+            daemon._tick()
     exposition = daemon.exposition
     rounds_ms: list[tuple[float, float, float]] = []  # (views, text, gzip) per scrape
     calibration: list[float] = []  # the calibration workload's CPU ms after each
     body = plain = b""
     for _ in range(rounds):  # the CPU of rendering, before the daemon's own threads start (none of the scrape's)
-        clock.advance(1.0)
-        daemon._tick()
+        tick()
         evict()
         c0 = time.thread_time()
         daemon.published()  # the wear views, derived at the first scrape after a tick
@@ -176,9 +182,8 @@ def run(gpus: int, days: float, rounds: int, detail: bool, cold: bool = True) ->
     door_ms: list[float] = []
     daemon.start()
     try:
-        for i in range(rounds):  # then real scrapes over HTTP, each after a new tick
-            clock.advance(1.0)
-            daemon._tick()
+        for i in range(rounds):  # then real scrapes over HTTP, each after new ticks
+            tick()
             conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=10)
             t = time.perf_counter()
             conn.request("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
@@ -193,8 +198,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool, cold: bool = True) ->
         # Prometheus keeps it, less this thread's own (the client's); each request after a new tick
         kept = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=10)
         for i in range(rounds):
-            clock.advance(1.0)
-            daemon._tick()
+            tick()
             evict()
             p0, t0 = time.process_time(), time.thread_time()
             kept.request("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
@@ -207,7 +211,7 @@ def run(gpus: int, days: float, rounds: int, detail: bool, cold: bool = True) ->
     finally:
         daemon.stop()
     return {
-        "gpus": gpus, "days": days, "rounds": rounds, "detail": detail, "cold": cold,
+        "gpus": gpus, "days": days, "rounds": rounds, "detail": detail, "cold": cold, "ticks": ticks,
         "history_seconds": round(history_s, 1),
         # the median scrape (a 2-core VM's neighbours make some rounds take twice as long) and the mean
         "cpu_ms": {"total": statistics.median(sum(r) for r in rounds_ms),
@@ -225,11 +229,11 @@ def run(gpus: int, days: float, rounds: int, detail: bool, cold: bool = True) ->
 
 
 def against(rev: str, gpus: int, days: float, rounds: int, detail: bool, pairs: int,
-            cold: bool = True) -> dict[str, Any]:
+            cold: bool = True, ticks: int = 15) -> dict[str, Any]:
     """This script on the working tree's code and on ``rev``'s, alternately, each in a fresh process: the medians
     of both and their ratios (working tree / rev)."""
     args = [sys.executable, __file__, str(gpus), "--days", str(days), "--rounds", str(rounds)]
-    args += (["--detail"] if detail else []) + ([] if cold else ["--warm"])
+    args += (["--detail"] if detail else []) + ([] if cold else ["--warm"]) + ["--ticks", str(ticks)]
     runs: dict[str, list[dict[str, Any]]] = {"tree": [], rev: []}
     with revision(rev) as tree:
         for _ in range(pairs):
@@ -255,15 +259,17 @@ def main() -> int:
     parser.add_argument("--detail", action="store_true")
     parser.add_argument("--against", metavar="REV", help="also measure this git revision's code, alternately")
     parser.add_argument("--pairs", type=int, default=2, help="with --against: runs of each (default 2)")
+    parser.add_argument("--ticks", type=int, default=15,
+                        help="1 s ticks before each scrape (default 15: Prometheus' 15 s interval)")
     parser.add_argument("--warm", action="store_true",
                         help="leave the CPU's caches as the tick left them (default: emptied before each scrape)")
     args = parser.parse_args()
     for n in args.gpus:
         if args.against:
-            print(json.dumps(against(args.against, n, args.days, args.rounds, args.detail, args.pairs, not args.warm)),
-                  flush=True)
+            print(json.dumps(against(args.against, n, args.days, args.rounds, args.detail, args.pairs, not args.warm,
+                                     args.ticks)), flush=True)
         else:
-            print(json.dumps(run(n, args.days, args.rounds, args.detail, not args.warm)), flush=True)
+            print(json.dumps(run(n, args.days, args.rounds, args.detail, not args.warm, args.ticks)), flush=True)
     return 0
 
 
