@@ -583,7 +583,6 @@ class Sampler:
                                   ticks=self._ticks, sxids=_frozen(self._sxids))
 
 
-
 def _to_say(said: dict[int, list[float]], code: int, now: float) -> str | None:
     """Whether an event's code is to be said in the log now, with what to add ("; N more of it since it was last
     said"): a storm is said once a :data:`XID_SAY_EVERY_SECONDS`, not line by line (``said``: code -> [when last

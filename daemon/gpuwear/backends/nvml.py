@@ -432,9 +432,7 @@ def _processes(h: Any, api: Api) -> Values:
     try:
         return _process_list(h, api)
     except pynvml.NVMLError as exc:
-        per_device = _per_mig_device(h, exc, lambda mig: (int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
-                                                          int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
-                                                          _process_list(mig, api)["processes"]))
+        per_device = _per_mig_device(h, exc, lambda mig: (*_instance_ids(mig), _process_list(mig, api)["processes"]))
     return {"processes": tuple(p for _, _, listed in per_device for p in listed),
             "process_instances": tuple((pid, gpu_instance, compute_instance)
                                        for gpu_instance, compute_instance, listed in per_device for pid, _ in listed)}
@@ -489,9 +487,13 @@ def _mig_devices(h: Any, api: Api) -> Values:
     (0 with MIG off), then nvmlDeviceGetMigDeviceHandleByIndex for each index (NOT_FOUND where none was made: the
     indexes can have holes) and the device's nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId and
     nvmlDeviceGetUUID ("MIG-<uuid>", what the kubelet names the device a pod holds)."""
-    return {"mig_devices": tuple((int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
-                                  int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
-                                  _text(pynvml.nvmlDeviceGetUUID(mig))) for mig in _mig_handles(h))}
+    return {"mig_devices": tuple((*_instance_ids(mig), _text(pynvml.nvmlDeviceGetUUID(mig)))
+                                 for mig in _mig_handles(h))}
+
+
+def _instance_ids(mig: Any) -> tuple[int, int]:
+    """A MIG device's GPU instance and compute instance (nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId)."""
+    return int(pynvml.nvmlDeviceGetGpuInstanceId(mig)), int(pynvml.nvmlDeviceGetComputeInstanceId(mig))
 
 
 def _mig_handles(h: Any) -> Iterator[Any]:
