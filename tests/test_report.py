@@ -140,6 +140,13 @@ def test_the_answer_is_complete_scaled_and_not_circular(
         assert own["busy_to_idle_ratio"] is not None and own["busy_to_idle_ratio"] > 1  # busy runs hotter
 
 
+def _page_sections(tmp_path: Path, state: Path, simulated: str) -> list[str]:
+    """The page `report --html` writes of a state directory, one section a GPU."""
+    page = tmp_path / "page.html"
+    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", simulated)
+    return page.read_text().split('class="gpu"')[1:]
+
+
 def _check_bands(text: str, compared: bool) -> None:
     """Every estimate of a `report` text with its band or named a central estimate, no larger-stress claim unless
     ``compared`` (and then with its band), counted and equivalent cycles named apart, the fan's basis said."""
@@ -245,9 +252,7 @@ def test_a_bleeding_gpu_among_healthy_peers_is_named_in_report_and_on_the_page(t
     assert len(codes) == 2 and len(bleeding) == 1, codes
     text = gpuwear("report", "--state-dir", str(state), "--simulated", "bleed").stdout
     assert "corrected ECC errors per loaded hour" in text and "peer(s) of the same product" in text, text
-    page = tmp_path / "page.html"
-    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "bleed")
-    sections = page.read_text().split('class="gpu"')[1:]  # one a GPU
+    sections = _page_sections(tmp_path, state, "bleed")
     assert len(sections) == 2
     assert sum("corrected ECC errors per loaded hour; its 1 peer(s) of the same product" in g for g in sections) == 1
 
@@ -278,9 +283,7 @@ def test_a_vgpus_figures_are_said_to_be_the_physical_cards_in_report_and_on_the_
     text = gpuwear("report", "--state-dir", str(state), "--simulated", "vgpu").stdout
     assert text.count(shared) == 1, text
     assert text.index(shared) < text.index("NVIDIA H100"), text  # in the vGPU's block
-    page = tmp_path / "page.html"
-    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "vgpu")
-    sections = page.read_text().split('class="gpu"')[1:]
+    sections = _page_sections(tmp_path, state, "vgpu")
     assert [shared.replace("'", "&#x27;") in g for g in sections] == [True, False], sections
 
 
@@ -320,9 +323,7 @@ def test_links_down_or_downgraded_are_named_in_report_and_on_the_page(tmp_path: 
     assert "its PCIe link runs at Gen5 x8, below the Gen5 x16 its card and slot allow" in text, text
     # what the verdict watches, in each GPU's paragraph: the links now (it said they were alerts only)
     assert text.count("its NVLink links going down or retraining, its PCIe link trained below") == 3, text
-    page = tmp_path / "page.html"
-    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "links")
-    sections = page.read_text().split('class="gpu"')[1:]  # one a GPU
+    sections = _page_sections(tmp_path, state, "links")
     assert len(sections) == 3
     assert sum("NVLink links it had active within the last day are down" in g for g in sections) == 1
     assert sum("its PCIe link runs at Gen5 x8" in g for g in sections) == 1
@@ -360,9 +361,7 @@ def test_xids_from_the_kernel_log_and_a_repeat_offender_are_named_in_report_and_
     text = gpuwear("report", "--state-dir", str(state), "--simulated", "xids").stdout
     first, second = text.split("NVIDIA H100 80GB HBM3")[1:3]
     assert "NVSentinel" in first and "NVSentinel" not in second, text
-    page = tmp_path / "page.html"
-    gpuwear("report", "--html", str(page), "--state-dir", str(state), "--simulated", "xids")
-    sections = page.read_text().split('class="gpu"')[1:]
+    sections = _page_sections(tmp_path, state, "xids")
     assert len(sections) == 2
     shown = [(i, html.escape(r[code]["text"], quote=True)) for i, r in enumerate(reasons)
              for code in ("xid_79", "repeat_incidents", "xid_13") if code in r]
