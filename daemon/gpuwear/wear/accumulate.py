@@ -213,6 +213,14 @@ def utc_day(day_number: int) -> str:
     return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day_number)).isoformat()
 
 
+@functools.lru_cache(maxsize=16)  # a view asks at every scrape; the last day changes once a day
+def _error_windows(last: int, baseline_days: int) -> dict[str, int]:
+    """The ISO dates of the RECENT_ERROR_DAYS UTC days to day number ``last`` (-> 0) and of the ``baseline_days``
+    days before them (-> 2): GpuWear.own_error_rates' two windows. Read only (shared by every call)."""
+    recent = {utc_day(last - i): 0 for i in range(RECENT_ERROR_DAYS)}
+    return {**{utc_day(last - RECENT_ERROR_DAYS - i): 2 for i in range(baseline_days)}, **recent}
+
+
 def _rates(t: list[float], min_seconds: float) -> tuple[float | None, float | None]:
     """Events per hour of ``t`` ([loaded s, loaded events, idle s, idle events]), loaded and idle; None for a side
     read for ``min_seconds`` or less."""
@@ -547,12 +555,10 @@ class GpuWear:
         read under load for ``min_seconds`` or less in that window."""
         if self.last_seen is None or not self.error_days:
             return {}
-        last = int(self.last_seen // 86400)
-        recent = {utc_day(last - i) for i in range(RECENT_ERROR_DAYS)}
-        baseline = {utc_day(last - RECENT_ERROR_DAYS - i) for i in range(baseline_days)}
+        windows = _error_windows(int(self.last_seen // 86400), baseline_days)
         sums: dict[str, list[float]] = {}
         for day, counters in self.error_days.items():
-            side = 0 if day in recent else 2 if day in baseline else None
+            side = windows.get(day)
             if side is None:
                 continue
             for name, (seconds, events) in counters.items():

@@ -25,7 +25,6 @@ class RefusedError(Exception):
 
 
 @dataclass
-@dataclass
 class Request:
     """One request as read: its method, path (no query), HTTP version and headers (names lowercase)."""
 
