@@ -562,7 +562,7 @@ class Figure:
 
 def _closed_cycles_by_range(cycles: dict[str, dict[str, float]]) -> dict[str, float]:
     """Closed die cycles by the metric's range label (the daemon's own bins and labels)."""
-    from gpuwear.wear.tracker import CYCLE_RANGES, cycle_range_label
+    from gpuwear.tracker import CYCLE_RANGES, cycle_range_label
 
     bins = cycles.get("gpu", {})
     return {cycle_range_label(lo, hi): sum(n for k, n in bins.items() if lo <= int(k.split(":")[0]) < hi)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conftest import make_rig
 from gpuwear.config import ConfigError, WearConfig, load_config
 from gpuwear.jobs.resolve import JobWatcher, SimulatedJobs, job_from_cgroup
-from gpuwear.wear.tracker import WearTracker
+from gpuwear.tracker import WearTracker
 from helpers import examples
 
 PRODUCTS = ("rtx4090", "h100-sxm", "v100")

@@ -16,8 +16,8 @@ import pytest
 from conftest import make_rig
 from gpuwear.config import WearConfig
 from gpuwear.jobs.resolve import Job, JobWatcher, ProcessResolver, SimulatedJobs, job_from_cgroup
+from gpuwear.tracker import WearTracker
 from gpuwear.wear.models import thermal_aging_hours
-from gpuwear.wear.tracker import WearTracker
 from helpers import slow_fixture
 
 SHORT_JOBS = str(Path(__file__).parent / "scenarios" / "short-jobs.yaml")  # many jobs in little time

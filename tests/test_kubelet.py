@@ -40,7 +40,7 @@ from gpuwear.jobs.kubelet import (
 )
 from gpuwear.jobs.resolve import Allocation, Job, JobWatcher, ProcessResolver, Unseen
 from gpuwear.metrics import DaemonInfo, Published
-from gpuwear.wear.tracker import WearTracker
+from gpuwear.tracker import WearTracker
 from helpers import examples
 
 PROTO = Path(__file__).parent / "fixtures" / "podresources" / "api.proto"

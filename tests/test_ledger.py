@@ -20,8 +20,8 @@ import pytest
 from conftest import make_rig
 from gpuwear.config import WearConfig
 from gpuwear.ledger import Event, Ledger, LedgerError
+from gpuwear.tracker import WearTracker
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.tracker import WearTracker
 from helpers import fetch, free_port, wait_for
 
 if TYPE_CHECKING:

@@ -122,7 +122,7 @@ def test_an_oversized_export_is_refused_before_it_is_read(tmp_path: Path, capsys
 
 def test_the_validator_accepts_what_gpuwear_writes() -> None:
     from conftest import make_rig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     rig = make_rig("demo")
     tracker = WearTracker({}, WearConfig())
@@ -433,7 +433,7 @@ def _observe(tracker: Any, rig: Any, seconds: int) -> None:
 
 
 def _restart(tracker: Any) -> Any:
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     wears, _, _ = tracker.take()
     return WearTracker({w["uuid"]: GpuWear.from_json(check_wear(w), 2.0) for w in wears}, WearConfig())
@@ -441,7 +441,7 @@ def _restart(tracker: Any) -> Any:
 
 def test_a_restart_ten_years_ahead_then_corrected_leaves_coverage_right() -> None:
     from conftest import make_rig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     rig = make_rig("demo")
     try:
@@ -470,7 +470,7 @@ def test_a_restart_ten_years_ahead_then_corrected_leaves_coverage_right() -> Non
 
 def test_a_clock_set_while_sampling_is_neither_observed_nor_unobserved() -> None:
     from conftest import make_rig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     rig = make_rig("demo")
     try:
@@ -492,7 +492,7 @@ def test_a_clock_set_while_sampling_is_neither_observed_nor_unobserved() -> None
 
 def test_an_unset_clock_holds_accounting_until_it_is_set(tmp_path: Path) -> None:
     from conftest import make_rig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     rig = make_rig("demo")
     try:
@@ -620,7 +620,7 @@ def _smi_log(path: Path, uuid: str, start: float, seconds: int) -> Path:
 def test_a_log_of_time_the_daemon_sampled_counts_once_and_a_log_of_its_gap_is_taken(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import make_rig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     rig = make_rig("demo")
     try:
@@ -788,7 +788,7 @@ def test_what_a_save_takes_does_not_change_under_the_next_tick() -> None:
     does not wait for saves) never makes a record inconsistent, e.g. an observed interval newer than the span
     beside it, which the save would refuse as a record that would not read back."""
     from conftest import make_rig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     rig = make_rig("demo")
     try:

@@ -22,7 +22,7 @@ from gpuwear.collector import GpuwearCollector
 from gpuwear.config import WearConfig
 from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, WEAR_METRICS, DaemonInfo, LedgerStatus, Published
 from gpuwear.sim.simulated import builtin_scenarios
-from gpuwear.wear.tracker import WearTracker
+from gpuwear.tracker import WearTracker
 from helpers import examples
 
 GOLDEN = REPO / "tests" / "golden"

@@ -333,7 +333,7 @@ def test_a_read_that_raises_a_bug_reaches_the_caller() -> None:
 def test_driver_reload_reacquires_the_gpus_and_the_energy_reset_is_handled(
         caplog: pytest.LogCaptureFixture) -> None:
     from gpuwear.config import WearConfig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     rig = make_rig(scenario({"at": 20.5, "kind": "driver_unload"}, {"at": 29.5, "kind": "driver_load"}))
     rig.sampler.reopen_interval = 0.0
@@ -361,7 +361,7 @@ def test_driver_reload_reacquires_the_gpus_and_the_energy_reset_is_handled(
 def test_nvml_absent_at_start_and_indices_reshuffled_between_restarts() -> None:
     """History follows the UUID: a GPU at another index after a restart keeps its ledger entry."""
     from gpuwear.config import WearConfig
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
 
     first = make_rig(scenario(products=("rtx4090", "h100-sxm")))
     tracker = WearTracker({}, WearConfig())

@@ -23,10 +23,10 @@ from conftest import REPO, make_rig
 from gpuwear.config import WearConfig
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
+from gpuwear.tracker import WearTracker, WearView
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, resistance_trend, thermal_aging_hours, verdict
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
-from gpuwear.wear.tracker import WearTracker, WearView
 from helpers import examples
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
@@ -369,7 +369,7 @@ def test_views_from_kept_sums_equal_views_computed_afresh(detail: bool) -> None:
     down), the estimates to the last digits of a float."""
     from dataclasses import replace
 
-    from gpuwear.wear.tracker import view
+    from gpuwear.tracker import view
 
     rig = make_rig("stress")
     params = WearConfig()
@@ -407,7 +407,7 @@ def test_views_from_kept_sums_equal_views_computed_afresh(detail: bool) -> None:
 def _check_cycle_figures(w: GpuWear, shown: WearView, params: WearConfig, detail: bool = True) -> None:
     """A view's cycles by range and cycle fatigue against direct sums over the history's bins (no kept sums): every
     range and band with metrics.detail, else the die's BASIC_CYCLE_RANGES and the central band."""
-    from gpuwear.wear.tracker import BASIC_CYCLE_RANGES, CYCLE_RANGES, cycle_range_label
+    from gpuwear.tracker import BASIC_CYCLE_RANGES, CYCLE_RANGES, cycle_range_label
 
     c = params.cycles
     for sensor, bins in w.cycles.items():
@@ -434,7 +434,7 @@ def _check_cycle_figures(w: GpuWear, shown: WearView, params: WearConfig, detail
 
 
 def test_default_views_hold_what_the_default_metrics_read() -> None:
-    from gpuwear.wear.tracker import view
+    from gpuwear.tracker import view
 
     rig = make_rig("demo")
     tracker = WearTracker({}, WearConfig())

@@ -711,7 +711,7 @@ def test_a_scrape_never_waits_for_the_page(demo: Rig) -> None:
     from gpuwear.collector import Exposition
     from gpuwear.config import WearConfig
     from gpuwear.metrics import DaemonInfo, Published
-    from gpuwear.wear.tracker import WearTracker
+    from gpuwear.tracker import WearTracker
     from gpuwear.web import FrontDoor
     from gpuwear.webconfig import WebConfig
 

@@ -18,8 +18,8 @@ from typing import Any, Generic, TypeVar
 
 from gpuwear.sample import CLOCK_EVENT_REASONS, pcie_downgraded
 from gpuwear.sampler import GpuStatus, Snapshot
+from gpuwear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LABELS, WearView
 from gpuwear.wear.models import STATUS_ORDER
-from gpuwear.wear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LABELS, WearView
 
 Series = list[tuple[tuple[str, ...], float]]
 T = TypeVar("T")

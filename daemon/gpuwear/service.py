@@ -43,7 +43,7 @@ from gpuwear.notify import sd_notify, tell_systemd_recovering
 from gpuwear.runtime import settle_collector
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import Sampler, Snapshot
-from gpuwear.wear.tracker import WearTracker
+from gpuwear.tracker import WearTracker
 from gpuwear.web import FrontDoor, Limits
 from gpuwear.webconfig import WebConfig, WebConfigError, load_web_config
 

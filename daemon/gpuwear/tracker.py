@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from gpuwear.config import WearConfig
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
-from gpuwear.ledger import Event
+from gpuwear.ledger.records import Event
 from gpuwear.sample import VGPU_GUEST, GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import LOADED_UTILIZATION, GpuWear
