@@ -752,6 +752,13 @@ def test_a_gpu_alone_is_judged_against_its_own_past() -> None:
     assert twice.error_days[day]["ecc_corrected"] == [2 * x for x in bleeding.error_days[day]["ecc_corrected"]]
     # the newest 62 days are kept, however long the record
     assert len(_lone_gpu([20.0] * 70, hours_a_day=1).error_days) == 62
+    # the two windows follow the record's last day (made once a day and kept): two days on, the bleeding days are
+    # its past, and its last two days hold nothing to judge
+    later = GpuWear.from_json(json.loads(json.dumps(bleeding.to_json())), bleeding.gate_celsius)
+    assert later.last_seen is not None
+    later.last_seen += 2 * 86400
+    lately, past = later.own_error_rates(30, 3600)["ecc_corrected"]
+    assert lately is None and past is not None and 1_000 <= past <= 2_000, (lately, past)
 
     def codes(w: GpuWear, peers: dict[str, list[float]] | None = None) -> set[str]:
         return {r["code"] for r in verdict(w, p, None, peers=peers)["reasons"]}
