@@ -3,6 +3,7 @@ break, exporter-toolkit web-config keys applied or refused, basic auth without l
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import http.client
@@ -12,6 +13,7 @@ import socket
 import ssl
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from base64 import b64encode
@@ -378,6 +380,45 @@ def test_brute_force_is_bounded_and_cannot_starve_scrapes(tmp_path: Path, pki: P
         d.stop()
 
 
+def test_deadlines_on_the_oldest_python() -> None:
+    """Python 3.10, which pyproject accepts, has no asyncio.timeout: every request failed with a traceback there
+    (/metrics never answered). The door's deadlines on 3.10 (web.timeouts.Deadline, tested here on any Python):
+    expiry ends the block in the builtin TimeoutError, a block done in time is untouched, and a cancellation from
+    elsewhere stays a cancellation."""
+    from gpuwear.web.timeouts import Deadline, deadline_at, deadline_in
+
+    async def main() -> list[str]:
+        out = []
+        try:
+            async with deadline_in(0.05) as d:
+                await asyncio.sleep(5)
+        except TimeoutError:
+            out.append(f"timed out {d.expired()}")
+        async with deadline_in(5) as d:
+            await asyncio.sleep(0.01)
+        out.append(f"in time {d.expired()}")
+        async with deadline_at(None):
+            await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+
+        async def cancelled_from_elsewhere() -> None:
+            async with Deadline(loop.time() + 5):
+                await asyncio.sleep(5)
+
+        task = asyncio.ensure_future(cancelled_from_elsewhere())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            out.append("cancelled")
+        await asyncio.sleep(0.1)  # the deadline of a block left in time never fires
+        out.append(f"loop timers {len([h for h in loop._scheduled if not h.cancelled()])}")  # type: ignore[attr-defined]
+        return out
+
+    assert asyncio.run(main()) == ["timed out True", "in time False", "cancelled", "loop timers 0"]
+
+
 def test_token_bucket() -> None:
     now = [0.0]
     bucket = TokenBucket(2.0, 3, lambda: now[0])
@@ -639,6 +680,8 @@ def test_reload_takes_a_new_password_and_refuses_a_bad_file(tmp_path: Path, pki:
     ("tls_server_config:\n  key_file: s.key\n", "missing one of cert"),
     ("tls_server_config:\n  cert_file: s.crt\n  cert: abc\n  key_file: s.key\n", "both given"),
     ("tls_server_config:\n  cert_file: missing.crt\n  key_file: s.key\n", "cannot read"),
+    # a certificate where the key should be: ssl.SSLError, an OSError, was said to be a file that cannot be read
+    ("tls_server_config:\n  cert_file: s.crt\n  key_file: ca.crt\n", "cannot be used"),
     ("http_server_config:\n  headers:\n    X-Powered-By: me\n", "unknown key"),
     ("http_server_config:\n  headers:\n    X-Frame-Options: allow\n", "expected one of"),
     ("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n", "expected one of"),
@@ -675,9 +718,14 @@ def test_the_toolkit_sample_keys_load(tmp_path: Path, pki: Pki) -> None:
         "  prefer_server_cipher_suites: false\n  curve_preferences: [X25519]\n"
         "http_server_config:\n  http2: true\n  headers:\n    Strict-Transport-Security: max-age=31536000\n"
         f"basic_auth_users:\n  prometheus: '{pki.hashed}'\nrate_limit:\n  interval: 100ms\n  burst: 10\n")
+    if sys.version_info < (3, 11):  # Python 3.10's ssl sets only the NIST curves: X25519 refused, in words
+        with pytest.raises(WebConfigError, match=r"X25519 cannot be set by this Python's ssl module \(Python 3\.10"):
+            load_web_config(tmp_path / "web.yml")
+        (tmp_path / "web.yml").write_text((tmp_path / "web.yml").read_text().replace("X25519", "CurveP256"))
     web = load_web_config(tmp_path / "web.yml")
     assert web.tls is not None and web.tls.client_auth == ssl.CERT_OPTIONAL
-    assert web.tls.ciphers == "ECDHE-RSA-AES128-GCM-SHA256" and web.tls.curve == "X25519"
+    assert web.tls.ciphers == "ECDHE-RSA-AES128-GCM-SHA256"
+    assert web.tls.curve == ("X25519" if sys.version_info >= (3, 11) else "prime256v1")
     assert web.rate_limit == (0.1, 10) and web.headers == (("Strict-Transport-Security", "max-age=31536000"),)
     assert web.notes and "HTTP/1.1" in web.notes[0]
     (tmp_path / "empty.yml").write_text("")

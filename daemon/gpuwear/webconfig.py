@@ -18,6 +18,7 @@ import ipaddress
 import os
 import re
 import ssl
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -259,6 +260,14 @@ def _tls(data: Any, folder: Path, where: str) -> TlsSettings | None:
             raise WebConfigError(f"{where}.curve_preferences: unknown curve {name!r} (known: {', '.join(_CURVES)})")
     if len(curves) > 1:
         raise WebConfigError(f"{where}.curve_preferences: Python's ssl sets a single curve; list one")
+    for name in curves:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).set_ecdh_curve(_CURVES[name])
+        except (ssl.SSLError, ValueError):  # Python 3.10's ssl sets only curves of EC keys: not X25519
+            usable = [c for c in _CURVES if c != name]
+            raise WebConfigError(f"{where}.curve_preferences: {name} cannot be set by this Python's ssl module "
+                                 f"(Python {sys.version_info[0]}.{sys.version_info[1]}; X25519 needs 3.11 or newer); "
+                                 f"list one of {', '.join(usable)}") from None
     prefer = tls.get("prefer_server_cipher_suites", True)
     if not isinstance(prefer, bool):
         raise WebConfigError(f"{where}.prefer_server_cipher_suites: expected true or false, got {_short(prefer)}")
@@ -277,10 +286,10 @@ def _tls(data: Any, folder: Path, where: str) -> TlsSettings | None:
         for path in settings.files():
             path.open("rb").close()
         settings.context()
+    except (ssl.SSLError, ValueError) as exc:  # before OSError, of which ssl.SSLError is a kind
+        raise WebConfigError(f"{where}: the certificate, key, CAs or ciphers cannot be used: {exc}") from None
     except OSError as exc:
         raise WebConfigError(f"{where}: cannot read {exc.filename or 'a file'}: {exc.strerror or exc}") from None
-    except (ssl.SSLError, ValueError) as exc:
-        raise WebConfigError(f"{where}: the certificate, key, CAs or ciphers cannot be used: {exc}") from None
     return settings
 
 

@@ -17,6 +17,7 @@ from gpuwear.collector import Exposition
 from gpuwear.web.auth import BasicAuth, TokenBucket, credentials
 from gpuwear.web.http import RefusedError, Request, accepts_gzip, read_request, response_head
 from gpuwear.web.stream import Stream
+from gpuwear.web.timeouts import timeout, timeout_at
 from gpuwear.web.tls import TlsContexts
 from gpuwear.webconfig import WebConfig
 
@@ -190,7 +191,7 @@ class FrontDoor:
         try:
             deadline = loop.time() + self.limits.request_seconds
             if door.tls is not None:
-                async with asyncio.timeout_at(deadline):
+                async with timeout_at(deadline):
                     await stream.handshake()
                 if not door.tls.settings.allows_peer(stream.peer_certificate()):
                     log.debug("http: %s: client certificate without an allowed SAN", stream.peer)
@@ -215,7 +216,7 @@ class FrontDoor:
                     return
                 stream.busy = False
                 stream.waiting_since = loop.time()
-                async with asyncio.timeout(self.limits.idle_seconds):  # the next request's first byte
+                async with timeout(self.limits.idle_seconds):  # the next request's first byte
                     first = await stream.reader.read(1)
                 if not first:
                     graceful = True
@@ -298,5 +299,5 @@ class FrontDoor:
 
     async def _send(self, stream: Stream, status: int, headers: list[tuple[str, str]], body: bytes,
                     head: bool, close: bool) -> None:
-        async with asyncio.timeout(self.limits.write_seconds):
+        async with timeout(self.limits.write_seconds):
             await stream.send(response_head(status, headers, len(body), close) + (b"" if head else body))

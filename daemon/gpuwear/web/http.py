@@ -7,6 +7,8 @@ import asyncio
 from dataclasses import dataclass
 from email.utils import formatdate
 
+from gpuwear.web.timeouts import timeout_at
+
 MAX_LINE = 8192  # request line or one header line, bytes
 MAX_HEAD = 32768  # all header lines together
 MAX_BODY = 65536  # a GET with a body (allowed, read and ignored)
@@ -37,7 +39,7 @@ class Request:
 async def read_request(reader: asyncio.StreamReader, deadline: float, first: bytes) -> Request | None:
     """The next request, or None when the client closed before sending one. Raises RefusedError on a
     request that breaks the limits or HTTP, TimeoutError past the deadline."""
-    async with asyncio.timeout_at(deadline):
+    async with timeout_at(deadline):
         try:
             line = first + await reader.readuntil(b"\r\n")
         except asyncio.LimitOverrunError:

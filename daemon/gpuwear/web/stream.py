@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwear.web.http import MAX_LINE
+from gpuwear.web.timeouts import timeout
 
 
 class Stream(asyncio.Protocol):
@@ -149,7 +150,7 @@ class Stream(asyncio.Protocol):
             self.transport.write_eof()
         dropped = 0
         with contextlib.suppress(TimeoutError, ConnectionError, OSError, ssl.SSLError):
-            async with asyncio.timeout(seconds):
+            async with timeout(seconds):
                 while dropped < limit:
                     chunk = await self.reader.read(65536)
                     if not chunk:
