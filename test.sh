@@ -4,8 +4,9 @@
 #
 #   ./test.sh --quick     between commits: ruff, mypy and the tests not marked slow (no daemon, browser,
 #                         Prometheus or systemd; property tests with a tenth of their examples), in parallel
-#   ./test.sh             before you stop (and CI): ruff, mypy, every test, then the NVML, columnar and kubelet
-#                         tests again on the oldest versions pyproject accepts
+#   ./test.sh             before you stop (and CI): ruff, mypy, every test, then the NVML, columnar, kubelet and
+#                         front-door tests again on the oldest versions pyproject accepts (Python included, where
+#                         this machine has it: python3.10 on the PATH or in pyenv's versions)
 #
 # Other arguments go to pytest (e.g. ./test.sh --quick -k ledger, ./test.sh -x tests/test_web.py). Every stage
 # runs whatever the one before did; a table at the end gives each stage's result and time, and the exit status is
@@ -47,14 +48,18 @@ fi
 installed() {  # VENV STAMP-TEXT: whether VENV holds what STAMP-TEXT describes
     [ -x "$1/bin/python" ] && [ -f "$1/.gpuwear-installed" ] && [ "$(cat "$1/.gpuwear-installed")" = "$2" ]
 }
-install_env() {  # VENV STAMP-TEXT PIP-ARGS...
-    local venv=$1 stamp=$2
-    shift 2
+install_env() {  # VENV STAMP-TEXT PYTHON PIP-ARGS...: VENV made by PYTHON (made again for another version)
+    local venv=$1 stamp=$2 python=$3
+    shift 3
     installed "$venv" "$stamp" && return 0
     rm -f "$venv/.gpuwear-installed"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || return 1
+    if [ -x "$venv/bin/python" ] && [ "$(version "$venv/bin/python")" != "$(version "$python")" ]; then
+        rm -rf "$venv"
+    fi
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || return 1
     "$venv/bin/pip" install -q "$@" && echo "$stamp" >"$venv/.gpuwear-installed"
 }
+version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 
 names=() results=() times=()
 stage() {  # NAME COMMAND...: runs it, keeps its result and time
@@ -72,7 +77,7 @@ stage() {  # NAME COMMAND...: runs it, keeps its result and time
 floor() { sed -n "s/.*\"$1>=\\([0-9.]*\\)\".*/\\1/p" pyproject.toml | head -n 1; }
 project=$(sha256sum pyproject.toml | cut -c1-16)
 
-stage "install .venv-test" install_env .venv-test "$project" -e '.[test]'
+stage "install .venv-test" install_env .venv-test "$project" python3 -e '.[test]'
 if installed .venv-test "$project"; then
     stage "ruff" .venv-test/bin/ruff check daemon tests bench
     stage "mypy" .venv-test/bin/mypy
@@ -87,14 +92,21 @@ if [ $quick -eq 0 ]; then
     # The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range), the
     # columnar import's on the oldest numpy and pyarrow, and the kubelet client's on the oldest grpcio.
     nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow) grpcio=$(floor grpcio)
-    stage "install .venv-floor" install_env .venv-floor "$project" -e . "nvidia-ml-py==$nvml" "numpy==$numpy.*" \
-        "pyarrow==$pyarrow.*" "grpcio==$grpcio" "grpcio-tools==$grpcio" pytest pytest-xdist hypothesis
-    if installed .venv-floor "$project"; then
-        echo "test.sh: the NVML tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow" \
-            "$pyarrow, the kubelet client's on grpcio $grpcio" >&2
+    oldest=$(sed -n 's/^requires-python = ">=\([0-9.]*\)"/\1/p' pyproject.toml)
+    python=python3  # the oldest Python pyproject accepts, where this machine has one
+    for candidate in "python$oldest" "${PYENV_ROOT:-$HOME/.pyenv}/versions/$oldest".*/bin/python; do
+        if [ "$(version "$candidate")" = "$oldest" ]; then python=$candidate; break; fi
+    done
+    stage "install .venv-floor" install_env .venv-floor "$project $python" "$python" -e . "nvidia-ml-py==$nvml" \
+        "numpy==$numpy.*" "pyarrow==$pyarrow.*" "grpcio==$grpcio" "grpcio-tools==$grpcio" pytest pytest-xdist \
+        hypothesis bcrypt
+    if installed .venv-floor "$project $python"; then
+        echo "test.sh: on Python $(version "$python") ($python; pyproject accepts $oldest and newer), the NVML" \
+            "tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow $pyarrow, the kubelet" \
+            "client's on grpcio $grpcio, and the front door's" >&2
         stage "pytest (oldest versions)" .venv-floor/bin/pytest -q -p no:cacheprovider -n "$workers" \
             tests/test_drivers.py tests/test_nvml_backend.py tests/test_fakenvml.py tests/test_columnar.py \
-            tests/test_kubelet.py
+            tests/test_kubelet.py tests/test_web.py tests/test_webconfig.py
     fi
 fi
 

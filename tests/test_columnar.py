@@ -276,7 +276,8 @@ def test_a_log_whose_cadence_changes_is_judged_stretch_by_stretch(tmp_path: Path
     start = 1_761_000_000.0
     times = [start + i for i in range(300)] + [start + 299 + 60 * i for i in range(1, 121)]
     lines = ["timestamp, uuid, temperature.gpu, power.draw [W]"]
-    lines += [datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y/%m/%d %H:%M:%S.000") + ", GPU-x, 60, 200"
+    utc = datetime.timezone.utc
+    lines += [datetime.datetime.fromtimestamp(t, utc).strftime("%Y/%m/%d %H:%M:%S.000") + ", GPU-x, 60, 200"
               for t in times]
     path = tmp_path / "mixed.csv"
     path.write_text("\n".join(lines) + "\n")

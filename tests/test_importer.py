@@ -688,7 +688,10 @@ def test_without_the_fast_import_extra_logs_are_read_row_by_row_to_the_same_figu
     import sys
     from contextlib import closing
 
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     from gpuwear.cli import main
     from logs import random_log

@@ -702,6 +702,24 @@ def test_the_disk_not_the_file_keeps_the_ledger_where_it_is(tmp_path: Path) -> N
     assert not environment_error(corrupt.value)
 
 
+def test_sqlite_errors_are_told_apart_without_their_codes() -> None:
+    """Python 3.10's sqlite3 exceptions carry no result code (sqlite_errorcode came with 3.11): there every
+    corrupt ledger was refused as 'not damage SQLite reports' and never recovered, and a full disk was not the
+    environment's. The code is then read from SQLite's words (exceptions made here carry no code on any Python)."""
+    from gpuwear.ledger import damaged, environment_error
+
+    cases = (("database disk image is malformed", True, False),
+             ("malformed database schema (jobs) - near x", True, False), ("file is not a database", True, False),
+             ("database or disk is full", False, True), ("disk I/O error", False, True),
+             ("attempt to write a readonly database", False, True), ("database is locked", False, True),
+             ("unable to open database file", False, True),
+             ("no such table: jobs", False, False), ("database disk image is fine", False, False))
+    for words, damage, environment in cases:
+        exc = sqlite3.DatabaseError(words)
+        assert getattr(exc, "sqlite_errorcode", None) is None
+        assert (damaged(exc), environment_error(exc)) == (damage, environment), words
+
+
 def test_a_record_that_would_not_read_back_is_never_written_and_costs_no_other(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """One GPU's record over its caps (or a value no reading can have) failed every GPU's save, for good."""

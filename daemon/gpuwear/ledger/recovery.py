@@ -363,18 +363,36 @@ _ENVIRONMENT_CODES = frozenset({3, 5, 6, 7, 8, 10, 13, 14, 15})
 _DAMAGE_CODES = frozenset({11, 26})
 
 
+# sqlite3_errmsg()'s words for those codes, for Python 3.10, whose sqlite3 exceptions carry no code (sqlite_errorcode
+# came with 3.11): SQLite's own texts (sqlite3ErrStr in main.c; a damaged schema's "malformed database schema (...)")
+_CODE_OF_WORDS = {"access permission denied": 3, "database is locked": 5, "database table is locked": 6,
+                  "out of memory": 7, "attempt to write a readonly database": 8, "disk I/O error": 10,
+                  "database disk image is malformed": 11, "malformed database schema": 11,
+                  "database or disk is full": 13, "unable to open database file": 14, "locking protocol": 15,
+                  "file is not a database": 26}
+
+
+def _code(exc: BaseException) -> int | None:
+    """The SQLite result code of an error (its primary code), from the exception (Python 3.11+) or its words."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF
+    if not isinstance(exc, sqlite3.Error) or not exc.args:
+        return None
+    words = str(exc.args[0])
+    return next((c for w, c in _CODE_OF_WORDS.items() if words == w or words.startswith(w + " (")), None)
+
+
 def damaged(exc: BaseException) -> bool:
     """Whether an error at open says the file is damaged (recovered then): SQLite's corruption answers, a failed
     integrity check, or bytes that do not decode as text. Anything else (an error of ours, a failed migration, an
     unreadable schema version) leaves the file as it is."""
     if isinstance(exc, (LedgerDamagedError, UnicodeDecodeError)):
         return True
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.DatabaseError) and code is not None and code & 0xFF in _DAMAGE_CODES
+    return isinstance(exc, sqlite3.DatabaseError) and _code(exc) in _DAMAGE_CODES
 
 
 def environment_error(exc: sqlite3.Error) -> bool:
     """Whether an SQLite error is the environment's (a full disk, a read-only directory, a lock), after which the
     file must be kept as it is, rather than the file's own (corrupt, not a database, tables missing)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code is not None and code & 0xFF in _ENVIRONMENT_CODES
+    return _code(exc) in _ENVIRONMENT_CODES
