@@ -385,7 +385,7 @@ def test_deadlines_on_the_oldest_python() -> None:
     (/metrics never answered). The door's deadlines on 3.10 (web.timeouts.Deadline, tested here on any Python):
     expiry ends the block in the builtin TimeoutError, a block done in time is untouched, and a cancellation from
     elsewhere stays a cancellation."""
-    from gpuwear.web.timeouts import Deadline, deadline_at, deadline_in
+    from gpuwear.web.timeouts import Deadline, deadline_in
 
     async def main() -> list[str]:
         out = []
@@ -397,7 +397,7 @@ def test_deadlines_on_the_oldest_python() -> None:
         async with deadline_in(5) as d:
             await asyncio.sleep(0.01)
         out.append(f"in time {d.expired()}")
-        async with deadline_at(None):
+        async with Deadline(None):
             await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
 

@@ -49,10 +49,6 @@ class Deadline:
             raise TimeoutError from exc
 
 
-def deadline_at(when: float | None) -> Deadline:
-    return Deadline(when)
-
-
 def deadline_in(delay: float | None) -> Deadline:
     return Deadline(None if delay is None else asyncio.get_running_loop().time() + delay)
 
@@ -60,4 +56,4 @@ def deadline_in(delay: float | None) -> Deadline:
 if sys.version_info >= (3, 11):
     timeout, timeout_at = asyncio.timeout, asyncio.timeout_at
 else:  # pragma: no cover - the oldest Python pyproject accepts (test.sh's floor stage runs the door's tests there)
-    timeout, timeout_at = deadline_in, deadline_at
+    timeout, timeout_at = deadline_in, Deadline
