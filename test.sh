@@ -90,7 +90,8 @@ fi
 
 if [ $quick -eq 0 ]; then
     # The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range), the
-    # columnar import's on the oldest numpy and pyarrow, and the kubelet client's on the oldest grpcio.
+    # columnar import's on the oldest numpy and pyarrow, the kubelet client's on the oldest grpcio, and all of them
+    # and the front door's on the oldest Python (3.10 lacks asyncio.timeout and sqlite3's error codes).
     nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow) grpcio=$(floor grpcio)
     oldest=$(sed -n 's/^requires-python = ">=\([0-9.]*\)"/\1/p' pyproject.toml)
     python=python3  # the oldest Python pyproject accepts, where this machine has one
@@ -99,7 +100,7 @@ if [ $quick -eq 0 ]; then
     done
     stage "install .venv-floor" install_env .venv-floor "$project $python" "$python" -e . "nvidia-ml-py==$nvml" \
         "numpy==$numpy.*" "pyarrow==$pyarrow.*" "grpcio==$grpcio" "grpcio-tools==$grpcio" pytest pytest-xdist \
-        hypothesis bcrypt
+        hypothesis
     if installed .venv-floor "$project $python"; then
         echo "test.sh: on Python $(version "$python") ($python; pyproject accepts $oldest and newer), the NVML" \
             "tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow $pyarrow, the kubelet" \
