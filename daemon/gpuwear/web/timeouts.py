@@ -2,9 +2,9 @@
 Python 3.10, which has neither, the same for how the door uses them (:class:`Deadline`).
 
 On expiry the task is cancelled and the block ends in ``TimeoutError`` (the builtin, as from 3.11 on, which the door
-catches). A cancellation from elsewhere propagates as it came. Python 3.10 cannot take back a cancellation
-(``Task.uncancel`` came with 3.11): one that lands as the block ends lands at the task's next await, where the
-door's coroutines are ending anyway.
+catches). A cancellation from elsewhere propagates as it came. The deadline's timer runs only while the task waits
+at an await inside the block (its handle is cancelled as the block ends), so the cancellation it makes always lands
+there: Python 3.10's lack of ``Task.uncancel`` (3.11) costs nothing here.
 """
 
 from __future__ import annotations
