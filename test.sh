@@ -74,7 +74,7 @@ stage() {  # NAME COMMAND...: runs it, keeps its result and time
     return 0
 }
 
-floor() { sed -n "s/.*\"$1>=\\([0-9.]*\\)\".*/\\1/p" pyproject.toml | head -n 1; }
+floor() { sed -n "s/.*\"$1>=\\([0-9.]*\\)[\";].*/\\1/p" pyproject.toml | head -n 1; }
 project=$(sha256sum pyproject.toml | cut -c1-16)
 
 stage "install .venv-test" install_env .venv-test "$project" python3 -e '.[test]'
@@ -90,21 +90,22 @@ fi
 
 if [ $quick -eq 0 ]; then
     # The NVML tests again on the oldest nvidia-ml-py that pyproject accepts (the README's supported range), the
-    # columnar import's on the oldest numpy and pyarrow, the kubelet client's on the oldest grpcio, and all of them
-    # and the front door's on the oldest Python (3.10 lacks asyncio.timeout and sqlite3's error codes).
-    nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow) grpcio=$(floor grpcio)
+    # columnar import's on the oldest numpy and pyarrow, the kubelet client's on the oldest grpcio, the front door's
+    # (its gzip) on the oldest isal, and all of them on the oldest Python (3.10 lacks asyncio.timeout and sqlite3's
+    # error codes).
+    nvml=$(floor nvidia-ml-py) numpy=$(floor numpy) pyarrow=$(floor pyarrow) grpcio=$(floor grpcio) isal=$(floor isal)
     oldest=$(sed -n 's/^requires-python = ">=\([0-9.]*\)"/\1/p' pyproject.toml)
     python=python3  # the oldest Python pyproject accepts, where this machine has one
     for candidate in "python$oldest" "${PYENV_ROOT:-$HOME/.pyenv}/versions/$oldest".*/bin/python; do
         if [ "$(version "$candidate")" = "$oldest" ]; then python=$candidate; break; fi
     done
     stage "install .venv-floor" install_env .venv-floor "$project $python" "$python" -e . "nvidia-ml-py==$nvml" \
-        "numpy==$numpy.*" "pyarrow==$pyarrow.*" "grpcio==$grpcio" "grpcio-tools==$grpcio" pytest pytest-xdist \
-        hypothesis
+        "numpy==$numpy.*" "pyarrow==$pyarrow.*" "grpcio==$grpcio" "grpcio-tools==$grpcio" "isal==$isal" pytest \
+        pytest-xdist hypothesis
     if installed .venv-floor "$project $python"; then
         echo "test.sh: on Python $(version "$python") ($python; pyproject accepts $oldest and newer), the NVML" \
             "tests on nvidia-ml-py $nvml, the columnar import's on numpy $numpy, pyarrow $pyarrow, the kubelet" \
-            "client's on grpcio $grpcio, and the front door's" >&2
+            "client's on grpcio $grpcio, and the front door's (gzip by isal $isal)" >&2
         stage "pytest (oldest versions)" .venv-floor/bin/pytest -q -p no:cacheprovider -n "$workers" \
             tests/test_drivers.py tests/test_nvml_backend.py tests/test_fakenvml.py tests/test_columnar.py \
             tests/test_kubelet.py tests/test_web.py tests/test_webconfig.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import re
 import shutil
@@ -344,6 +345,40 @@ def test_a_reload_switches_detail_at_the_next_render(demo: Rig) -> None:
     assert b"gpuwear_performance_state" in gzip.decompress(exposition.render(True, gzipped=True))
     exposition.detail = False
     assert exposition.render(False) != detail and b"gpuwear_performance_state" not in exposition.render(False)
+
+
+def test_each_gzip_gives_the_plain_body_in_one_member_without_a_time(demo: Rig) -> None:
+    """ISA-L's gzip (installed on x86_64 and aarch64) and zlib's (everywhere else): the body Python's gzip reads back,
+    byte for byte the plain one, one member with no time in its header (a body depends on its state alone); the
+    daemon's default is ISA-L's where it is installed."""
+    import importlib.util
+
+    from gpuwear.collector import Exposition, default_gzip, isal_gzip, zlib_gzip
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
+    tracker = WearTracker({}, WearConfig())
+    demo.run(30)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    has_isal = importlib.util.find_spec("isal") is not None
+    assert default_gzip() is (isal_gzip if has_isal else zlib_gzip)
+    for compress in (isal_gzip, zlib_gzip) if has_isal else (zlib_gzip,):
+        calls: list[int] = []
+
+        def counted(body: bytes, compress: Callable[[bytes], bytes] = compress, calls: list[int] = calls) -> bytes:
+            calls.append(len(body))
+            return compress(body)
+
+        exposition = Exposition(lambda: Published(demo.sampler.snapshot, tracker.views, None, info), process=False,
+                                gzip=counted)
+        for openmetrics in (False, True):
+            plain, zipped = exposition.render(openmetrics), exposition.render(openmetrics, gzipped=True)
+            assert calls[-1] == len(plain) and len(zipped) < len(plain) / 3, compress.__name__
+            assert gzip.decompress(zipped) == plain, compress.__name__
+            assert zipped[:4] == b"\x1f\x8b\x08\x00" and zipped[4:8] == bytes(4), (compress.__name__, zipped[:10])
+            with gzip.GzipFile(fileobj=io.BytesIO(zipped)) as member:
+                member.read()
+                assert member.mtime == 0
+        assert len(calls) == 2, compress.__name__  # once per state and format
 
 
 def test_an_encoder_kept_across_states_writes_what_a_new_one_writes() -> None:
