@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gpuwear.metrics import GPU_LABELS, PROCESS_METRICS, MetricDef, ProcessReading, Published, catalog
+from gpuwear.metrics import GPU_LABELS, PROCESS_METRICS, MetricDef, One, ProcessReading, Published, catalog
 
 try:
     from isal import isal_zlib
@@ -101,6 +101,10 @@ class _Family:
     order: tuple[int, ...]  # positions in ``keys``, sorted by label name
     # (base label values) -> (the series' own label values) -> its prefix (bounded: cleared when full)
     prefixes: dict[tuple[str, ...], dict[tuple[str, ...], str]] = field(default_factory=dict, compare=False)
+    # a family without labels of its own (metrics.One): what gives a source's value, called without a list or
+    # tuple per series, and each source's prefix by its base label values
+    one: Callable[[Any], float | None] | None = None
+    alone: dict[tuple[str, ...], str] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, m: MetricDef[Any], base: Sequence[str]) -> _Family:
@@ -114,11 +118,14 @@ class _Family:
         unit = f"# UNIT {name} {m.unit}\n" if m.unit else ""
         return cls(m, f"# HELP {sample} {m.help.translate(_TEXT_HELP)}\n# TYPE {sample} {kind}\n",
                    f"# HELP {name} {m.help.translate(_ESCAPED)}\n# TYPE {name} {kind}\n{unit}", sample,
-                   tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)))
+                   tuple(f'{label}="' for label in labels), tuple(sorted(range(len(labels)), key=labels.__getitem__)),
+                   one=m.values.value if isinstance(m.values, One) else None)
 
     def write(self, out: list[str], sources: Sequence[tuple[Any, tuple[str, ...]]]) -> int:
         """Append the sample lines of each source (what the definition reads its series from, and its escaped GPU
         label values); the number of lines written."""
+        if self.one is not None:
+            return self._write_one(out, sources, self.one)
         values, by_base, lines = self.metric.values, self.prefixes, 0
         for item, base in sources:
             series = values(item)
@@ -141,6 +148,27 @@ class _Family:
                 else:
                     out.append(f"{prefix}{_number(value)}\n")
             lines += len(series)
+        return lines
+
+    def _write_one(self, out: list[str], sources: Sequence[tuple[Any, tuple[str, ...]]],
+                   one: Callable[[Any], float | None]) -> int:
+        """:meth:`write` for a family without labels of its own: the same lines."""
+        alone, lines = self.alone, 0
+        for item, base in sources:
+            value = one(item)
+            if value is None:
+                continue
+            prefix = alone.get(base)
+            if prefix is None:
+                if len(alone) >= _PREFIXES:
+                    alone.clear()
+                prefix = alone[base] = self._prefix(base, ())
+            value = float(value)
+            if -1e6 < value < 1e6:
+                out.append(f"{prefix}{value!r}\n")
+            else:
+                out.append(f"{prefix}{_number(value)}\n")
+            lines += 1
         return lines
 
     def _prefix(self, base: tuple[str, ...], labels: tuple[str, ...]) -> str:

@@ -27,6 +27,18 @@ GPU_LABELS = ("gpu", "uuid")
 
 
 @dataclass(frozen=True)
+class One(Generic[T]):
+    """The series of a family without labels of its own: one from a source, none when ``value`` gives None. The
+    encoder calls ``value`` itself (no list or tuple per series)."""
+
+    value: Callable[[T], float | None]
+
+    def __call__(self, source: T) -> Series:
+        v = self.value(source)
+        return [((), float(v))] if v is not None else []
+
+
+@dataclass(frozen=True)
 class MetricDef(Generic[T]):
     """One metric family. ``kind``: gauge, counter or info (a gauge of value 1). ``values``
     reads the series from a source: the daemon's published state, a GPU's status, or a
@@ -111,11 +123,10 @@ PROTECTING = _only("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown",
 
 
 def _sample_field(attr: str) -> Callable[[GpuStatus], Series]:
-    def values(status: GpuStatus) -> Series:
-        value = getattr(status.sample, attr, None) if status.sample else None
-        return [((), float(value))] if value is not None else []
+    def value(status: GpuStatus) -> float | None:
+        return getattr(status.sample, attr, None) if status.sample else None
 
-    return values
+    return One(value)
 
 
 def _labelled(pairs: tuple[tuple[str, str], ...]) -> Callable[[GpuStatus], Series]:
@@ -177,11 +188,7 @@ def _info(status: GpuStatus) -> Series:
 
 def _value(value: Callable[[T], float | None]) -> Callable[[T], Series]:
     """One unlabelled series from a source, none when the value is None."""
-    def values(source: T) -> Series:
-        v = value(source)
-        return [((), float(v))] if v is not None else []
-
-    return values
+    return One(value)
 
 
 def _counts(attr: str) -> Callable[[GpuStatus], Series]:
@@ -334,11 +341,10 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
 
 
 def _ledger(value: Callable[[LedgerStatus], float | None]) -> Callable[[Published], Series]:
-    def values(pub: Published) -> Series:
-        v = value(pub.ledger) if pub.ledger is not None else None
-        return [((), float(v))] if v is not None else []
+    def of(pub: Published) -> float | None:
+        return value(pub.ledger) if pub.ledger is not None else None
 
-    return values
+    return One(of)
 
 
 DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
