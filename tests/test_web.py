@@ -232,6 +232,39 @@ def test_a_trickling_request_is_cut_at_its_deadline(plain: Daemon) -> None:
     assert closed < 3.0, f"a trickling client held its connection {closed:.1f} s"
 
 
+@pytest.mark.slow
+def test_a_client_that_never_reads_its_answers_is_cut_at_the_write_deadline(tmp_path: Path) -> None:
+    """Hundreds of pipelined requests whose answers are never read: once the kernel's buffers are full, the answer
+    waits at most write_seconds (1 s here, 10 by default), then the connection is dropped, its answers untaken;
+    the door serves others meanwhile."""
+    d = _daemon(tmp_path, None, Limits(write_seconds=1.0))
+    try:
+        requests = 400
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the window stays small: the server's fill
+            s.connect(("127.0.0.1", d.port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+            plain_answer = request(d.port)[2]
+            assert request(d.port)[0] == 200  # served while the reader sits on its answers
+            deadline = time.monotonic() + 30.0
+            door = d._server
+            assert door is not None
+            while door._connections and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not door._connections, "the unread connection was never dropped"
+            got, s_closed = 0, False
+            s.settimeout(5.0)
+            try:
+                while chunk := s.recv(1 << 16):
+                    got += len(chunk)
+                s_closed = True
+            except ConnectionResetError:
+                s_closed = True
+            assert s_closed and got < requests * len(plain_answer) / 2, (got, requests * len(plain_answer))
+    finally:
+        d.stop()
+
+
 def test_silent_clients_are_evicted_for_a_real_one(plain: Daemon) -> None:
     """At the connection limit (16 here, 256 by default), a new client takes the place of the one that has
     waited longest without sending a request; no thread per connection."""

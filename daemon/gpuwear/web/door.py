@@ -299,5 +299,5 @@ class FrontDoor:
 
     async def _send(self, stream: Stream, status: int, headers: list[tuple[str, str]], body: bytes,
                     head: bool, close: bool) -> None:
-        async with timeout(self.limits.write_seconds):
-            await stream.send(response_head(status, headers, len(body), close) + (b"" if head else body))
+        await stream.send(response_head(status, headers, len(body), close) + (b"" if head else body),
+                          self.limits.write_seconds)

@@ -127,8 +127,8 @@ class Stream(asyncio.Protocol):
     def peer_certificate(self) -> dict[str, Any] | None:
         return self._tls.getpeercert() if self._tls is not None else None
 
-    async def send(self, data: bytes) -> None:
-        """Write, and wait until all of it is with the kernel."""
+    async def send(self, data: bytes, seconds: float) -> None:
+        """Write, and wait until all of it is with the kernel, for at most ``seconds`` (then TimeoutError)."""
         assert self.transport is not None
         if self._lost:
             raise ConnectionResetError("the client left")
@@ -137,7 +137,9 @@ class Stream(asyncio.Protocol):
             self._flush()
         else:
             self.transport.write(data)
-        await self._writable.wait()
+        if not self._writable.is_set():  # the kernel took only part of it (a timer only then: most answers fit)
+            async with timeout(seconds):
+                await self._writable.wait()
         if self._lost:
             raise ConnectionResetError("the client left before taking the answer")
 
