@@ -10,8 +10,8 @@ from pathlib import Path
 from conftest import make_rig
 from gpuwear.backends.aer import AerCounters, sysfs_address, total
 from gpuwear.config import Config, HostHealthConfig, WearConfig
+from gpuwear.health import RULES, verdict
 from gpuwear.tracker import WearTracker
-from gpuwear.wear.models import RULES, verdict
 
 # the sample outputs of Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats (Linux 4.19)
 ABI_CORRECTABLE = """Receiver Error 2

@@ -526,7 +526,7 @@ def test_links_down_or_downgraded_reach_the_verdict_with_their_rule() -> None:
     at 8 lanes of 16 were alerts only, never in the verdict, `report` or the page. Now each is a reason with its
     rule, once it has lasted as long as its alert's hold (links train for a while after a boot); a healthy peer has
     none."""
-    from gpuwear.wear.models import RULES
+    from gpuwear.health import RULES
 
     train = [{"kind": "train", "seconds": 7200, "utilization": 0.9}]
     rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": train}] * 3, "faults": [

@@ -298,7 +298,7 @@ def test_links_down_or_downgraded_are_named_in_report_and_on_the_page(tmp_path: 
 
     import yaml
 
-    from gpuwear.wear.models import RULES
+    from gpuwear.health import RULES
     from helpers import run_simulated
 
     train = [{"kind": "train", "seconds": 6 * 3600, "utilization": 1.0}]
@@ -340,7 +340,7 @@ def test_xids_from_the_kernel_log_and_a_repeat_offender_are_named_in_report_and_
 
     import yaml
 
-    from gpuwear.wear.models import RULES, rule
+    from gpuwear.health import RULES, rule
     from helpers import run_simulated
 
     train = [{"kind": "train", "seconds": 6 * 3600, "utilization": 1.0}]

@@ -21,11 +21,12 @@ from hypothesis import strategies as st
 
 from conftest import REPO, make_rig
 from gpuwear.config import WearConfig
+from gpuwear.health import verdict
 from gpuwear.ledger import Event
 from gpuwear.sample import GpuSample
 from gpuwear.tracker import WearTracker, WearView
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, resistance_trend, thermal_aging_hours, verdict
+from gpuwear.wear.models import BOLTZMANN_EV_PER_K, estimates, resistance_trend, thermal_aging_hours
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
 from helpers import examples
 
@@ -555,7 +556,7 @@ def test_merging_many_histories_at_once_is_merging_them_one_after_the_other() ->
 def test_every_verdict_reason_names_its_rule_and_whose_it_is() -> None:
     """The verdict's reasons did not say which rule they apply: NVIDIA's (memory errors, page retirement, the XID
     catalog, DCGM's retired-page limit) or gpuwear's own thresholds (heat, throttling, cooling)."""
-    from gpuwear.wear.models import RULES, rule
+    from gpuwear.health import RULES, rule
 
     w = GpuWear("GPU-x", name="card")
     w.health.update({"remapped_rows_failure": True, "retired_pages_single_bit": 61, "ecc_uncorrected_volatile": 1,
@@ -577,7 +578,7 @@ def test_a_gpu_that_needs_repairs_again_within_a_week_is_a_repeat_offender() -> 
     """NVSentinel's MultipleRemediations rule, per GPU: two incidents calling for a reset, a reboot or service
     within 7 days make the verdict act (repairs are not holding); 8 days apart they do not; a repeat long past is
     history (watch). Before, the verdict weighed each incident alone and kept no history of them."""
-    from gpuwear.wear.models import RULES
+    from gpuwear.health import RULES
     from gpuwear.wear.schema import check_wear
 
     day = 86400.0
@@ -636,7 +637,7 @@ def test_a_gpu_that_bleeds_corrected_errors_under_load_is_watched_against_its_pe
     watches it with its evidence and its rule (gpuwear's own, citing the field case), and its peer stays ok. A
     driver reload (the counter back to 0) is a new baseline, never negative errors. Without a peer of its product
     it is judged against its own past, which two hours do not make (test_a_gpu_alone_is_judged_against_its_own_past)."""
-    from gpuwear.wear.models import RULES, peer_rates
+    from gpuwear.health import RULES, peer_rates
 
     train = [{"kind": "train", "seconds": 4 * 3600, "utilization": 1.0}]
     rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": train}, {"product": "h100-sxm", "schedule": train}],
@@ -680,10 +681,11 @@ def test_nvlink_replays_and_correctable_row_remaps_are_kept_as_rates_too() -> No
     """Issue 38 item 1 names NVLink replays and rows remapped for correctable errors beside corrected ECC errors, PCIe
     replays and NVLink CRC errors: their events by load are kept in the record too (error_counts, through its JSON),
     and an H100 whose NVLink replays run at 5,000 per loaded hour while its peer's read 0 is watched, in words."""
+    from gpuwear.health import peer_rates
+    from gpuwear.health.signals import ERROR_WORDS
     from gpuwear.wear.accumulate import ERROR_COUNTERS
-    from gpuwear.wear.models import _ERROR_WORDS, peer_rates
 
-    assert set(_ERROR_WORDS) == set(ERROR_COUNTERS)
+    assert set(ERROR_WORDS) == set(ERROR_COUNTERS)
     params = replace(WearConfig(), max_gap_seconds=900.0)
     wears = {}
     for uuid, replays_per_hour, rows in (("GPU-bad", 5000.0, 2), ("GPU-good", 0.0, 0)):
@@ -728,8 +730,8 @@ def test_a_gpu_alone_is_judged_against_its_own_past() -> None:
     loaded hour over its last two UTC days are 10 x its own over the 30 days before, and above the floor. Kept
     through the ledger's JSON, merged record by record. Not watched: a steady high rate (its own normal), a rise
     below the floor, a record too young for a baseline, a GPU with peers (judged against them)."""
+    from gpuwear.health import RULES, peer_rates
     from gpuwear.wear.accumulate import SCHEMA
-    from gpuwear.wear.models import RULES, peer_rates
     from gpuwear.wear.schema import check_wear
 
     p = WearConfig()
@@ -769,16 +771,6 @@ def test_a_gpu_alone_is_judged_against_its_own_past() -> None:
     assert "bleeding_errors" not in codes(_lone_gpu([20.0] * 31 + [20_000.0] * 2, hours_a_day=0.5))  # too little load
     # with a peer of its product reading the counter, the peer is the judge: one bleeding as much is no outlier
     assert "bleeding_errors" not in codes(bleeding, peers={"ecc_corrected": [19_000.0]})
-
-
-def test_the_runbook_lists_every_reason_code_with_its_rule() -> None:
-    """docs/alerts.md's table of reason codes, which the health alerts point at for each code's rule: every code
-    of wear.models.RULES is in it, with its rule word for word."""
-    from gpuwear.wear.models import RULES
-
-    table = (Path(__file__).resolve().parent.parent / "docs" / "alerts.md").read_text()
-    for code, rule in RULES.items():
-        assert f"| `{code}` | {rule} |" in table, code
 
 
 def _hanging_h100(hang_seconds: float, deadline: float, pause: float = 0.0) -> tuple[GpuWear, GpuWear]:
@@ -823,8 +815,8 @@ def test_slow_driver_calls_are_kept_by_load_in_the_gpus_record() -> None:
     load, through the ledger's JSON and its validator; they are said in the verdict's stalled_calls reason and in
     `report`; the RTX 4090 beside it has none."""
 
+    from gpuwear.health import slow_reads_text
     from gpuwear.wear.accumulate import SCHEMA
-    from gpuwear.wear.models import slow_reads_text
     from gpuwear.wear.schema import check_wear
 
     rtx, h100 = _hanging_h100(0.15, 2.0)
@@ -850,7 +842,7 @@ def test_a_card_that_runs_just_below_its_slowdown_temperature_is_watched_for_hea
     """Issue 29's margins: the verdict watched time above the slowdown temperature only, so a card held at 1-5 °C
     below it for most of its busy time, one warm day from slowing down, read ok. Now 25 % or more of busy time
     within 5 °C below it is a watch (gpuwear's own rule); 10 °C below is not."""
-    from gpuwear.wear.models import RULES
+    from gpuwear.health import RULES
 
     for celsius, watched in ((86, True), (79, False)):
         w = GpuWear("GPU-x", name="card")
@@ -880,7 +872,7 @@ def test_a_single_corrected_error_or_a_busy_gpu_among_idle_peers_is_not_bleeding
     that were idle (none read under load for the hour a rate needs; its own 1,800 an hour, above the floor) has no
     peer rate to be judged against, and its
     record is too young for its own baseline. Samples every 10 minutes through GpuWear.add."""
-    from gpuwear.wear.models import peer_rates
+    from gpuwear.health import peer_rates
 
     p = WearConfig()
 
@@ -908,9 +900,9 @@ def test_a_single_corrected_error_or_a_busy_gpu_among_idle_peers_is_not_bleeding
 
 
 def test_peer_rates_are_the_other_gpus_of_the_same_product() -> None:
-    """models.peer_rates gathers each product's rates once (the pairwise pass cost 1.7 ms at 64 GPUs on the scrape
+    """health.peer_rates gathers each product's rates once (the pairwise pass cost 1.7 ms at 64 GPUs on the scrape
     path); against the pairwise definition, on mixed products, equal rates and a GPU read too briefly under load."""
-    from gpuwear.wear.models import error_rates, peer_rates
+    from gpuwear.health import error_rates, peer_rates
 
     p = WearConfig()
     wears = {}
@@ -933,7 +925,7 @@ def test_peer_rates_are_the_other_gpus_of_the_same_product() -> None:
 def test_every_verdict_reason_code_is_given_once() -> None:
     """A code labels one series of gpuwear_health_reason: a GPU bleeding corrected errors and PCIe replays at once
     gave two bleeding_errors reasons, two samples of one series, which Prometheus refuses as a scrape."""
-    from gpuwear.wear.models import peer_rates
+    from gpuwear.health import peer_rates
 
     p = WearConfig()
     wears = {}

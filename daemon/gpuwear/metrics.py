@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from gpuwear.health import STATUS_ORDER
 from gpuwear.sample import CLOCK_EVENT_REASONS, pcie_downgraded
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LABELS, WearView
-from gpuwear.wear.models import STATUS_ORDER
 
 Series = list[tuple[tuple[str, ...], float]]
 T = TypeVar("T")

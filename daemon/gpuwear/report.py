@@ -10,17 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuwear.config import WearConfig
+from gpuwear.health import peer_rates, slow_reads_text, verdict
 from gpuwear.ledger import Event, Ledger
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import (
-    WORD_PROFILES,
-    arrhenius_factor,
-    estimates,
-    peer_rates,
-    resistance_trend,
-    slow_reads_text,
-    verdict,
-)
+from gpuwear.wear.models import WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
 from gpuwear.wear.schema import READING_GROUPS
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
@@ -48,7 +41,7 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
                  peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
     """The report of one GPU: measured health first, then stress, then estimate bands. ``live``: the ledger holds
     live history of it (else only imported logs, which say nothing about what the card could report); ``peers``:
-    the loaded-hour error rates of the host's other GPUs of its product (models.peer_rates)."""
+    the loaded-hour error rates of the host's other GPUs of its product (health.peer_rates)."""
     est = estimates(w, p)
     health = verdict(w, p, resistance_trend(w), peers=peers)
     if not live:

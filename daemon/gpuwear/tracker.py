@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from gpuwear.config import WearConfig
+from gpuwear.health import XID_ACT, peer_rates, verdict
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.ledger.records import Event
@@ -23,15 +24,12 @@ from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import LOADED_UTILIZATION, GpuWear
 from gpuwear.wear.models import (
     BANDS,
-    XID_ACT,
     aging_bands,
     cycle_bin,
     fan_revolutions,
     fatigue_bands,
-    peer_rates,
     resistance_trend,
     thermal_aging_hours,
-    verdict,
 )
 from gpuwear.wear.plausibility import is_spike, suspect
 from gpuwear.wear.schema import EARLIEST_WALL, LATEST_WALL

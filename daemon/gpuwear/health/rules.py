@@ -1,0 +1,440 @@
+"""The health rules, declared in one table: each with the signal it reads, its window, its threshold and floor, its
+severity, what ends it and its source, and the small pure function that judges it (no clock, no I/O: what it needs
+comes in ``Facts``). The verdict (health.verdict) is their combination, in the table's order."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from gpuwear.config import WearConfig
+from gpuwear.health.signals import ERROR_WORDS, error_rates, per_hour, repeated_incidents, slow_reads_text
+from gpuwear.health.xids import BY_CODE
+from gpuwear.wear.accumulate import STALLS, GpuWear
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
+RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
+                    4: "drain and reset the GPU"}
+RECENT_SECONDS = 7 * 86400  # a critical event older than this (in the GPU's record) asks for watching, not action
+NVLINK_DOWN_HOLD_SECONDS = 300  # links fewer than before for this long are down (they train after a boot)
+PCIE_DOWNGRADED_HOLD_SECONDS = 600
+
+Finding = tuple[str, str, str]  # (severity, code, text)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the rules judge one GPU on: its record, the parameters, and what the caller had at hand already.
+    ``trend``: models.resistance_trend; ``busy_given`` / ``above_given``: its busy seconds and seconds at or above
+    its slowdown temperature, None to derive them; ``peers``: the loaded-hour error rates of the host's other GPUs
+    of its product (signals.peer_rates)."""
+
+    w: GpuWear
+    p: WearConfig
+    trend: Mapping[str, Any] | None = None
+    busy_given: float | None = None
+    above_given: float | None = None
+    peers: Mapping[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def h(self) -> dict[str, Any]:
+        return self.w.health
+
+    @cached_property
+    def busy(self) -> float:
+        """Busy seconds (utilization at or above wear.busy_utilization_ratio), lifetime."""
+        return self.w.busy_seconds(self.p.busy_utilization_ratio) if self.busy_given is None else self.busy_given
+
+    def recent(self, what: str) -> bool:
+        """Seen within RECENT_SECONDS of the GPU's record's end: older events are history (watch)."""
+        when = self.w.last_event.get(what)
+        return when is None or self.w.last_seen is None or self.w.last_seen - when <= RECENT_SECONDS
+
+    def ago(self, what: str) -> str:
+        when = self.w.last_event.get(what)
+        return "" if when is None else f", last {time.strftime('%Y-%m-%d', time.gmtime(when))}"
+
+
+Judge = Callable[[Facts], Iterator[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One health judgement. ``code``: the reason code it gives (``xid_N`` for the XID rule: one per code);
+    ``signal``: what it reads (the NVML call or field, or the record's figure); ``window``: over which time;
+    ``threshold``: its threshold and floor, with the config keys that set them; ``severity``; ``ends``: what ends
+    the reason; ``source``: whose rule it is and where it is written (the ``rule`` of each reason); ``alert``: the
+    alert of deploy/prometheus/gpuwear-rules.yml that applies it, with its hold (``for:``) in ``hold_seconds``."""
+
+    code: str
+    signal: str
+    window: str
+    threshold: str
+    severity: str
+    ends: str
+    source: str
+    judge: Judge
+    alert: str | None = None
+    hold_seconds: float | None = None
+
+
+# -- the judges, in the table's order ------------------------------------------------------------------------------
+
+def _row_remap_failure(f: Facts) -> Iterator[Finding]:
+    if f.h.get("remapped_rows_failure"):
+        yield "act", "row_remap_failure", "a memory row remap failed: NVIDIA says the GPU needs service (RMA)"
+
+
+def _row_remap_pending(f: Facts) -> Iterator[Finding]:
+    if f.h.get("remapped_rows_pending"):
+        yield "watch", "row_remap_pending", "a memory row remap is pending: reset the GPU when convenient to apply it"
+
+
+def _page_retirement_pending(f: Facts) -> Iterator[Finding]:
+    if f.h.get("retired_pages_pending"):
+        yield ("watch", "page_retirement_pending",
+               "a memory page retirement is pending: reload the driver or reset the GPU when convenient")
+
+
+def _recovery_action(f: Facts) -> Iterator[Finding]:
+    action = f.h.get("recovery_action")
+    if action:
+        yield "act", "recovery_action", f"the driver asks to {RECOVERY_ACTIONS.get(action, f'recover ({action})')}"
+
+
+def _uncorrectable_ecc(f: Facts) -> Iterator[Finding]:
+    n = f.h.get("ecc_uncorrected_volatile", 0)
+    if n > 0:
+        yield ("act", "uncorrectable_ecc", f"{n} uncorrectable ECC error(s) since the driver loaded: results computed "
+               "since may be wrong; reset the GPU")
+
+
+def _retired(f: Facts) -> int:
+    return int(f.h.get("retired_pages_single_bit", 0) + f.h.get("retired_pages_double_bit", 0))
+
+
+RETIRED_PAGES_LIMIT = 60
+
+
+def _retired_pages_limit(f: Facts) -> Iterator[Finding]:
+    retired = _retired(f)
+    if retired >= RETIRED_PAGES_LIMIT:
+        yield ("act", "retired_pages_limit", f"{retired} retired memory pages: at or above 60, NVIDIA's DCGM health "
+               "check reports the GPU as failing; have it checked by its vendor")
+
+
+def _retired_pages(f: Facts) -> Iterator[Finding]:
+    retired = _retired(f)
+    if 0 < retired < RETIRED_PAGES_LIMIT:
+        yield "watch", "retired_pages", f"{retired} retired memory page(s): normal in small numbers; keep watching"
+
+
+def _pcie_aer(f: Facts) -> Iterator[Finding]:
+    fatal, nonfatal = f.h.get("pcie_aer_fatal", 0), f.h.get("pcie_aer_nonfatal", 0)
+    if fatal > 0 or nonfatal > 0:
+        yield ("watch", "pcie_aer_uncorrectable", f"{fatal + nonfatal} uncorrectable PCIe error(s) since boot "
+               f"({fatal} fatal, {nonfatal} non-fatal), as the kernel counts them at the GPU's PCI function: the link, "
+               "a riser or the slot; reseat the card or try another slot if they grow")
+
+
+def _nvlink_down(f: Facts) -> Iterator[Finding]:
+    h, now = f.h, f.w.last_seen
+    active, most = h.get("nvlink_links_active"), h.get("nvlink_links_most")
+    if now is None or active is None or most is None or active >= most:
+        return
+    if now - h.get("nvlink_links_most_at", now) >= NVLINK_DOWN_HOLD_SECONDS:
+        yield ("act", "nvlink_down", f"{most - active} of the {most} NVLink links it had active within the last day "
+               f"are down ({active} active): jobs that talk over NVLink fail or fall back to slower paths; a reset or "
+               "a reboot may bring them back, links that keep dropping need service")
+
+
+def _nvlink_recoveries(f: Facts) -> Iterator[Finding]:
+    if f.w.last_seen is not None and f.h.get("nvlink_recovery_errors", 0) > 0:
+        yield ("watch", "nvlink_recoveries", f"{f.h['nvlink_recovery_errors']} NVLink recovery event(s) since the "
+               "driver loaded (a link failed and retrained): watch for links going down")
+
+
+def _pcie_link_downgraded(f: Facts) -> Iterator[Finding]:
+    h, now = f.h, f.w.last_seen
+    since = h.get("pcie_downgraded_since")
+    if now is None or since is None or now - since < PCIE_DOWNGRADED_HOLD_SECONDS:
+        return
+    link = (f"Gen{h.get('pcie_link_generation', '?')} x{h.get('pcie_link_width', '?')}, below the "
+            f"Gen{h.get('pcie_link_generation_max', '?')} x{h.get('pcie_link_width_max', '?')} its card and slot "
+            "allow")
+    yield ("watch", "pcie_link_downgraded", f"its PCIe link runs at {link}, since "
+           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(since))}: transfers to and from it run slower; "
+           "reseat the card or its riser (a lane that keeps failing is the card's or the slot's)")
+
+
+def _remapped_rows(f: Facts) -> Iterator[Finding]:
+    n = f.h.get("remapped_rows_uncorrected", 0) + f.h.get("remapped_rows_corrected", 0)
+    if n > 0:
+        yield "watch", "remapped_rows", f"{n} memory row(s) remapped: the spare rows did their job; keep watching"
+
+
+def _xids(f: Facts) -> Iterator[Finding]:
+    for code, n in sorted((int(x), n) for x, n in f.w.xids.items()):
+        xid = BY_CODE.get(code)
+        if xid is None or xid.tier not in ("act", "watch"):
+            continue
+        severity = "watch" if xid.tier == "act" and not f.recent(f"xid {code}") else xid.tier
+        yield severity, f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}"
+
+
+def _gpu_lost(f: Facts) -> Iterator[Finding]:
+    if f.w.lost_events:
+        yield ("act" if f.recent("gpu lost") else "watch", "gpu_lost",
+               f"the GPU fell off the bus {f.w.lost_events} time(s){f.ago('gpu lost')}")
+
+
+def _bleeding_alone(f: Facts, counter: str, own: Mapping[str, tuple[float | None, float | None]]) -> str | None:
+    """A counter no peer of its product reads: the GPU's last days against its own past."""
+    hp = f.p.health
+    lately, before = own.get(counter, (None, None))
+    if (lately is None or before is None or lately < hp.bleeding_floor_per_loaded_hour
+            or lately < hp.bleeding_peer_ratio * before):
+        return None
+    return (f"{per_hour(lately)} {ERROR_WORDS.get(counter, counter)} per loaded hour over its last two days; no peer "
+            f"of the same product; its own over the {hp.bleeding_baseline_days} days before: {per_hour(before)}")
+
+
+def _bleeding_against_peers(f: Facts, counter: str, loaded: float | None, idle: float | None,
+                            theirs: list[float]) -> str | None:
+    hp = f.p.health
+    if loaded is None or loaded < hp.bleeding_floor_per_loaded_hour:
+        return None
+    median = statistics.median(theirs)
+    if loaded < hp.bleeding_peer_ratio * median:
+        return None
+    at_idle = "" if idle is None else f", {per_hour(idle)} per idle hour"
+    return (f"{per_hour(loaded)} {ERROR_WORDS.get(counter, counter)} per loaded hour{at_idle}; its {len(theirs)} "
+            f"peer(s) of the same product: {per_hour(median)} (median)")
+
+
+def _bleeding_errors(f: Facts) -> Iterator[Finding]:
+    bleeding = []  # one reason for every counter that bleeds: a code labels one series of the health metric
+    own: dict[str, tuple[float | None, float | None]] | None = None
+    for counter, (loaded, idle) in error_rates(f.w, f.p).items():
+        if counter == STALLS:
+            continue
+        theirs = f.peers.get(counter, [])
+        if theirs:
+            words = _bleeding_against_peers(f, counter, loaded, idle, theirs)
+        else:
+            if own is None:
+                own = f.w.own_error_rates(f.p.health.bleeding_baseline_days,
+                                          f.p.health.bleeding_min_loaded_hours * 3600.0)
+            words = _bleeding_alone(f, counter, own)
+        if words:
+            bleeding.append(words)
+    if bleeding:
+        yield "watch", "bleeding_errors", "; ".join(bleeding) + ": a fault that shows under load; have it tested"
+
+
+def _stalled_calls(f: Facts) -> Iterator[Finding]:
+    stalls = f.w.error_counts.get(STALLS)
+    if not stalls or stalls[1] + stalls[3] < f.p.health.stall_watch_count:
+        return
+    under, idle = int(stalls[1]), int(stalls[3])
+    only = " only under load, as the calls of a failing GPU hang in the field" if not idle else ""
+    slow = slow_reads_text(f.w.slow_reads)
+    yield ("watch", "stalled_calls", f"its NVML reads missed the sampler's deadline {under + idle} times "
+           f"({under} under load, {idle} idle){only}" + (f"; {slow}" if slow else "")
+           + ": a driver or GPU fault; check the kernel log")
+
+
+def _repeat_incidents(f: Facts) -> Iterator[Finding]:
+    hp = f.p.health
+    repeat = repeated_incidents(f.w, hp.repeat_incidents, hp.repeat_window_days * 86400.0)
+    if repeat is None:
+        return
+    first, last, whats = repeat
+    days = f"{hp.repeat_window_days:g} day(s)"
+    first_day, last_day = (time.strftime("%Y-%m-%d", time.gmtime(t)) for t in (first, last))
+    span = first_day if first_day == last_day else f"{first_day} to {last_day}"
+    recent = f.w.last_seen is None or f.w.last_seen - last <= RECENT_SECONDS
+    yield ("act" if recent else "watch", "repeat_incidents",
+           f"needed a reset, a reboot or service {len(whats)} times within {days} ({span}: {', '.join(whats)}): "
+           + ("the repairs are not holding; have it checked by its vendor" if recent else
+              "in its history; keep watching"))
+
+
+def _uncorrectable_ecc_history(f: Facts) -> Iterator[Finding]:
+    n = f.h.get("ecc_uncorrected_aggregate", 0)
+    if n > 0 and not f.h.get("ecc_uncorrected_volatile", 0) > 0:  # said by uncorrectable_ecc while volatile
+        yield "watch", "uncorrectable_ecc_history", f"{n} uncorrectable ECC error(s) in the card's lifetime record"
+
+
+def _slowdown(f: Facts) -> float | None:
+    return f.w.thresholds.get("slowdown")
+
+
+def _time_above_slowdown(f: Facts) -> Iterator[Finding]:
+    slowdown = _slowdown(f)
+    if slowdown is None:
+        return
+    above = f.w.seconds_at_or_above("gpu", slowdown) if f.above_given is None else f.above_given
+    if above >= f.p.health.slowdown_watch_seconds:
+        yield ("watch", "time_above_slowdown", f"{above / 3600:.2f} h at or above the card's own slowdown "
+               f"temperature ({slowdown:g} °C)")
+
+
+def _close_to_slowdown(f: Facts) -> Iterator[Finding]:
+    slowdown, busy, hp = _slowdown(f), f.busy, f.p.health
+    if slowdown is None or busy <= 0:
+        return
+    # headroom: the time just below the slowdown temperature (time above it has its own reason)
+    near = f.w.seconds_at_or_above("gpu", slowdown - hp.margin_celsius) - f.w.seconds_at_or_above("gpu", slowdown)
+    if near >= hp.margin_watch_ratio * busy:
+        yield ("watch", "close_to_slowdown", f"{100 * min(near / busy, 1):.0f} % of busy time within "
+               f"{hp.margin_celsius:g} °C below its slowdown temperature ({slowdown:g} °C): little "
+               "headroom; a warmer room or dust takes it into slowdown")
+
+
+def _thermal_throttling(f: Facts) -> Iterator[Finding]:
+    thermal = f.w.throttle_seconds.get("sw_thermal_slowdown", 0.0) + f.w.throttle_seconds.get("hw_thermal_slowdown",
+                                                                                              0.0)
+    busy = f.busy
+    if busy > 0 and thermal / busy >= f.p.health.thermal_throttle_watch_ratio:
+        yield ("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time: "
+               "the card protects itself by slowing down; check cooling and airflow")
+
+
+def _cooling_degrading(f: Facts) -> Iterator[Finding]:
+    rise = f.trend["rise_ratio"] if f.trend else None
+    if rise is not None and rise >= f.p.health.resistance_rise_watch_ratio:
+        yield ("watch", "cooling_degrading", f"the die runs {100 * rise:.0f} % hotter per watt than when first "
+               "measured: dust or dried thermal paste?")
+
+
+def _memory_health_unknown(f: Facts) -> Iterator[Finding]:
+    if not f.h.get("ecc_enabled") and not f.h.get("memory_temperature_reported"):
+        yield ("unknown", "memory_health_unknown", "this card reports neither ECC counters nor memory temperature: "
+               "its memory health cannot be known")
+
+
+# -- the table -----------------------------------------------------------------------------------------------------
+
+_MEMORY_ERRORS = "NVIDIA, GPU Memory Error Management (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt)"
+_PAGE_RETIREMENT = "NVIDIA, Dynamic Page Retirement (docs.nvidia.com/deploy/dynamic-page-retirement)"
+_XID_CATALOG = "NVIDIA's XID catalog, the resolution it gives for this XID (docs.nvidia.com/deploy/xid-errors)"
+_LATEST = "its latest reading"
+_NEVER = "never: a lifetime count only grows"
+_ACT_THEN_WATCH = ("act for 7 days after the last (RECENT_SECONDS, in the record's time), then watch for good: "
+                   "the lifetime count never ends it")
+
+TABLE: tuple[Rule, ...] = (
+    Rule("row_remap_failure", "nvmlDeviceGetRemappedRows: isFailureOccurred", _LATEST, "set", "act",
+         "the flag clears (the card serviced or replaced)",
+         _MEMORY_ERRORS + ": a failed row remap means the GPU needs service", _row_remap_failure,
+         "GpuwearRowRemapFailure"),
+    Rule("row_remap_pending", "nvmlDeviceGetRemappedRows: isPending", _LATEST, "set", "watch",
+         "a GPU reset applies the remap and the flag clears",
+         _MEMORY_ERRORS + ": a pending remap is applied at the next GPU reset", _row_remap_pending,
+         "GpuwearRowRemapPending"),
+    Rule("page_retirement_pending", "nvmlDeviceGetRetiredPagesPendingStatus", _LATEST, "set", "watch",
+         "a driver reload or GPU reset retires the page and the flag clears", _PAGE_RETIREMENT,
+         _page_retirement_pending, "GpuwearRetiredPagesPending"),
+    Rule("recovery_action", "NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", _LATEST, "any action but None (0)",
+         "act", "the field reads None (0) again",
+         "the driver's own request (NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)", _recovery_action,
+         "GpuwearRecoveryActionRequired"),
+    Rule("uncorrectable_ecc", "nvmlDeviceGetTotalEccErrors (uncorrected, volatile)", "since the driver loaded",
+         "> 0", "act", "a GPU reset or driver reload zeroes the volatile count",
+         _MEMORY_ERRORS + ": results computed after an uncorrectable error may be wrong", _uncorrectable_ecc,
+         "GpuwearUncorrectableEccError"),
+    Rule("retired_pages_limit", "nvmlDeviceGetRetiredPages (single- and double-bit)", "the card's lifetime",
+         ">= 60 pages", "act", "never: a retired page stays retired",
+         "NVIDIA DCGM's health check: 60 or more retired pages is a failing GPU", _retired_pages_limit,
+         "GpuwearRetiredPagesLimit"),
+    Rule("retired_pages", "nvmlDeviceGetRetiredPages (single- and double-bit)", "the card's lifetime",
+         "1 to 59 pages", "watch", "never: a retired page stays retired", _PAGE_RETIREMENT, _retired_pages),
+    Rule("pcie_aer_uncorrectable", "sysfs aer_dev_nonfatal and aer_dev_fatal of the GPU's PCI function",
+         "since boot", "> 0", "watch", "a reboot zeroes the kernel's counts",
+         "gpuwear's own rule: any uncorrectable PCIe error (non-fatal or fatal) the Linux kernel's AER driver counted "
+         "at the GPU's PCI function since boot (sysfs aer_dev_nonfatal and aer_dev_fatal, "
+         "Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats)", _pcie_aer),
+    Rule("nvlink_down", "nvmlDeviceGetNvLinkState, links active", "against the most active within the last day",
+         "fewer, for 5 minutes", "act",
+         "the links active again, or a day after the most were seen (the lower count becomes the normal)",
+         "NVIDIA DCGM's health watch, which isolates a GPU with an NVLink link down (DCGM_FR_NVLINK_DOWN); "
+         "gpuwear applies it as its GpuwearNvlinkDown alert does: fewer links active than the most active within the "
+         "last day, for 5 minutes (links train for a while after a boot)", _nvlink_down,
+         "GpuwearNvlinkDown", NVLINK_DOWN_HOLD_SECONDS),
+    Rule("nvlink_recoveries", "nvmlDeviceGetNvLinkErrorCounter, NVML_NVLINK_ERROR_DL_RECOVERY, summed over the links",
+         "since the driver loaded", "> 0", "watch", "a driver reload or GPU reset zeroes the counter",
+         "gpuwear's own rule, as its GpuwearNvlinkRecoveries alert: any NVLink recovery (a link that failed and "
+         "retrained) since the driver loaded (nvmlDeviceGetNvLinkErrorCounter, NVML_NVLINK_ERROR_DL_RECOVERY)",
+         _nvlink_recoveries, "GpuwearNvlinkRecoveries"),
+    Rule("pcie_link_downgraded", "nvmlDeviceGetCurrPcieLinkWidth and Generation against the Max ones", _LATEST,
+         "below, for 10 minutes (the generation only under load)", "watch",
+         "a reading at the full width (and, under load, generation)",
+         "gpuwear's own rule, as its GpuwearPcieLinkDowngraded alert: for 10 minutes, the PCIe link trained below "
+         "the lanes, or under load the generation, that the card and its slot allow (nvmlDeviceGetCurrPcieLinkWidth "
+         "and Generation against the Max ones)", _pcie_link_downgraded,
+         "GpuwearPcieLinkDowngraded", PCIE_DOWNGRADED_HOLD_SECONDS),
+    Rule("remapped_rows", "nvmlDeviceGetRemappedRows: corrRows + uncRows", "the card's lifetime", "> 0", "watch",
+         "never: a remapped row stays remapped", _MEMORY_ERRORS, _remapped_rows),
+    Rule("xid_N", "XIDs from NVML's events and the kernel log, by code (health.xids)", "the GPU's lifetime record",
+         "any XID of the catalog's act or watch tier", "the code's tier", _ACT_THEN_WATCH + " (watch codes: for good)",
+         _XID_CATALOG, _xids, "GpuwearXidCritical"),
+    Rule("gpu_lost", "NVML_ERROR_GPU_IS_LOST from any read", "the GPU's lifetime record", "any", "act",
+         _ACT_THEN_WATCH, _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"), _gpu_lost,
+         "GpuwearGpuLost"),
+    Rule("bleeding_errors", "corrected ECC errors, PCIe replays, NVLink CRC errors and replays, rows remapped for "
+         "correctable errors, per loaded hour", "lifetime with peers of its product; alone, its last two UTC days "
+         "against the wear.health.bleeding_baseline_days before them",
+         "wear.health.bleeding_peer_ratio x the peers' median (or its own past), and "
+         "wear.health.bleeding_floor_per_loaded_hour, after wear.health.bleeding_min_loaded_hours",
+         "watch", "the rate back under the threshold (a lifetime rate falls slowly)",
+         "gpuwear's own rule, not NVIDIA's: an error rate per loaded hour at least "
+         "wear.health.bleeding_peer_ratio times the median of the host's GPUs of the same product (a GPU "
+         "without such peers: its rate over its last two UTC days against its own over the "
+         "wear.health.bleeding_baseline_days before them), and "
+         "above wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
+         "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
+         "#313, NVIDIA/NVSentinel #1748)", _bleeding_errors),
+    Rule("stalled_calls", "the sampler's reads of the GPU past sampling.nvml_deadline_seconds", "the GPU's lifetime "
+         "record", "wear.health.stall_watch_count", "watch", _NEVER,
+         "gpuwear's own rule, not NVIDIA's: wear.health.stall_watch_count NVML reads past the sampler's "
+         "deadline (sampling.nvml_deadline_seconds) in the GPU's record (the field case: a GB200 whose "
+         "driver calls hung only under load: NVIDIA/DCGM #313)", _stalled_calls),
+    Rule("repeat_incidents", "the incidents that call for a reset, a reboot or service (the newest 64 kept)",
+         "wear.health.repeat_window_days", "wear.health.repeat_incidents", "act",
+         _ACT_THEN_WATCH.replace("the lifetime count", "the kept incidents"),
+         "NVIDIA NVSentinel's MultipleRemediations rule (a node remediated more than once within 7 "
+         "days: the repairs are not resolving the fault), applied by gpuwear per GPU to the incidents "
+         "that call for a reset, a reboot or service (wear.health.repeat_incidents, repeat_window_days)",
+         _repeat_incidents),
+    Rule("uncorrectable_ecc_history", "nvmlDeviceGetTotalEccErrors (uncorrected, aggregate)",
+         "the card's lifetime, before gpuwear too", "> 0 (while uncorrectable_ecc does not say it)", "watch", _NEVER,
+         _MEMORY_ERRORS, _uncorrectable_ecc_history),
+    Rule("time_above_slowdown", "seconds at or above nvmlDeviceGetTemperatureThreshold (slowdown)",
+         "the GPU's lifetime record", "wear.health.slowdown_watch_seconds", "watch", _NEVER,
+         "gpuwear's own rule: wear.health.slowdown_watch_seconds at or above the card's slowdown "
+         "temperature (NVML's threshold)", _time_above_slowdown),
+    Rule("close_to_slowdown", "seconds within wear.health.margin_celsius below the slowdown temperature",
+         "the GPU's lifetime record", "wear.health.margin_watch_ratio of busy time", "watch",
+         "the lifetime share back under the ratio (it falls slowly)",
+         "gpuwear's own rule: wear.health.margin_watch_ratio of busy time within "
+         "wear.health.margin_celsius below the card's slowdown temperature (NVML's threshold)", _close_to_slowdown),
+    Rule("thermal_throttling", "seconds with a thermal clock-event reason (nvmlDeviceGetCurrentClocksEventReasons)",
+         "the GPU's lifetime record", "wear.health.thermal_throttle_watch_ratio of busy time", "watch",
+         "the lifetime share back under the ratio (it falls slowly)",
+         "gpuwear's own rule: wear.health.thermal_throttle_watch_ratio of busy time throttled", _thermal_throttling,
+         "GpuwearThermalThrottling"),
+    Rule("cooling_degrading", "the die's °C per watt at steady load, per UTC day", "its first three days with data "
+         "against its last three", "wear.health.resistance_rise_watch_ratio", "watch",
+         "the last three days' °C per watt back under the rise", "gpuwear's own rule: "
+         "wear.health.resistance_rise_watch_ratio rise of °C per watt", _cooling_degrading, "GpuwearCoolingDegraded"),
+    Rule("memory_health_unknown", "whether the card reports ECC counters or memory temperature", "the GPU's record",
+         "neither reported", "unknown", "never on that card: said beside the verdict, never instead of it",
+         "what NVML reports of this card: no ECC counters, no memory temperature", _memory_health_unknown),
+)
+RULES = {r.code: r.source for r in TABLE if r.code != "xid_N"}
+XID_RULE = _XID_CATALOG

@@ -1,0 +1,42 @@
+"""The health verdict: the combination of the rules of health.rules' table, in its order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuwear.config import WearConfig
+from gpuwear.health.rules import RULES, TABLE, XID_RULE, Facts
+from gpuwear.health.signals import incident_summary
+from gpuwear.wear.accumulate import GpuWear
+
+STATUS_ORDER = ("ok", "unknown", "watch", "act")
+
+
+def rule(code: str) -> str:
+    """The rule a verdict reason applies (:data:`RULES`; an XID's: NVIDIA's catalog)."""
+    return RULES.get(code) or (XID_RULE if code.startswith("xid_") else "gpuwear's own rule")
+
+
+def verdict(w: GpuWear, p: WearConfig, trend: Mapping[str, Any] | None, busy: float | None = None,
+            above_slowdown: float | None = None, peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
+    """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the card's
+    resistance_trend; ``busy`` and ``above_slowdown``: its busy seconds and seconds at or above its slowdown
+    temperature, when the caller has them already.
+
+    Reason codes are a fixed set (they label a metric); the text explains each in plain words, and ``rule`` says
+    which rule it applies and whose (NVIDIA's, or gpuwear's own). ``peers``: the loaded-hour error rates of the
+    host's other GPUs of the same product (signals.peer_rates); a counter no peer reads is judged against the GPU's
+    own past (GpuWear.own_error_rates).
+    """
+    facts = Facts(w, p, trend, busy, above_slowdown, peers or {})
+    reasons = [{"severity": severity, "code": code, "text": text, "rule": rule(code)}
+               for r in TABLE for severity, code, text in r.judge(facts)]
+    # the verdict is on what the card reports; what it cannot report is said beside it, not instead of it (a GeForce
+    # card with nothing wrong is "ok", its memory health "not known")
+    status = max((r["severity"] for r in reasons if r["severity"] != "unknown"), key=STATUS_ORDER.index,
+                 default="ok")
+    return {"status": status, "reasons": reasons, "not_known": [r["code"] for r in reasons
+                                                               if r["severity"] == "unknown"],
+            "incidents": incident_summary(w),
+            "slow_reads": {load: dict(bins) for load, bins in w.slow_reads.items()}}
