@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -167,3 +167,24 @@ def run_simulated(state: Path, scenario: str, speed: float, seconds: float) -> N
     time.sleep(seconds)
     daemon.stop()
 
+
+
+def card_by_day(rates_by_day: list[float], uuid: str = "GPU-lone", hours_a_day: float = 8.0,
+                name: str = "NVIDIA H100 80GB HBM3") -> Any:
+    """A GPU's record (GpuWear) loaded ``hours_a_day`` a day (a sample every 10 minutes, idle the rest of the day), its
+    corrected ECC errors rising at ``rates_by_day[d]`` per loaded hour on UTC day d (from 2027-01-16), through
+    GpuWear.add."""
+    from gpuwear.sample import GpuSample
+    from gpuwear.wear.accumulate import GpuWear
+
+    w = GpuWear(uuid, name=name)
+    count, t, midnight = 0.0, 0.0, 20834 * 86400.0
+    for rate in rates_by_day:
+        for minute in range(0, 24 * 60, 10):
+            loaded = minute < hours_a_day * 60
+            count += rate / 6.0 if loaded else 0.0
+            w.add(GpuSample(timestamp=midnight + t, monotonic=t, temperature_gpu_celsius=50.0,
+                            utilization_gpu_ratio=1.0 if loaded else 0.0, ecc_corrected_volatile=int(count)),
+                  0.0 if t == 0 else 600.0)
+            t += 600.0
+    return w

@@ -16,8 +16,9 @@ from gpuwear.health import RULES, TABLE, XID_ACT, XID_WATCH, rule, verdict
 from gpuwear.health.rules import Facts
 from gpuwear.health.runbook import markdown, replaced
 from gpuwear.health.xids import BY_CODE, CATALOG
-from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.accumulate import GpuWear, utc_day
 from gpuwear.wear.models import resistance_trend
+from helpers import card_by_day
 
 REPO = Path(__file__).resolve().parent.parent
 RUNBOOK = REPO / "docs" / "alerts.md"
@@ -58,6 +59,7 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
     if r.random() < 0.5:
         w.error_counts = {"ecc_corrected": [r.choice([100.0, 7200.0]), r.choice([0.0, 5000.0, 1e6]), 100.0, 3.0],
                           "nvml_stalls": [7200.0, float(r.randint(0, 5)), 10.0, float(r.randint(0, 2))]}
+        w.error_days = {utc_day(int(w.last_seen // 86400)): {"ecc_corrected": [7200.0, r.choice([0.0, 5000.0, 1e6])]}}
     if r.random() < 0.6:
         w.thresholds["slowdown"] = 87.0
         w.temperature_seconds = {"gpu": {str(r.randint(40, 95)): r.uniform(0, 5000), "50": 1000.0}}
@@ -145,3 +147,72 @@ def test_the_xid_catalog_is_data_with_one_tier_a_code() -> None:
     codes = {r["code"]: r["severity"] for r in verdict(w, WearConfig(), None)["reasons"]}
     assert codes.get("xid_13") == "watch" and codes.get("xid_79") == "act"
     assert "xid_43" not in codes and "xid_999" not in codes
+
+
+# -- bleeding_errors: one recent window for every GPU ---------------------------------------------------------------
+
+def _bleeding(w: GpuWear, peers: list[GpuWear] = (), p: WearConfig | None = None) -> str | None:  # type: ignore[assignment]
+    """The bleeding_errors reason's text for ``w`` among ``peers`` (the host's GPUs), None without one."""
+    from gpuwear.health import peer_rates
+
+    p = p or WearConfig()
+    rates = peer_rates({x.uuid: x for x in (w, *peers)}, p)
+    found = [r["text"] for r in verdict(w, p, None, peers=rates[w.uuid])["reasons"] if r["code"] == "bleeding_errors"]
+    return found[0] if found else None
+
+
+def test_bleeding_against_peers_both_sides_of_the_ratio_and_the_floor() -> None:
+    """10 x the peers' median over the same two days: 11 x is watched, 9 x is not (nothing held the ratio: 1 x
+    passed every test); under the floor of 1,000 an hour, not even at 100 x its peers."""
+    peers = [card_by_day([100.0] * 3, f"GPU-p{i}") for i in range(3)]
+    assert _bleeding(card_by_day([1_100.0] * 3, "GPU-x"), peers) is not None
+    assert _bleeding(card_by_day([900.0] * 3, "GPU-x"), peers) is None
+    assert _bleeding(card_by_day([1_100.0] * 3, "GPU-x"), [card_by_day([0.0] * 3, "GPU-p")]) is not None
+    assert _bleeding(card_by_day([950.0] * 3, "GPU-x"), [card_by_day([9.0] * 3, "GPU-p")]) is None  # floor
+
+
+def test_a_card_clean_for_months_that_starts_bleeding_beside_a_clean_peer_is_named_within_two_days() -> None:
+    """Issue 51: with peers it was judged on its lifetime rate, so a card clean for 60 days that starts bleeding
+    20,000 corrected errors per loaded hour beside one clean peer was named only after weeks; now on its last two
+    days against its peer's, on the second day. And the watch ends two days after the bleed stops."""
+    peer = card_by_day([0.0] * 62, "GPU-peer")
+    text = _bleeding(card_by_day([0.0] * 60 + [20_000.0] * 2, "GPU-x"), [peer])
+    assert text is not None and "k corrected ECC errors per loaded hour over its last two days; its 1 peer(s) of " \
+        "the same product over theirs: 0 (median)" in text, text
+    stopped = card_by_day([0.0] * 58 + [20_000.0] * 2 + [0.0] * 2, "GPU-x")
+    assert _bleeding(stopped, [peer]) is None
+
+
+def test_a_rate_every_card_shares_names_none_of_them_not_even_the_one_just_swapped_in() -> None:
+    """Issue 51: a new workload raises every card's corrected errors alike; judged on lifetime rates, only the card
+    just swapped into a slot (its young record all new workload) stood out. On the same two days, none does."""
+    old = [card_by_day([20.0] * 30 + [5_000.0] * 2, f"GPU-o{i}") for i in range(3)]
+    young = card_by_day([5_000.0] * 2, "GPU-new")
+    for w in (*old, young):
+        assert _bleeding(w, [x for x in (*old, young) if x is not w]) is None, w.uuid
+
+
+def test_a_lone_card_is_judged_from_its_first_day_and_however_long_it_bleeds() -> None:
+    """Issue 51: a lone GPU bleeding ~17,000 per loaded hour from its first day stayed ok (no past to compare with),
+    and a lone GPU's bleed became its own baseline after ~10 days. An absolute floor for a card without peers
+    (wear.health.bleeding_alone_per_loaded_hour, 10,000): 11,000 is watched from its first day and after 40 days,
+    9,000 is not; 10 x its own past is still watched beneath it."""
+    assert _bleeding(card_by_day([17_000.0] * 2)) is not None
+    long = _bleeding(card_by_day([17_000.0] * 40))
+    assert long is not None and re.search(r"no peer of the same product; its own over the 30 days before: 1[67]\.\d k",
+                                          long), long
+    assert _bleeding(card_by_day([11_000.0])) is not None
+    young = _bleeding(card_by_day([11_000.0] * 2))
+    assert young is not None and "no past of its own to compare with" in young, young
+    assert _bleeding(card_by_day([9_000.0] * 2)) is None and _bleeding(card_by_day([9_000.0] * 40)) is None
+    assert _bleeding(card_by_day([100.0] * 30 + [1_100.0] * 2)) is not None  # 11 x its past
+    assert _bleeding(card_by_day([100.0] * 30 + [900.0] * 2)) is None  # 9 x, and under the floor
+    assert _bleeding(card_by_day([200.0] * 30 + [1_800.0] * 2)) is None  # 9 x its past
+    assert _bleeding(card_by_day([17_000.0] * 2), p=_config(bleeding_alone_per_loaded_hour=20_000.0)) is None
+
+
+def _config(**health: float) -> WearConfig:
+    from dataclasses import replace
+
+    p = WearConfig()
+    return replace(p, health=replace(p.health, **health))

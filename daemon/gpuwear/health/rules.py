@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.health.signals import ERROR_WORDS, error_rates, per_hour, repeated_incidents, slow_reads_text
+from gpuwear.health.signals import ERROR_WORDS, per_hour, recent_rates, repeated_incidents, slow_reads_text
 from gpuwear.health.xids import BY_CODE
 from gpuwear.wear.accumulate import STALLS, GpuWear
 
@@ -192,44 +192,35 @@ def _gpu_lost(f: Facts) -> Iterator[Finding]:
                f"the GPU fell off the bus {f.w.lost_events} time(s){f.ago('gpu lost')}")
 
 
-def _bleeding_alone(f: Facts, counter: str, own: Mapping[str, tuple[float | None, float | None]]) -> str | None:
-    """A counter no peer of its product reads: the GPU's last days against its own past."""
+def _bleeding_alone(f: Facts, counter: str, lately: float, before: float | None) -> str | None:
+    """A counter no peer of its product reads: its last two days against its own past, or above the absolute
+    floor (wear.health.bleeding_alone_per_loaded_hour) from its first day."""
     hp = f.p.health
-    lately, before = own.get(counter, (None, None))
-    if (lately is None or before is None or lately < hp.bleeding_floor_per_loaded_hour
-            or lately < hp.bleeding_peer_ratio * before):
+    against_past = before is not None and lately >= hp.bleeding_peer_ratio * before
+    if not against_past and lately < hp.bleeding_alone_per_loaded_hour:
         return None
+    past = ("no past of its own to compare with" if before is None else
+            f"its own over the {hp.bleeding_baseline_days} days before: {per_hour(before)}")
     return (f"{per_hour(lately)} {ERROR_WORDS.get(counter, counter)} per loaded hour over its last two days; no peer "
-            f"of the same product; its own over the {hp.bleeding_baseline_days} days before: {per_hour(before)}")
+            f"of the same product; {past}")
 
 
-def _bleeding_against_peers(f: Facts, counter: str, loaded: float | None, idle: float | None,
-                            theirs: list[float]) -> str | None:
-    hp = f.p.health
-    if loaded is None or loaded < hp.bleeding_floor_per_loaded_hour:
-        return None
+def _bleeding_against_peers(f: Facts, counter: str, lately: float, theirs: list[float]) -> str | None:
     median = statistics.median(theirs)
-    if loaded < hp.bleeding_peer_ratio * median:
+    if lately < f.p.health.bleeding_peer_ratio * median:
         return None
-    at_idle = "" if idle is None else f", {per_hour(idle)} per idle hour"
-    return (f"{per_hour(loaded)} {ERROR_WORDS.get(counter, counter)} per loaded hour{at_idle}; its {len(theirs)} "
-            f"peer(s) of the same product: {per_hour(median)} (median)")
+    return (f"{per_hour(lately)} {ERROR_WORDS.get(counter, counter)} per loaded hour over its last two days; its "
+            f"{len(theirs)} peer(s) of the same product over theirs: {per_hour(median)} (median)")
 
 
 def _bleeding_errors(f: Facts) -> Iterator[Finding]:
     bleeding = []  # one reason for every counter that bleeds: a code labels one series of the health metric
-    own: dict[str, tuple[float | None, float | None]] | None = None
-    for counter, (loaded, idle) in error_rates(f.w, f.p).items():
-        if counter == STALLS:
+    for counter, (lately, before) in recent_rates(f.w, f.p).items():
+        if lately is None or lately < f.p.health.bleeding_floor_per_loaded_hour:
             continue
-        theirs = f.peers.get(counter, [])
-        if theirs:
-            words = _bleeding_against_peers(f, counter, loaded, idle, theirs)
-        else:
-            if own is None:
-                own = f.w.own_error_rates(f.p.health.bleeding_baseline_days,
-                                          f.p.health.bleeding_min_loaded_hours * 3600.0)
-            words = _bleeding_alone(f, counter, own)
+        theirs = f.peers.get(counter)
+        words = (_bleeding_against_peers(f, counter, lately, theirs) if theirs
+                 else _bleeding_alone(f, counter, lately, before))
         if words:
             bleeding.append(words)
     if bleeding:
@@ -387,16 +378,17 @@ TABLE: tuple[Rule, ...] = (
          _ACT_THEN_WATCH, _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"), _gpu_lost,
          "GpuwearGpuLost"),
     Rule("bleeding_errors", "corrected ECC errors, PCIe replays, NVLink CRC errors and replays, rows remapped for "
-         "correctable errors, per loaded hour", "lifetime with peers of its product; alone, its last two UTC days "
-         "against the wear.health.bleeding_baseline_days before them",
-         "wear.health.bleeding_peer_ratio x the peers' median (or its own past), and "
-         "wear.health.bleeding_floor_per_loaded_hour, after wear.health.bleeding_min_loaded_hours",
-         "watch", "the rate back under the threshold (a lifetime rate falls slowly)",
-         "gpuwear's own rule, not NVIDIA's: an error rate per loaded hour at least "
-         "wear.health.bleeding_peer_ratio times the median of the host's GPUs of the same product (a GPU "
-         "without such peers: its rate over its last two UTC days against its own over the "
-         "wear.health.bleeding_baseline_days before them), and "
-         "above wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
+         "correctable errors, per loaded hour", "its last two UTC days (RECENT_ERROR_DAYS), for every GPU; its peers' "
+         "same days; alone, also the wear.health.bleeding_baseline_days before them",
+         "wear.health.bleeding_peer_ratio x the peers' median; alone, x its own past or "
+         "wear.health.bleeding_alone_per_loaded_hour; above wear.health.bleeding_floor_per_loaded_hour, after "
+         "wear.health.bleeding_min_loaded_hours of load in the window",
+         "watch", "its last two UTC days back under the threshold (within two days of the bleed stopping)",
+         "gpuwear's own rule, not NVIDIA's: an error rate per loaded hour over the GPU's last two UTC days at least "
+         "wear.health.bleeding_peer_ratio times the median of the host's GPUs of the same product over the same days "
+         "(a GPU without such peers: times its own rate over the wear.health.bleeding_baseline_days before them, or "
+         "at least wear.health.bleeding_alone_per_loaded_hour from its first day), and above "
+         "wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
          "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
          "#313, NVIDIA/NVSentinel #1748)", _bleeding_errors),
     Rule("stalled_calls", "the sampler's reads of the GPU past sampling.nvml_deadline_seconds", "the GPU's lifetime "

@@ -61,21 +61,30 @@ def incident_summary(w: GpuWear) -> dict[str, Any]:
 
 
 def error_rates(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | None]]:
-    """Each error counter's rate per loaded and per idle hour, None below wear.health.bleeding_min_loaded_hours of
-    that side."""
+    """Each error counter's lifetime rate per loaded and per idle hour, None below
+    wear.health.bleeding_min_loaded_hours of that side (what `report` shows beside the judged window)."""
     return w.error_rates(p.health.bleeding_min_loaded_hours * 3600.0)
 
 
+def recent_rates(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | None]]:
+    """Each error counter's rate per loaded hour over the GPU's last two UTC days (RECENT_ERROR_DAYS, to the day of
+    its last sight) and over the wear.health.bleeding_baseline_days before them: the window every GPU is judged on,
+    and its own past. None where that window was read under load for wear.health.bleeding_min_loaded_hours or
+    less."""
+    return w.own_error_rates(p.health.bleeding_baseline_days, p.health.bleeding_min_loaded_hours * 3600.0)
+
+
 def peer_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, dict[str, list[float]]]:
-    """For each GPU (by UUID), the loaded-hour rates of each error counter of the other GPUs of the same product
-    (card name) among ``wears``: what the bleeding rule compares it with. Each product's rates are gathered once
-    (the views are made on the scrape path: a pass over every pair of GPUs cost 1.7 ms at 64 GPUs)."""
-    rates = {uuid: (w.name.strip().lower(), error_rates(w, p)) for uuid, w in wears.items()}
+    """For each GPU (by UUID), the loaded-hour rates over their last two UTC days (recent_rates) of each error
+    counter of the other GPUs of the same product (card name) among ``wears``: what the bleeding rule compares the
+    GPU's own same window with. Each product's rates are gathered once (the views are made on the scrape path: a
+    pass over every pair of GPUs cost 1.7 ms at 64 GPUs)."""
+    rates = {uuid: (w.name.strip().lower(), recent_rates(w, p)) for uuid, w in wears.items()}
     groups: dict[tuple[str, str], list[float]] = {}
     for name, theirs in rates.values():
-        for counter, (loaded, _) in theirs.items():
-            if name and loaded is not None:
-                groups.setdefault((name, counter), []).append(loaded)
+        for counter, (lately, _) in theirs.items():
+            if name and lately is not None:
+                groups.setdefault((name, counter), []).append(lately)
     out: dict[str, dict[str, list[float]]] = {}
     for uuid, (name, mine) in rates.items():
         peers: dict[str, list[float]] = {}
