@@ -86,7 +86,7 @@ def test_each_rule_gives_only_its_own_code_and_every_rule_fires_somewhere() -> N
             for severity, code, _ in r.judge(facts):
                 if r.code == "xid_N":
                     xid = BY_CODE[int(code.removeprefix("xid_"))]
-                    assert xid.tier in ("act", "watch") and (severity == xid.tier or severity == "watch"), code
+                    assert xid.tier in ("act", "watch", "app") and severity in ("watch", xid.tier), code
                 else:
                     assert code == r.code, (r.code, code)
                 assert severity in severities[r.severity], (r.code, severity)
@@ -137,7 +137,7 @@ def test_each_rules_alert_exists_with_the_rules_hold() -> None:
 
 def test_the_xid_catalog_is_data_with_one_tier_a_code() -> None:
     assert len({x.code for x in CATALOG}) == len(CATALOG)
-    assert all(x.tier in ("act", "watch", "none") and x.meaning and x.resolution and x.source for x in CATALOG)
+    assert all(x.tier in ("act", "watch", "app", "none") and x.meaning and x.resolution and x.source for x in CATALOG)
     assert set(XID_ACT) | set(XID_WATCH) == {x.code for x in CATALOG if x.tier != "none"}
     assert not set(XID_ACT) & set(XID_WATCH)
     w = GpuWear("GPU-x", name="card")
@@ -216,3 +216,73 @@ def _config(**health: float) -> WearConfig:
 
     p = WearConfig()
     return replace(p, health=replace(p.health, **health))
+
+
+# -- ends: every incident and count is judged from its last occurrence ----------------------------------------------
+
+def _xid_after(code: int, days: float) -> dict[str, str]:
+    """The verdict's reasons (code -> severity) of a GPU whose record ends ``days`` after XID ``code``."""
+    w = GpuWear("GPU-x", name="card")
+    w.first_seen = T0
+    w.add_xids({code: 1}, T0)
+    w.last_seen = T0 + days * DAY
+    return {r["code"]: r["severity"] for r in verdict(w, WearConfig(), None)["reasons"] if r["code"] != "memory_" +
+            "health_unknown"}
+
+
+def test_an_xid_ends_by_its_tier_after_its_last_occurrence() -> None:
+    """Issue 51: XID 13/31/94 (resolved by restarting the application) put a GPU at watch for life, and act XIDs
+    decayed to watch after 7 days and stayed, so GpuwearHealthWatch never cleared on a busy box. Now an act XID is
+    act for 7 days, watch until 30, then ended; a watch XID is watched for 7 days; an application's for a day."""
+    assert _xid_after(79, 6.9) == {"xid_79": "act"} and _xid_after(79, 7.1) == {"xid_79": "watch"}
+    assert _xid_after(79, 29.9) == {"xid_79": "watch"} and _xid_after(79, 30.1) == {}
+    assert _xid_after(63, 6.9) == {"xid_63": "watch"} and _xid_after(63, 7.1) == {}
+    for code in (13, 31, 94):
+        assert _xid_after(code, 0.9) == {f"xid_{code}": "watch"} and _xid_after(code, 1.1) == {}, code
+    w = GpuWear("GPU-x", name="card")
+    w.first_seen = T0
+    w.add_lost(T0)
+    for days, severity in ((6.9, "act"), (7.1, "watch"), (29.9, "watch"), (30.1, None)):
+        w.last_seen = T0 + days * DAY
+        found = [r["severity"] for r in verdict(w, WearConfig(), None)["reasons"] if r["code"] == "gpu_lost"]
+        assert found == ([severity] if severity else []), days
+    w.last_seen = T0 + 9 * DAY
+    longer = _config(incident_act_days=10.0)
+    assert [r["severity"] for r in verdict(w, longer, None)["reasons"] if r["code"] == "gpu_lost"] == ["act"]
+
+
+def _sampled(counts: list[tuple[float, int]]) -> GpuWear:
+    """A GPU read at each (day, retired single-bit pages, remapped rows, uncorrectable aggregate = count) through
+    GpuWear.add, through the ledger's JSON."""
+    import json
+
+    from gpuwear.sample import GpuSample
+
+    w = GpuWear("GPU-x", name="card")
+    for i, (day, n) in enumerate(counts):
+        w.add(GpuSample(timestamp=T0 + day * DAY, monotonic=day * DAY, temperature_gpu_celsius=50.0,
+                        retired_pages_single_bit=n, retired_pages_double_bit=0, remapped_rows_corrected=n,
+                        remapped_rows_uncorrected=0, ecc_uncorrected_aggregate=n, ecc_enabled=True),
+              0.0 if i == 0 else 60.0)
+    return GpuWear.from_json(json.loads(json.dumps(w.to_json())), 2.0)
+
+
+def test_lifetime_counts_are_watched_while_they_grow() -> None:
+    """Issue 51: retired pages, remapped rows and the device's aggregate of uncorrectable errors (from before
+    gpuwear too) were watched for life once above 0. Now each is watched for wear.health.growth_watch_days (7)
+    after it last grew, or after gpuwear first read the GPU; the day of the last new one is said."""
+    codes = ("retired_pages", "remapped_rows", "uncorrectable_ecc_history")
+
+    def said(w: GpuWear) -> dict[str, str]:
+        return {r["code"]: r["text"] for r in verdict(w, WearConfig(), None)["reasons"] if r["code"] in codes}
+
+    found_at_first_sight = _sampled([(0, 3), (6.9, 3)])
+    assert set(said(found_at_first_sight)) == set(codes)
+    assert said(_sampled([(0, 3), (7.1, 3)])) == {}
+    grew = _sampled([(0, 3), (20, 4), (26.9, 4)])
+    assert grew.last_event["grew retired_pages_single_bit"] == T0 + 20 * DAY
+    texts = said(grew)
+    assert set(texts) == set(codes) and "4 retired memory page(s), the last new one on 2026-10-11" in \
+        texts["retired_pages"], texts  # T0 + 20 days
+    assert said(_sampled([(0, 3), (20, 4), (27.1, 4)])) == {}
+    assert said(_sampled([(0, 0), (27.1, 0)])) == {}

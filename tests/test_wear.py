@@ -601,8 +601,10 @@ def test_a_gpu_that_needs_repairs_again_within_a_week_is_a_repeat_offender() -> 
     assert v["incidents"]["kept"] == 2 and v["incidents"]["mean_seconds_between"] == pytest.approx(3 * day)
     apart = card((t0, "xid 48"), (t0 + 8 * day, "xid 48"), last_seen=t0 + 8 * day)
     assert "repeat_incidents" not in {r["code"] for r in apart["reasons"]} and apart["status"] == "ok"
-    past = card((t0, "xid 48"), (t0 + day, "xid 48"), last_seen=t0 + 40 * day)
+    past = card((t0, "xid 48"), (t0 + day, "xid 48"), last_seen=t0 + 20 * day)
     assert [r["severity"] for r in past["reasons"] if r["code"] == "repeat_incidents"] == ["watch"]
+    ended = card((t0, "xid 48"), (t0 + day, "xid 48"), last_seen=t0 + 32 * day)  # issue 51: it ends
+    assert "repeat_incidents" not in {r["code"] for r in ended["reasons"]} and ended["status"] == "ok"
     # one fault seen several ways within 10 minutes is one incident: not a repeat on its own
     w = GpuWear("GPU-x")
     for wall, what in ((t0, "xid 79"), (t0 + 2, "gpu lost"), (t0 + 40, "xid 79")):

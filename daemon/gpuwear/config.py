@@ -160,6 +160,11 @@ class HealthConfig:
     bleeding_baseline_days: int = _key(30, _integer(2, 60))
     bleeding_alone_per_loaded_hour: float = _key(10000.0, _number(0, 1e15))
     stall_watch_count: int = _key(3, _integer(1, 1_000_000))
+    incident_act_days: float = _key(7.0, _number(0.01, 3650))
+    incident_watch_days: float = _key(30.0, _number(0.01, 3650))
+    xid_watch_days: float = _key(7.0, _number(0.01, 3650))
+    xid_app_days: float = _key(1.0, _number(0.01, 3650))
+    growth_watch_days: float = _key(7.0, _number(0.01, 3650))
     margin_celsius: float = _key(5.0, _number(0.5, 50))
     margin_watch_ratio: float = _key(0.25, _number(0.01, 1))
 

@@ -19,7 +19,6 @@ from gpuwear.wear.accumulate import STALLS, GpuWear
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
                     4: "drain and reset the GPU"}
-RECENT_SECONDS = 7 * 86400  # a critical event older than this (in the GPU's record) asks for watching, not action
 NVLINK_DOWN_HOLD_SECONDS = 300  # links fewer than before for this long are down (they train after a boot)
 PCIE_DOWNGRADED_HOLD_SECONDS = 600
 
@@ -49,14 +48,34 @@ class Facts:
         """Busy seconds (utilization at or above wear.busy_utilization_ratio), lifetime."""
         return self.w.busy_seconds(self.p.busy_utilization_ratio) if self.busy_given is None else self.busy_given
 
-    def recent(self, what: str) -> bool:
-        """Seen within RECENT_SECONDS of the GPU's record's end: older events are history (watch)."""
-        when = self.w.last_event.get(what)
-        return when is None or self.w.last_seen is None or self.w.last_seen - when <= RECENT_SECONDS
+    def within(self, when: float | None, days: float) -> bool:
+        """``when`` (wall, Unix s) lies within ``days`` of the GPU's record's end (its last sight: the record's time,
+        not the reader's clock); an unknown time is taken as recent."""
+        return when is None or self.w.last_seen is None or self.w.last_seen - when <= days * 86400.0
+
+    def incident(self, when: float | None) -> str | None:
+        """An incident's severity by its last occurrence: act within wear.health.incident_act_days, then watch until
+        incident_watch_days, then None (ended)."""
+        hp = self.p.health
+        return "act" if self.within(when, hp.incident_act_days) else \
+            "watch" if self.within(when, hp.incident_watch_days) else None
 
     def ago(self, what: str) -> str:
         when = self.w.last_event.get(what)
         return "" if when is None else f", last {time.strftime('%Y-%m-%d', time.gmtime(when))}"
+
+    def grew(self, *counts: str) -> float | None:
+        """When any of the card's lifetime ``counts`` (accumulate.GROWING_COUNTS) last grew, or, for a count that
+        never grew in the record, when gpuwear first read the GPU."""
+        times = [self.w.last_event[f"grew {c}"] for c in counts if f"grew {c}" in self.w.last_event]
+        return max(times) if times else self.w.first_seen
+
+    def growing(self, *counts: str) -> str | None:
+        """", the last new one on DAY" while the counts grew within wear.health.growth_watch_days, else None."""
+        when = self.grew(*counts)
+        if not self.within(when, self.p.health.growth_watch_days):
+            return None
+        return "" if when is None else f", the last new one on {time.strftime('%Y-%m-%d', time.gmtime(when))}"
 
 
 Judge = Callable[[Facts], Iterator[Finding]]
@@ -129,8 +148,10 @@ def _retired_pages_limit(f: Facts) -> Iterator[Finding]:
 
 def _retired_pages(f: Facts) -> Iterator[Finding]:
     retired = _retired(f)
-    if 0 < retired < RETIRED_PAGES_LIMIT:
-        yield "watch", "retired_pages", f"{retired} retired memory page(s): normal in small numbers; keep watching"
+    if 0 < retired < RETIRED_PAGES_LIMIT and (last := f.growing("retired_pages_single_bit",
+                                                                 "retired_pages_double_bit")) is not None:
+        yield ("watch", "retired_pages", f"{retired} retired memory page(s){last}: normal in small numbers; keep "
+               "watching")
 
 
 def _pcie_aer(f: Facts) -> Iterator[Finding]:
@@ -173,23 +194,31 @@ def _pcie_link_downgraded(f: Facts) -> Iterator[Finding]:
 
 def _remapped_rows(f: Facts) -> Iterator[Finding]:
     n = f.h.get("remapped_rows_uncorrected", 0) + f.h.get("remapped_rows_corrected", 0)
-    if n > 0:
-        yield "watch", "remapped_rows", f"{n} memory row(s) remapped: the spare rows did their job; keep watching"
+    if n > 0 and (last := f.growing("remapped_rows_uncorrected", "remapped_rows_corrected")) is not None:
+        yield ("watch", "remapped_rows", f"{n} memory row(s) remapped{last}: the spare rows did their job; keep "
+               "watching")
+
+
+def _xid_severity(f: Facts, tier: str, when: float | None) -> str | None:
+    """An XID's severity by its tier and last occurrence (None: ended)."""
+    if tier == "act":
+        return f.incident(when)
+    days = {"watch": f.p.health.xid_watch_days, "app": f.p.health.xid_app_days}.get(tier)
+    return "watch" if days is not None and f.within(when, days) else None
 
 
 def _xids(f: Facts) -> Iterator[Finding]:
     for code, n in sorted((int(x), n) for x, n in f.w.xids.items()):
         xid = BY_CODE.get(code)
-        if xid is None or xid.tier not in ("act", "watch"):
-            continue
-        severity = "watch" if xid.tier == "act" and not f.recent(f"xid {code}") else xid.tier
-        yield severity, f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}"
+        severity = None if xid is None else _xid_severity(f, xid.tier, f.w.last_event.get(f"xid {code}"))
+        if xid is not None and severity is not None:
+            yield severity, f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}"
 
 
 def _gpu_lost(f: Facts) -> Iterator[Finding]:
-    if f.w.lost_events:
-        yield ("act" if f.recent("gpu lost") else "watch", "gpu_lost",
-               f"the GPU fell off the bus {f.w.lost_events} time(s){f.ago('gpu lost')}")
+    severity = f.incident(f.w.last_event.get("gpu lost")) if f.w.lost_events else None
+    if severity is not None:
+        yield severity, "gpu_lost", f"the GPU fell off the bus {f.w.lost_events} time(s){f.ago('gpu lost')}"
 
 
 def _bleeding_alone(f: Facts, counter: str, lately: float, before: float | None) -> str | None:
@@ -248,17 +277,22 @@ def _repeat_incidents(f: Facts) -> Iterator[Finding]:
     days = f"{hp.repeat_window_days:g} day(s)"
     first_day, last_day = (time.strftime("%Y-%m-%d", time.gmtime(t)) for t in (first, last))
     span = first_day if first_day == last_day else f"{first_day} to {last_day}"
-    recent = f.w.last_seen is None or f.w.last_seen - last <= RECENT_SECONDS
-    yield ("act" if recent else "watch", "repeat_incidents",
+    severity = f.incident(last)
+    if severity is None:
+        return
+    yield (severity, "repeat_incidents",
            f"needed a reset, a reboot or service {len(whats)} times within {days} ({span}: {', '.join(whats)}): "
-           + ("the repairs are not holding; have it checked by its vendor" if recent else
+           + ("the repairs are not holding; have it checked by its vendor" if severity == "act" else
               "in its history; keep watching"))
 
 
 def _uncorrectable_ecc_history(f: Facts) -> Iterator[Finding]:
     n = f.h.get("ecc_uncorrected_aggregate", 0)
     if n > 0 and not f.h.get("ecc_uncorrected_volatile", 0) > 0:  # said by uncorrectable_ecc while volatile
-        yield "watch", "uncorrectable_ecc_history", f"{n} uncorrectable ECC error(s) in the card's lifetime record"
+        last = f.growing("ecc_uncorrected_aggregate")
+        if last is not None:
+            yield ("watch", "uncorrectable_ecc_history",
+                   f"{n} uncorrectable ECC error(s) in the card's lifetime record{last}")
 
 
 def _slowdown(f: Facts) -> float | None:
@@ -316,8 +350,10 @@ _PAGE_RETIREMENT = "NVIDIA, Dynamic Page Retirement (docs.nvidia.com/deploy/dyna
 _XID_CATALOG = "NVIDIA's XID catalog, the resolution it gives for this XID (docs.nvidia.com/deploy/xid-errors)"
 _LATEST = "its latest reading"
 _NEVER = "never: a lifetime count only grows"
-_ACT_THEN_WATCH = ("act for 7 days after the last (RECENT_SECONDS, in the record's time), then watch for good: "
-                   "the lifetime count never ends it")
+_ACT_THEN_WATCH = ("act until wear.health.incident_act_days (7) after the last, then watch until "
+                   "incident_watch_days (30) after it, in the record's time; then it ends")
+_GROWTH = ("wear.health.growth_watch_days (7) after the count last grew, or after gpuwear first read the GPU "
+           "(a count from before that has no time)")
 
 TABLE: tuple[Rule, ...] = (
     Rule("row_remap_failure", "nvmlDeviceGetRemappedRows: isFailureOccurred", _LATEST, "set", "act",
@@ -343,8 +379,8 @@ TABLE: tuple[Rule, ...] = (
          ">= 60 pages", "act", "never: a retired page stays retired",
          "NVIDIA DCGM's health check: 60 or more retired pages is a failing GPU", _retired_pages_limit,
          "GpuwearRetiredPagesLimit"),
-    Rule("retired_pages", "nvmlDeviceGetRetiredPages (single- and double-bit)", "the card's lifetime",
-         "1 to 59 pages", "watch", "never: a retired page stays retired", _PAGE_RETIREMENT, _retired_pages),
+    Rule("retired_pages", "nvmlDeviceGetRetiredPages (single- and double-bit)", "the card's lifetime count, "
+         "judged while it grows", "1 to 59 pages", "watch", _GROWTH, _PAGE_RETIREMENT, _retired_pages),
     Rule("pcie_aer_uncorrectable", "sysfs aer_dev_nonfatal and aer_dev_fatal of the GPU's PCI function",
          "since boot", "> 0", "watch", "a reboot zeroes the kernel's counts",
          "gpuwear's own rule: any uncorrectable PCIe error (non-fatal or fatal) the Linux kernel's AER driver counted "
@@ -369,12 +405,16 @@ TABLE: tuple[Rule, ...] = (
          "the lanes, or under load the generation, that the card and its slot allow (nvmlDeviceGetCurrPcieLinkWidth "
          "and Generation against the Max ones)", _pcie_link_downgraded,
          "GpuwearPcieLinkDowngraded", PCIE_DOWNGRADED_HOLD_SECONDS),
-    Rule("remapped_rows", "nvmlDeviceGetRemappedRows: corrRows + uncRows", "the card's lifetime", "> 0", "watch",
-         "never: a remapped row stays remapped", _MEMORY_ERRORS, _remapped_rows),
-    Rule("xid_N", "XIDs from NVML's events and the kernel log, by code (health.xids)", "the GPU's lifetime record",
-         "any XID of the catalog's act or watch tier", "the code's tier", _ACT_THEN_WATCH + " (watch codes: for good)",
+    Rule("remapped_rows", "nvmlDeviceGetRemappedRows: corrRows + uncRows", "the card's lifetime count, judged while "
+         "it grows", "> 0", "watch", _GROWTH, _MEMORY_ERRORS, _remapped_rows),
+    Rule("xid_N", "XIDs from NVML's events and the kernel log, by code (health.xids)", "from the code's last "
+         "occurrence, in the record's time",
+         "any XID of the catalog's act, watch or app tier", "the code's tier",
+         "act codes: " + _ACT_THEN_WATCH + "; watch codes: wear.health.xid_watch_days (7) after the last; codes "
+         "resolved by restarting the application (13, 31, 94): xid_app_days (1)",
          _XID_CATALOG, _xids, "GpuwearXidCritical"),
-    Rule("gpu_lost", "NVML_ERROR_GPU_IS_LOST from any read", "the GPU's lifetime record", "any", "act",
+    Rule("gpu_lost", "NVML_ERROR_GPU_IS_LOST from any read", "from its last occurrence, in the record's time", "any",
+         "act",
          _ACT_THEN_WATCH, _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"), _gpu_lost,
          "GpuwearGpuLost"),
     Rule("bleeding_errors", "corrected ECC errors, PCIe replays, NVLink CRC errors and replays, rows remapped for "
@@ -398,13 +438,14 @@ TABLE: tuple[Rule, ...] = (
          "driver calls hung only under load: NVIDIA/DCGM #313)", _stalled_calls),
     Rule("repeat_incidents", "the incidents that call for a reset, a reboot or service (the newest 64 kept)",
          "wear.health.repeat_window_days", "wear.health.repeat_incidents", "act",
-         _ACT_THEN_WATCH.replace("the lifetime count", "the kept incidents"),
+         _ACT_THEN_WATCH.replace("after the last", "after the last of the run"),
          "NVIDIA NVSentinel's MultipleRemediations rule (a node remediated more than once within 7 "
          "days: the repairs are not resolving the fault), applied by gpuwear per GPU to the incidents "
          "that call for a reset, a reboot or service (wear.health.repeat_incidents, repeat_window_days)",
          _repeat_incidents),
     Rule("uncorrectable_ecc_history", "nvmlDeviceGetTotalEccErrors (uncorrected, aggregate)",
-         "the card's lifetime, before gpuwear too", "> 0 (while uncorrectable_ecc does not say it)", "watch", _NEVER,
+         "the card's lifetime count (before gpuwear too), judged while it grows",
+         "> 0 (while uncorrectable_ecc does not say it)", "watch", _GROWTH,
          _MEMORY_ERRORS, _uncorrectable_ecc_history),
     Rule("time_above_slowdown", "seconds at or above nvmlDeviceGetTemperatureThreshold (slowdown)",
          "the GPU's lifetime record", "wear.health.slowdown_watch_seconds", "watch", _NEVER,

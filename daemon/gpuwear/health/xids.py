@@ -13,8 +13,10 @@ OLDER_SOURCE = "NVIDIA's older Xid list (r555), as copied in leptonai/gpud compo
 
 @dataclass(frozen=True)
 class Xid:
-    """One code of the catalog. ``tier``: the verdict's severity for it ("act": the resolution asks for a GPU reset,
-    a reboot or service, and the XID counts as an incident; "watch"; "none": no reason of its own)."""
+    """One code of the catalog. ``tier``: what the verdict makes of it ("act": the resolution asks for a GPU reset,
+    a reboot or service, and the XID counts as an incident, act for wear.health.incident_act_days then watch until
+    incident_watch_days; "watch": watched for xid_watch_days; "app": the resolution is to restart the application,
+    watched for xid_app_days; "none": no reason of its own)."""
 
     code: int
     meaning: str
@@ -24,8 +26,8 @@ class Xid:
 
 
 CATALOG: tuple[Xid, ...] = (
-    Xid(13, "graphics engine exception", "restart app / workflow Xid 13", "watch"),
-    Xid(31, "GPU memory page fault", "restart app / workflow Xid 31", "watch"),
+    Xid(13, "graphics engine exception", "restart app / workflow Xid 13", "app"),
+    Xid(31, "GPU memory page fault", "restart app / workflow Xid 31", "app"),
     Xid(43, "GPU stopped processing (the GPU remains in a healthy state)", "ignore / contact support", "none"),
     Xid(45, "preemptive cleanup after earlier errors or an abort", "workflow Xid 45 / follow the other Xid", "none"),
     Xid(46, "GPU stopped processing", "reset GPU / contact support", "act"),
@@ -37,7 +39,7 @@ CATALOG: tuple[Xid, ...] = (
     Xid(74, "NVLink error", "NVLink workflow; reset or reboot", "act"),
     Xid(79, "GPU fell off the bus", "restart bare metal / contact support", "act"),
     Xid(92, "high single-bit ECC error rate", "ignore / contact support", "watch"),
-    Xid(94, "contained ECC error", "restart app; reset when convenient", "watch"),
+    Xid(94, "contained ECC error", "restart app; reset when convenient", "app"),
     Xid(95, "uncontained ECC error", "reset GPU", "act"),
     Xid(119, "GSP RPC timeout", "reset GPU / investigate software", "act"),
     Xid(120, "GSP error", "reset GPU / investigate software", "act"),
@@ -46,4 +48,4 @@ CATALOG: tuple[Xid, ...] = (
 )
 BY_CODE = {x.code: x for x in CATALOG}
 XID_ACT = {x.code: x.meaning for x in CATALOG if x.tier == "act"}
-XID_WATCH = {x.code: x.meaning for x in CATALOG if x.tier == "watch"}
+XID_WATCH = {x.code: x.meaning for x in CATALOG if x.tier in ("watch", "app")}

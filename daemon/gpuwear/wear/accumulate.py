@@ -256,6 +256,10 @@ HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volat
                  "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
                  "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors")
 
+# the card's lifetime counts whose growth the verdict judges within a window (health.rules): the time each last grew
+GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bit", "remapped_rows_corrected",
+                            "remapped_rows_uncorrected", "ecc_uncorrected_aggregate"})
+
 
 def _seen_in(w: GpuWear) -> dict[str, int]:
     """For a record written before ``seen`` was kept: what its tallies show it held."""
@@ -607,9 +611,14 @@ class GpuWear:
                 self.thresholds[name] = value
 
     def _health(self, s: GpuSample) -> None:
+        """The latest health readings, and in ``last_event`` ("grew NAME") when each count of GROWING_COUNTS last
+        grew (a count first read is not growth: what it held before gpuwear met it has no time)."""
         for name in HEALTH_FIELDS:
             value = getattr(s, name)
             if value is not None:
+                before = self.health.get(name)
+                if name in GROWING_COUNTS and isinstance(before, (int, float)) and value > before:
+                    self.last_event[f"grew {name}"] = s.timestamp
                 self.health[name] = value
         if s.temperature_memory_celsius is not None:
             self.health["memory_temperature_reported"] = True
