@@ -57,14 +57,13 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
     for _ in range(r.randint(0, 4)):
         w.add_incident(w.last_seen - r.uniform(0, 30 * DAY), r.choice(["xid 79", "gpu lost", "xid 48"]))
     if r.random() < 0.5:
-        w.error_counts = {"ecc_corrected": [r.choice([100.0, 7200.0]), r.choice([0.0, 5000.0, 1e6]), 100.0, 3.0],
-                          "nvml_stalls": [7200.0, float(r.randint(0, 5)), 10.0, float(r.randint(0, 2))]}
+        w.error_counts = {"ecc_corrected": [r.choice([100.0, 7200.0]), r.choice([0.0, 5000.0, 1e6]), 100.0, 3.0]}
         w.error_days = {utc_day(int(w.last_seen // 86400)): {"ecc_corrected": [7200.0, r.choice([0.0, 5000.0, 1e6])]}}
     if r.random() < 0.6:
         w.thresholds["slowdown"] = 87.0
-        w.temperature_seconds = {"gpu": {str(r.randint(40, 95)): r.uniform(0, 5000), "50": 1000.0}}
-        w.utilization_seconds = {"100": r.uniform(0, 5000), "0": 100.0}
-        w.throttle_seconds = {"sw_thermal_slowdown": r.uniform(0, 500)}
+        w.health_days[utc_day(int(w.last_seen // 86400) - r.randint(0, 9))] = {
+            "busy": r.uniform(0, 5000), "throttled": r.uniform(0, 500), "stalls": [r.randint(0, 3), r.randint(0, 1)],
+            "hot": {str(r.randint(67, 95)): r.uniform(0, 5000)}}
     if r.random() < 0.3:
         for d in range(8):
             w.thermal_resistance[f"2026-01-{d + 1:02d}"] = [100.0, 100.0 * (0.1 + d * r.uniform(0, 0.01)), 1.0]
@@ -80,7 +79,7 @@ def test_each_rule_gives_only_its_own_code_and_every_rule_fires_somewhere() -> N
                   "the code's tier": {"act", "watch"}}
     for seed in range(600):
         w, peers = random_gpu(seed)
-        facts = Facts(w, WearConfig(), resistance_trend(w), None, None, peers)
+        facts = Facts(w, WearConfig(), resistance_trend(w), peers)
         given = []
         for r in TABLE:
             for severity, code, _ in r.judge(facts):
@@ -286,3 +285,106 @@ def test_lifetime_counts_are_watched_while_they_grow() -> None:
         texts["retired_pages"], texts  # T0 + 20 days
     assert said(_sampled([(0, 3), (20, 4), (27.1, 4)])) == {}
     assert said(_sampled([(0, 0), (27.1, 0)])) == {}
+
+
+# -- windows: time and counts judged over the last wear.health.window_days UTC days --------------------------------
+# (whole UTC days: T0 is 14:13 UTC, so 6.3 days on is the 7th day of the window and 7.1 days on the 8th)
+
+def _reading(w: GpuWear, day: float, seconds: float, celsius: float, busy: bool = True, throttled: bool = False,
+             step: float = 10.0) -> None:
+    """``seconds`` of readings every ``step`` s from ``day`` (days after T0) of a card whose slowdown is 87 °C,
+    through GpuWear.add (the first a baseline when the record is new)."""
+    from gpuwear.sample import GpuSample
+
+    start = T0 + day * DAY
+    for k in range(int(seconds / step) + 1):
+        t = start + k * step
+        w.add(GpuSample(timestamp=t, monotonic=t - T0, temperature_gpu_celsius=celsius, threshold_slowdown_celsius=87.0,
+                        utilization_gpu_ratio=1.0 if busy else 0.0, clock_event_reasons=0x20 if throttled else 0),
+              0.0 if w.last_seen is None or k == 0 else step)
+
+
+def _codes_on(w: GpuWear, day: float) -> set[str]:
+    """The reasons of ``w``'s record (through the ledger's JSON) seen last on ``day``."""
+    import json
+
+    back = GpuWear.from_json(json.loads(json.dumps(w.to_json())), 2.0)
+    back.last_seen = T0 + day * DAY
+    return {r["code"] for r in verdict(back, WearConfig(), None)["reasons"]} - {"memory_health_unknown"}
+
+
+def test_time_above_slowdown_is_judged_over_the_window_and_ends_when_it_leaves() -> None:
+    """Issue 51: time at or above the slowdown temperature was a lifetime total (600 s once, watched for life). Now
+    600 s within the last 7 UTC days: 700 s is watched, 500 s is not, and 700 s ends when its day leaves."""
+    hot = GpuWear("GPU-x", name="card")
+    _reading(hot, 0, 700, 90.0)
+    assert "time_above_slowdown" in _codes_on(hot, 0) and "time_above_slowdown" in _codes_on(hot, 6.3)
+    assert "time_above_slowdown" not in _codes_on(hot, 7.1)
+    warm = GpuWear("GPU-x", name="card")
+    _reading(warm, 0, 500, 90.0)
+    assert "time_above_slowdown" not in _codes_on(warm, 0)
+
+
+def test_thermal_throttling_and_headroom_are_shares_of_the_windows_busy_time() -> None:
+    """Issue 51: thermal throttling and the time close to slowdown were shares of lifetime busy time, which a year
+    of cool running hid and a hot week at the start never left. Now shares of the window's busy time: 6 % throttled
+    is watched, 4 % is not; 30 % of busy time within 5 °C under the slowdown is watched, 20 % is not; each ends
+    when its days leave the window, and a later cool busy week outweighs nothing before it."""
+    for share, watched in ((0.06, True), (0.04, False)):
+        w = GpuWear("GPU-x", name="card")
+        _reading(w, 0, 1000 * share, 60.0, throttled=True)
+        _reading(w, 0.5, 1000 * (1 - share), 60.0)
+        assert ("thermal_throttling" in _codes_on(w, 0.6)) is watched, share
+        assert "thermal_throttling" not in _codes_on(w, 7.1)
+    for share, watched in ((0.3, True), (0.2, False)):
+        w = GpuWear("GPU-x", name="card")
+        _reading(w, 0, 1000 * share, 84.0)
+        _reading(w, 0.5, 1000 * (1 - share), 60.0)
+        assert ("close_to_slowdown" in _codes_on(w, 0.6)) is watched, share
+        assert "close_to_slowdown" not in _codes_on(w, 7.1)
+    # a year-old record's cool lifetime does not hide this week's throttling
+    w = GpuWear("GPU-x", name="card")
+    _reading(w, 0, 30 * 86400 / 100, 50.0, step=100.0)
+    _reading(w, 60, 100, 60.0, throttled=True)
+    _reading(w, 60.5, 900, 60.0)
+    assert "thermal_throttling" in _codes_on(w, 60.6)
+
+
+def test_stalled_calls_are_counted_over_the_window() -> None:
+    """Issue 51: stalled NVML reads were a lifetime count: three stalls once, watched for life. Now three within
+    the last 7 UTC days; two are not; three end when their day leaves the window."""
+    w = GpuWear("GPU-x", name="card")
+    w.last_seen = T0
+    w.add_stalls(3, True, T0)
+    assert "stalled_calls" in _codes_on(w, 0) and "stalled_calls" in _codes_on(w, 6.3)
+    assert "stalled_calls" not in _codes_on(w, 7.1)
+    w2 = GpuWear("GPU-x", name="card")
+    w2.add_stalls(2, True, T0)
+    assert "stalled_calls" not in _codes_on(w2, 0)
+
+
+def test_health_days_are_kept_checked_and_merged() -> None:
+    """The record's health_days: through the ledger's JSON and its validator (a bad value refused at its own
+    path), merged day by day, the newest 62 days kept."""
+    import json
+
+    from gpuwear.wear.accumulate import SCHEMA
+    from gpuwear.wear.schema import SchemaError, check_wear
+
+    w = GpuWear("GPU-x", name="card")
+    _reading(w, 0, 100, 90.0, throttled=True)
+    w.add_stalls(1, False, T0 + 50)
+    doc = json.loads(json.dumps(w.to_json()))
+    check_wear(doc, schema=SCHEMA)
+    (day,) = doc["health_days"].values()
+    assert day["busy"] == day["throttled"] == 100.0 and day["stalls"] == [0, 1] and day["hot"] == {"90": 100.0}
+    twice = GpuWear.from_json(doc, 2.0).merged(w)
+    (merged,) = twice.health_days.values()
+    assert merged["busy"] == 200.0 and merged["stalls"] == [0, 2] and merged["hot"] == {"90": 200.0}
+    bad = json.loads(json.dumps(doc))
+    next(iter(bad["health_days"].values()))["stalls"] = [1]
+    with pytest.raises(SchemaError, match="health_days"):
+        check_wear(bad, schema=SCHEMA)
+    for d in range(70):
+        w.add_stalls(1, True, T0 + d * DAY)
+    assert len(w.health_days) == 62

@@ -562,9 +562,9 @@ def test_every_verdict_reason_names_its_rule_and_whose_it_is() -> None:
     w.health.update({"remapped_rows_failure": True, "retired_pages_single_bit": 61, "ecc_uncorrected_volatile": 1,
                      "recovery_action": 1})
     w.xids = {"79": 1, "13": 2}
-    w.throttle_seconds = {"hw_thermal_slowdown": 500.0}
-    w.utilization_seconds = {"100": 1000.0}
-    v = verdict(w, WearConfig(), None, busy=1000.0, above_slowdown=0.0)
+    w.last_seen = 1.8e9
+    w.health_days = {"2027-01-15": {"busy": 1000.0, "throttled": 500.0}}
+    v = verdict(w, WearConfig(), None)
     rules = {r["code"]: r["rule"] for r in v["reasons"]}
     assert {"row_remap_failure", "retired_pages_limit", "uncorrectable_ecc", "recovery_action", "xid_79", "xid_13",
             "thermal_throttling"} <= set(rules), rules
@@ -591,7 +591,7 @@ def test_a_gpu_that_needs_repairs_again_within_a_week_is_a_repeat_offender() -> 
             w.add_incident(wall, what)
         w2 = GpuWear.from_json(json.loads(json.dumps(w.to_json())), 2.0)  # kept in the record as saved
         check_wear(w2.to_json())
-        return verdict(w2, WearConfig(), None, busy=0.0, above_slowdown=0.0)
+        return verdict(w2, WearConfig(), None)
 
     v = card((t0, "xid 48"), (t0 + 3 * day, "gpu lost"), last_seen=t0 + 3 * day)
     (repeat,) = [r for r in v["reasons"] if r["code"] == "repeat_incidents"]
@@ -827,7 +827,8 @@ def test_slow_driver_calls_are_kept_by_load_in_the_gpus_record() -> None:
     assert w.slow_reads == {"loaded": {"0.1": 1, "1": 1}, "idle": {"10": 1, "0.1": 1}}
     assert slow_reads_text(w.slow_reads) == ("reads of 0.1 s or more: 2 under load (1 of 1 s or more), 2 idle "
                                              "(1 of 1 s or more)")
-    w.error_counts["nvml_stalls"] = [3600.0, 3.0, 0.0, 0.0]
+    w.last_seen = 1.8e9
+    w.add_stalls(3, True, 1.8e9)
     (reason,) = [r for r in verdict(w, WearConfig(), None)["reasons"] if r["code"] == "stalled_calls"]
     assert "; reads of 0.1 s or more: 2 under load" in reason["text"], reason
 
@@ -840,9 +841,11 @@ def test_a_card_that_runs_just_below_its_slowdown_temperature_is_watched_for_hea
 
     for celsius, watched in ((86, True), (79, False)):
         w = GpuWear("GPU-x", name="card")
-        w.thresholds["slowdown"] = 89.0
-        w.temperature_seconds = {"gpu": {str(celsius): 3000.0, "40": 1000.0}}
-        w.utilization_seconds = {"100": 3000.0, "0": 1000.0}
+        for k in range(41):  # 3,000 s busy at ``celsius``, then 1,000 s idle at 40 °C
+            hot = k <= 30
+            w.add(GpuSample(timestamp=1.8e9 + 100.0 * k, monotonic=100.0 * k, threshold_slowdown_celsius=89.0,
+                            temperature_gpu_celsius=float(celsius if hot else 40), utilization_gpu_ratio=float(hot)),
+                  0.0 if k == 0 else 100.0)
         v = verdict(w, WearConfig(), None)
         reasons = {r["code"]: r for r in v["reasons"]}
         assert ("close_to_slowdown" in reasons) is watched, v

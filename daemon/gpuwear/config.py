@@ -165,6 +165,7 @@ class HealthConfig:
     xid_watch_days: float = _key(7.0, _number(0.01, 3650))
     xid_app_days: float = _key(1.0, _number(0.01, 3650))
     growth_watch_days: float = _key(7.0, _number(0.01, 3650))
+    window_days: int = _key(7, _integer(1, 60))
     margin_celsius: float = _key(5.0, _number(0.5, 50))
     margin_watch_ratio: float = _key(0.25, _number(0.01, 1))
 

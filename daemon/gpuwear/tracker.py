@@ -148,7 +148,7 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
         above_threshold=MappingProxyType(thresholds), cycles=MappingProxyType(cycles),
         fans=tuple((f.on_seconds, round(fan_revolutions(f, p), 1)) for f in w.fans),
         estimates=MappingProxyType(est),
-        verdict=MappingProxyType(verdict(w, p, trend, busy, thresholds.get(("gpu", "slowdown")), peers)),
+        verdict=MappingProxyType(verdict(w, p, trend, peers)),
         thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
         attributed=MappingProxyType({
             kind: (k["seconds"], k["energy_joules"],
@@ -345,7 +345,7 @@ class WearTracker:
         self._xids(w, seen, status, wall)
         stalls = status.errors.get("stalled", 0)
         if stalls > seen.stalls and not seen.stalling:  # a read past the deadline: booked to the load it was under
-            w.add_stalls(1, seen.loaded)
+            w.add_stalls(1, seen.loaded, wall)
             self._event(w, wall, "stall", {"loaded": seen.loaded})
         seen.stalling, seen.stalls = stalls > seen.stalls, stalls
         if status.sample is not None and status.sample.utilization_gpu_ratio is not None:

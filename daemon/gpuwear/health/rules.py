@@ -14,7 +14,7 @@ from typing import Any
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, per_hour, recent_rates, repeated_incidents, slow_reads_text
 from gpuwear.health.xids import BY_CODE
-from gpuwear.wear.accumulate import STALLS, GpuWear
+from gpuwear.wear.accumulate import HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
@@ -28,15 +28,12 @@ Finding = tuple[str, str, str]  # (severity, code, text)
 @dataclass(frozen=True)
 class Facts:
     """What the rules judge one GPU on: its record, the parameters, and what the caller had at hand already.
-    ``trend``: models.resistance_trend; ``busy_given`` / ``above_given``: its busy seconds and seconds at or above
-    its slowdown temperature, None to derive them; ``peers``: the loaded-hour error rates of the host's other GPUs
-    of its product (signals.peer_rates)."""
+    ``trend``: models.resistance_trend; ``peers``: the loaded-hour error rates of the host's other GPUs of its product
+    (signals.peer_rates)."""
 
     w: GpuWear
     p: WearConfig
     trend: Mapping[str, Any] | None = None
-    busy_given: float | None = None
-    above_given: float | None = None
     peers: Mapping[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -44,9 +41,28 @@ class Facts:
         return self.w.health
 
     @cached_property
-    def busy(self) -> float:
-        """Busy seconds (utilization at or above wear.busy_utilization_ratio), lifetime."""
-        return self.w.busy_seconds(self.p.busy_utilization_ratio) if self.busy_given is None else self.busy_given
+    def window(self) -> dict[str, Any]:
+        """The record's health_days summed over its last wear.health.window_days UTC days (to the day of its last
+        sight): "busy" and "throttled" s, "stalls" [under load, idle], "hot" {°C: s}."""
+        out: dict[str, Any] = {"busy": 0.0, "throttled": 0.0, "stalls": [0, 0], "hot": {}}
+        if self.w.last_seen is None:
+            return out
+        last = int(self.w.last_seen // 86400)
+        for i in range(self.p.health.window_days):
+            day = self.w.health_days.get(utc_day(last - i))
+            if day is None:
+                continue
+            out["busy"] += day.get("busy", 0.0)
+            out["throttled"] += day.get("throttled", 0.0)
+            out["stalls"] = [a + b for a, b in zip(out["stalls"], day.get("stalls", (0, 0)), strict=True)]
+            for t, sec in day.get("hot", {}).items():
+                out["hot"][t] = out["hot"].get(t, 0.0) + sec
+        return out
+
+    def hot_seconds(self, celsius: float) -> float:
+        """Seconds of the window with the die at or above ``celsius`` (whole-°C bins, as seconds_at_or_above)."""
+        hot: dict[str, float] = self.window["hot"]
+        return sum(sec for t, sec in hot.items() if int(t) >= celsius)
 
     def within(self, when: float | None, days: float) -> bool:
         """``when`` (wall, Unix s) lies within ``days`` of the GPU's record's end (its last sight: the record's time,
@@ -257,15 +273,14 @@ def _bleeding_errors(f: Facts) -> Iterator[Finding]:
 
 
 def _stalled_calls(f: Facts) -> Iterator[Finding]:
-    stalls = f.w.error_counts.get(STALLS)
-    if not stalls or stalls[1] + stalls[3] < f.p.health.stall_watch_count:
+    under, idle = f.window["stalls"]
+    if under + idle < f.p.health.stall_watch_count:
         return
-    under, idle = int(stalls[1]), int(stalls[3])
     only = " only under load, as the calls of a failing GPU hang in the field" if not idle else ""
     slow = slow_reads_text(f.w.slow_reads)
     yield ("watch", "stalled_calls", f"its NVML reads missed the sampler's deadline {under + idle} times "
-           f"({under} under load, {idle} idle){only}" + (f"; {slow}" if slow else "")
-           + ": a driver or GPU fault; check the kernel log")
+           f"({under} under load, {idle} idle) in its last {f.p.health.window_days} days{only}"
+           + (f"; {slow}" if slow else "") + ": a driver or GPU fault; check the kernel log")
 
 
 def _repeat_incidents(f: Facts) -> Iterator[Finding]:
@@ -303,31 +318,32 @@ def _time_above_slowdown(f: Facts) -> Iterator[Finding]:
     slowdown = _slowdown(f)
     if slowdown is None:
         return
-    above = f.w.seconds_at_or_above("gpu", slowdown) if f.above_given is None else f.above_given
+    above = f.hot_seconds(slowdown)
     if above >= f.p.health.slowdown_watch_seconds:
         yield ("watch", "time_above_slowdown", f"{above / 3600:.2f} h at or above the card's own slowdown "
-               f"temperature ({slowdown:g} °C)")
+               f"temperature ({slowdown:g} °C) in its last {f.p.health.window_days} days")
 
 
 def _close_to_slowdown(f: Facts) -> Iterator[Finding]:
-    slowdown, busy, hp = _slowdown(f), f.busy, f.p.health
+    slowdown, busy, hp = _slowdown(f), f.window["busy"], f.p.health
     if slowdown is None or busy <= 0:
         return
-    # headroom: the time just below the slowdown temperature (time above it has its own reason)
-    near = f.w.seconds_at_or_above("gpu", slowdown - hp.margin_celsius) - f.w.seconds_at_or_above("gpu", slowdown)
+    # headroom: the time just below the slowdown temperature (time above it has its own reason); the window keeps
+    # HOT_BELOW_CELSIUS under it
+    margin = min(hp.margin_celsius, HOT_BELOW_CELSIUS)
+    near = f.hot_seconds(slowdown - margin) - f.hot_seconds(slowdown)
     if near >= hp.margin_watch_ratio * busy:
         yield ("watch", "close_to_slowdown", f"{100 * min(near / busy, 1):.0f} % of busy time within "
-               f"{hp.margin_celsius:g} °C below its slowdown temperature ({slowdown:g} °C): little "
-               "headroom; a warmer room or dust takes it into slowdown")
+               f"{margin:g} °C below its slowdown temperature ({slowdown:g} °C) in its last {hp.window_days} days: "
+               "little headroom; a warmer room or dust takes it into slowdown")
 
 
 def _thermal_throttling(f: Facts) -> Iterator[Finding]:
-    thermal = f.w.throttle_seconds.get("sw_thermal_slowdown", 0.0) + f.w.throttle_seconds.get("hw_thermal_slowdown",
-                                                                                              0.0)
-    busy = f.busy
+    thermal, busy = f.window["throttled"], f.window["busy"]
     if busy > 0 and thermal / busy >= f.p.health.thermal_throttle_watch_ratio:
-        yield ("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time: "
-               "the card protects itself by slowing down; check cooling and airflow")
+        yield ("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time in "
+               f"its last {f.p.health.window_days} days: the card protects itself by slowing down; check cooling "
+               "and airflow")
 
 
 def _cooling_degrading(f: Facts) -> Iterator[Finding]:
@@ -349,7 +365,8 @@ _MEMORY_ERRORS = "NVIDIA, GPU Memory Error Management (docs.nvidia.com/deploy/a1
 _PAGE_RETIREMENT = "NVIDIA, Dynamic Page Retirement (docs.nvidia.com/deploy/dynamic-page-retirement)"
 _XID_CATALOG = "NVIDIA's XID catalog, the resolution it gives for this XID (docs.nvidia.com/deploy/xid-errors)"
 _LATEST = "its latest reading"
-_NEVER = "never: a lifetime count only grows"
+_WINDOW = "its last wear.health.window_days (7) UTC days, to the day of its last sight"
+_WINDOW_ENDS = "the window back under the threshold: the days that made it leave the window"
 _ACT_THEN_WATCH = ("act until wear.health.incident_act_days (7) after the last, then watch until "
                    "incident_watch_days (30) after it, in the record's time; then it ends")
 _GROWTH = ("wear.health.growth_watch_days (7) after the count last grew, or after gpuwear first read the GPU "
@@ -431,11 +448,11 @@ TABLE: tuple[Rule, ...] = (
          "wear.health.bleeding_floor_per_loaded_hour (the field case: a GB200 leaking about 17,700 "
          "corrected ECC errors a second under load, 0 at idle, that DCGM called healthy: NVIDIA/DCGM "
          "#313, NVIDIA/NVSentinel #1748)", _bleeding_errors),
-    Rule("stalled_calls", "the sampler's reads of the GPU past sampling.nvml_deadline_seconds", "the GPU's lifetime "
-         "record", "wear.health.stall_watch_count", "watch", _NEVER,
+    Rule("stalled_calls", "the sampler's reads of the GPU past sampling.nvml_deadline_seconds", _WINDOW,
+         "wear.health.stall_watch_count", "watch", _WINDOW_ENDS,
          "gpuwear's own rule, not NVIDIA's: wear.health.stall_watch_count NVML reads past the sampler's "
-         "deadline (sampling.nvml_deadline_seconds) in the GPU's record (the field case: a GB200 whose "
-         "driver calls hung only under load: NVIDIA/DCGM #313)", _stalled_calls),
+         "deadline (sampling.nvml_deadline_seconds) in the GPU's last wear.health.window_days UTC days (the field "
+         "case: a GB200 whose driver calls hung only under load: NVIDIA/DCGM #313)", _stalled_calls),
     Rule("repeat_incidents", "the incidents that call for a reset, a reboot or service (the newest 64 kept)",
          "wear.health.repeat_window_days", "wear.health.repeat_incidents", "act",
          _ACT_THEN_WATCH.replace("after the last", "after the last of the run"),
@@ -447,20 +464,19 @@ TABLE: tuple[Rule, ...] = (
          "the card's lifetime count (before gpuwear too), judged while it grows",
          "> 0 (while uncorrectable_ecc does not say it)", "watch", _GROWTH,
          _MEMORY_ERRORS, _uncorrectable_ecc_history),
-    Rule("time_above_slowdown", "seconds at or above nvmlDeviceGetTemperatureThreshold (slowdown)",
-         "the GPU's lifetime record", "wear.health.slowdown_watch_seconds", "watch", _NEVER,
+    Rule("time_above_slowdown", "seconds at or above nvmlDeviceGetTemperatureThreshold (slowdown)", _WINDOW,
+         "wear.health.slowdown_watch_seconds", "watch", _WINDOW_ENDS,
          "gpuwear's own rule: wear.health.slowdown_watch_seconds at or above the card's slowdown "
-         "temperature (NVML's threshold)", _time_above_slowdown),
-    Rule("close_to_slowdown", "seconds within wear.health.margin_celsius below the slowdown temperature",
-         "the GPU's lifetime record", "wear.health.margin_watch_ratio of busy time", "watch",
-         "the lifetime share back under the ratio (it falls slowly)",
+         "temperature (NVML's threshold) in its last wear.health.window_days UTC days", _time_above_slowdown),
+    Rule("close_to_slowdown", "seconds within wear.health.margin_celsius (at most 20) below the slowdown temperature",
+         _WINDOW, "wear.health.margin_watch_ratio of busy time (utilization 10 % or more)", "watch", _WINDOW_ENDS,
          "gpuwear's own rule: wear.health.margin_watch_ratio of busy time within "
-         "wear.health.margin_celsius below the card's slowdown temperature (NVML's threshold)", _close_to_slowdown),
+         "wear.health.margin_celsius below the card's slowdown temperature (NVML's threshold) in its last "
+         "wear.health.window_days UTC days", _close_to_slowdown),
     Rule("thermal_throttling", "seconds with a thermal clock-event reason (nvmlDeviceGetCurrentClocksEventReasons)",
-         "the GPU's lifetime record", "wear.health.thermal_throttle_watch_ratio of busy time", "watch",
-         "the lifetime share back under the ratio (it falls slowly)",
-         "gpuwear's own rule: wear.health.thermal_throttle_watch_ratio of busy time throttled", _thermal_throttling,
-         "GpuwearThermalThrottling"),
+         _WINDOW, "wear.health.thermal_throttle_watch_ratio of busy time (utilization 10 % or more)", "watch",
+         _WINDOW_ENDS, "gpuwear's own rule: wear.health.thermal_throttle_watch_ratio of busy time throttled in its "
+         "last wear.health.window_days UTC days", _thermal_throttling, "GpuwearThermalThrottling"),
     Rule("cooling_degrading", "the die's °C per watt at steady load, per UTC day", "its first three days with data "
          "against its last three", "wear.health.resistance_rise_watch_ratio", "watch",
          "the last three days' °C per watt back under the rise", "gpuwear's own rule: "

@@ -18,18 +18,17 @@ def rule(code: str) -> str:
     return RULES.get(code) or (XID_RULE if code.startswith("xid_") else "gpuwear's own rule")
 
 
-def verdict(w: GpuWear, p: WearConfig, trend: Mapping[str, Any] | None, busy: float | None = None,
-            above_slowdown: float | None = None, peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
+def verdict(w: GpuWear, p: WearConfig, trend: Mapping[str, Any] | None,
+            peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
     """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the card's
-    resistance_trend; ``busy`` and ``above_slowdown``: its busy seconds and seconds at or above its slowdown
-    temperature, when the caller has them already.
+    resistance_trend.
 
     Reason codes are a fixed set (they label a metric); the text explains each in plain words, and ``rule`` says
     which rule it applies and whose (NVIDIA's, or gpuwear's own). ``peers``: the loaded-hour error rates of the
     host's other GPUs of the same product (signals.peer_rates); a counter no peer reads is judged against the GPU's
     own past (GpuWear.own_error_rates).
     """
-    facts = Facts(w, p, trend, busy, above_slowdown, peers or {})
+    facts = Facts(w, p, trend, peers or {})
     reasons = [{"severity": severity, "code": code, "text": text, "rule": rule(code)}
                for r in TABLE for severity, code, text in r.judge(facts)]
     # the verdict is on what the card reports; what it cannot report is said beside it, not instead of it (a GeForce

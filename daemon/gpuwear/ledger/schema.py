@@ -26,8 +26,9 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # would refuse record by record: it refuses the whole ledger instead; 10: records may hold "error_counts" (error
 # counters by loaded and idle time), for the same reason; 11: records may hold "error_days" (the error counters'
 # loaded time and events by UTC day), for the same reason; 12: records may hold "slow_reads" (the GPU's slow
-# NVML reads by load), for the same reason
-SCHEMA_VERSION = 12
+# NVML reads by load), for the same reason; 13: records may hold "health_days" (the health rules' windows by UTC
+# day), for the same reason
+SCHEMA_VERSION = 13
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
 
@@ -190,6 +191,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     9: lambda db: None,  # nothing to change: records without "error_counts" are read as before
     10: lambda db: None,  # nothing to change: records without "error_days" are read as before
     11: lambda db: None,  # nothing to change: records without "slow_reads" are read as before
+    12: lambda db: None,  # nothing to change: records without "health_days" are read as before
 }
 
 

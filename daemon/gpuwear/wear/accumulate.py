@@ -205,6 +205,8 @@ LOADED_UTILIZATION = 0.1  # utilization at or above which an error counter's tim
 STALLS = "nvml_stalls"  # error_counts' entry for NVML reads past the deadline (the sampler's), by load
 SLOW_READ_SECONDS = (10.0, 1.0, 0.1)  # the bins of slow_reads, slowest first: a read at or above each is counted
 RECENT_ERROR_DAYS = 2  # the UTC days (the last one and the one before) judged against a GPU's own baseline
+HOT_BELOW_CELSIUS = 20  # health_days' "hot" keeps the die's time from this far under its slowdown temperature up
+THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 
 
 @functools.lru_cache(maxsize=128)
@@ -326,6 +328,10 @@ class GpuWear:
     # loaded events]), the newest ERROR_DAYS_KEPT days: a GPU without peers is judged against its own past
     # (own_error_rates)
     error_days: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # the health rules' windows (health.rules), by UTC day, the newest ERROR_DAYS_KEPT: "busy" (s at or above
+    # LOADED_UTILIZATION), "throttled" (s with a thermal clock-event reason), "stalls" ([under load, idle] reads past
+    # the sampler's deadline), "hot" (the die's s by whole °C from HOT_BELOW_CELSIUS under its slowdown temperature up)
+    health_days: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the GPU's slow NVML reads (a tick's read of the GPU, the sampler's timer), by load ("loaded" / "idle") and
     # by how slow (SLOW_READ_SECONDS: "0.1" for 0.1 s or more, "1", "10"): what precedes calls that hang
     slow_reads: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -407,6 +413,7 @@ class GpuWear:
         interval = self._measure(s, dt, cycles)
         self.apply(interval)
         self._errors(s, dt)
+        self._health_day(s, interval)
         # within the record's span: wall and monotonic clocks part by a little (a read's duration, a slewing clock)
         first, last = self.first_seen or s.timestamp, self.last_seen or s.timestamp
         self.cover(max(s.timestamp - dt, first), min(s.timestamp, last))
@@ -533,10 +540,42 @@ class GpuWear:
                 self.pending_load[name] = [0.0, 0.0]
         self.error_counts.setdefault(STALLS, [0.0, 0.0, 0.0, 0.0])[0 if loaded else 2] += dt
 
-    def add_stalls(self, reads: int, loaded: bool) -> None:
-        """NVML reads of this GPU that ran past the sampler's deadline, under load or idle (error_counts[STALLS])."""
+    def add_stalls(self, reads: int, loaded: bool, wall: float | None = None) -> None:
+        """NVML reads of this GPU that ran past the sampler's deadline, under load or idle (error_counts[STALLS]),
+        and on the UTC day of ``wall`` (health_days)."""
         if reads > 0:
             self.error_counts.setdefault(STALLS, [0.0, 0.0, 0.0, 0.0])[1 if loaded else 3] += reads
+            if wall is not None:
+                stalls = self._day(wall).setdefault("stalls", [0, 0])
+                stalls[0 if loaded else 1] += reads
+
+    def _day(self, wall: float) -> dict[str, Any]:
+        """health_days' entry of the UTC day of ``wall`` (made, and the oldest dropped, on a new day)."""
+        key = utc_day(int(wall // 86400))
+        day = self.health_days.get(key)
+        if day is None:
+            day = self.health_days[key] = {}
+            _keep_newest(self.health_days)
+        return day
+
+    def _health_day(self, s: GpuSample, iv: Interval) -> None:
+        """What the interval ending at ``s`` adds to its UTC day of health_days (not for imported logs, as _errors:
+        their readers build histories without it, and the live verdict judges the live record)."""
+        if not self.count_errors:
+            return
+        util, temp, slowdown = s.utilization_gpu_ratio, s.temperature_gpu_celsius, self.thresholds.get("slowdown")
+        busy = util is not None and util >= LOADED_UTILIZATION
+        throttled = any(r in THERMAL_REASONS for r in iv.reasons)
+        hot = temp is not None and slowdown is not None and temp >= slowdown - HOT_BELOW_CELSIUS
+        if not (busy or throttled or hot):
+            return
+        day = self._day(s.timestamp)
+        if busy:
+            day["busy"] = day.get("busy", 0.0) + iv.dt
+        if throttled:
+            day["throttled"] = day.get("throttled", 0.0) + iv.dt
+        if hot:
+            _add(day.setdefault("hot", {}), iv.temperature_bins["gpu"], iv.dt)
 
     def add_read(self, seconds: float, loaded: bool) -> None:
         """One read of this GPU that took ``seconds``: counted in slow_reads when it took 0.1 s or more."""
@@ -834,6 +873,17 @@ class GpuWear:
                 before = mine_day.get(name, [0.0, 0.0])
                 mine_day[name] = [x + y for x, y in zip(before, counts, strict=True)]
         _keep_newest(out.error_days)
+        for day, tallies in other.health_days.items():
+            into_day = out.health_days.setdefault(day, {})
+            for key in ("busy", "throttled"):
+                if key in tallies:
+                    into_day[key] = into_day.get(key, 0.0) + tallies[key]
+            if "stalls" in tallies:
+                into_day["stalls"] = [a + b for a, b in zip(into_day.get("stalls", [0, 0]), tallies["stalls"],
+                                                            strict=True)]
+            for t, sec in tallies.get("hot", {}).items():
+                _add(into_day.setdefault("hot", {}), t, sec)
+        _keep_newest(out.health_days)
         for load, bins in other.slow_reads.items():
             mine_bins = out.slow_reads.setdefault(load, {})
             for key, n in bins.items():
@@ -872,7 +922,8 @@ class GpuWear:
             "thresholds": self.thresholds, "health": self.health,
             "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event,
             "incidents": self.incidents, "error_counts": self.error_counts,
-            "error_days": self.error_days, "slow_reads": self.slow_reads, "kinds": self.kinds,
+            "error_days": self.error_days, "health_days": self.health_days, "slow_reads": self.slow_reads,
+            "kinds": self.kinds,
             "gate_celsius": self.gate_celsius, "seen": self.seen,
         }
 
@@ -898,6 +949,8 @@ class GpuWear:
         w.slow_reads = {load: {k: int(n) for k, n in bins.items()} for load, bins in d.get("slow_reads", {}).items()}
         w.error_days = {day: {k: [float(x) for x in v] for k, v in counters.items()}
                         for day, counters in d.get("error_days", {}).items()}
+        w.health_days = {day: {k: (dict(v) if k == "hot" else [int(x) for x in v] if k == "stalls" else float(v))
+                               for k, v in tallies.items()} for day, tallies in d.get("health_days", {}).items()}
         w.seen = dict(d["seen"]) if "seen" in d else _seen_in(w)
         w.rainflow = {k: RainflowCounter.from_json(v, gate_celsius) for k, v in d.get("rainflow", {}).items()}
         w.fans = [FanWear(**f) for f in d.get("fans", [])]

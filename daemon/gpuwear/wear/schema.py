@@ -184,6 +184,7 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "slow_reads": lambda v, w: mapping(v, w, lambda k: k in ("loaded", "idle"), lambda x, p: mapping(
         x, p, lambda k: k in ("0.1", "1", "10"), lambda n, q: integer(n, q))),
     "error_days": lambda v, w: mapping(v, w, lambda k: bool(_DAY.fullmatch(k)), _error_day, limit=ERROR_DAYS_KEPT),
+    "health_days": lambda v, w: mapping(v, w, lambda k: bool(_DAY.fullmatch(k)), _health_day, limit=ERROR_DAYS_KEPT),
     "covered": lambda v, w: mapping(v, w, _is_wall_key, lambda x, p: wall(x, p, optional=False),
                                     limit=MAX_INTERVALS),
 }
@@ -300,6 +301,26 @@ def _error_day_counts(value: Any, where: str) -> None:
         raise SchemaError(where, "expected [loaded seconds, loaded events]")
     for i, x in enumerate(value):
         number(x, _join(where, i), 0.0, 1e18)
+
+
+HEALTH_DAY_KEYS = ("busy", "throttled")
+
+
+def _health_day(value: Any, where: str) -> None:
+    """One UTC day of health_days: busy and thermally throttled seconds, stalls [under load, idle], and the die's
+    seconds by whole °C near and above its slowdown temperature ("hot")."""
+    mapping(value, where, lambda k: k in (*HEALTH_DAY_KEYS, "stalls", "hot"), limit=4)
+    for key in HEALTH_DAY_KEYS:
+        if key in value:
+            number(value[key], _join(where, key))
+    if "stalls" in value:
+        stalls = value["stalls"]
+        if not isinstance(stalls, list) or len(stalls) != 2:
+            raise SchemaError(_join(where, "stalls"), "expected [under load, idle]")
+        for i, n in enumerate(stalls):
+            integer(n, _join(_join(where, "stalls"), i))
+    if "hot" in value:
+        _histogram(value["hot"], _join(where, "hot"))
 
 
 def _error_counts(value: Any, where: str) -> None:
