@@ -388,3 +388,58 @@ def test_health_days_are_kept_checked_and_merged() -> None:
     for d in range(70):
         w.add_stalls(1, True, T0 + d * DAY)
     assert len(w.health_days) == 62
+
+
+# -- a rule on trial, a rule off ------------------------------------------------------------------------------------
+
+def test_a_rule_on_trial_would_have_said_without_changing_the_verdict() -> None:
+    """Issue 51, slice 5 (NVSentinel's store-only practice): a rule set to log in wear.health.rules is judged and
+    shown as "would have said" (report, its JSON, the page), never in the reasons, the status or the metric; a rule
+    set to off is not judged; the other rules go on."""
+    from gpuwear import page
+    from gpuwear.report import document, text_report
+
+    w = GpuWear("GPU-x", name="card")
+    w.first_seen = T0
+    w.add_xids({79: 1}, T0)
+    w.add_lost(T0)
+    w.last_seen = T0 + 3600
+    trial = _modes(xid_N="log", gpu_lost="off")
+    v = verdict(w, trial, None)
+    assert {r["code"] for r in v["reasons"]} == {"memory_health_unknown"} and v["status"] == "ok", v
+    assert [(r["code"], r["severity"]) for r in v["would_have_said"]] == [("xid_79", "act")]
+    assert verdict(w, WearConfig(), None)["status"] == "act"
+    doc = document([w], trial, {}, "test", False)
+    text = text_report(doc)
+    assert "Would have said (rule xid_79 on trial, wear.health.rules): [act] XID 79 (GPU fell off the bus)" in text
+    assert "fell off the bus 1 time" not in text  # gpu_lost: off
+    assert "Would have said (rule xid_79 on trial): [act] XID 79" in page.render(doc)
+    assert doc["gpus"][0]["health"]["would_have_said"][0]["code"] == "xid_79"
+
+
+def test_wear_health_rules_refuses_what_is_not_a_rule_or_a_mode(tmp_path: Path) -> None:
+    """A typo in a rule's code must not leave the operator believing it off: refused in one line naming it, as a
+    mode other than on, log or off, and an unquoted off (YAML's false)."""
+    import subprocess
+    import sys
+
+    for body, words in (("{stalld_calls: log}", "wear.health.rules.stalld_calls: no rule has this code"),
+                        ("{stalled_calls: never}", "stalled_calls: expected on, log or off, got 'never'"),
+                        ("{stalled_calls: off}", 'got false (write "on" or "off" in quotes)')):
+        path = tmp_path / "config.yaml"
+        path.write_text(f"wear:\n  health:\n    rules: {body}\n")
+        result = subprocess.run([sys.executable, "-m", "gpuwear", "check-config", str(path)], capture_output=True,
+                                text=True, timeout=60, check=False)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and words in lines[0], (body, result.stderr)
+    path.write_text('wear:\n  health:\n    rules: {stalled_calls: log, xid_N: "off"}\n')
+    ok = subprocess.run([sys.executable, "-m", "gpuwear", "check-config", str(path)], capture_output=True, text=True,
+                        timeout=60, check=False)
+    assert ok.returncode == 0, ok.stderr
+
+
+def _modes(**modes: str) -> WearConfig:
+    from dataclasses import replace
+
+    p = WearConfig()
+    return replace(p, health=replace(p.health, rules=tuple(sorted(modes.items()))))

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
-from gpuwear.config import Config, ConfigError, load_config, parse_listen
+from gpuwear.config import Config, ConfigError, parse_listen
 from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.webconfig import WebConfigError
@@ -146,6 +146,18 @@ def _show(text: str, end: str = "\n") -> None:
     """Print text for a person: every line made printable (names, UUIDs and job names come from GPUs, logs, exports
     and scenarios: an ESC, BEL or bidi override in them must not reach the terminal)."""
     print(_printable_lines(text), end=end)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """config.load_config, and the health rules wear.health.rules names checked against the rule table (the config
+    part knows no rule: health sits above it)."""
+    from gpuwear.config import load_config as load
+    from gpuwear.health import mode_problems
+
+    config = load(path)
+    if problems := mode_problems(dict(config.wear.health.rules)):
+        raise ConfigError(problems)
+    return config
 
 
 def _config_problems(path: str, error: ConfigError) -> int:

@@ -147,6 +147,24 @@ class FanConfig:
     l10_hours: BandConfig = _band(30000.0, 50000.0, 70000.0)
 
 
+RULE_MODES = ("on", "log", "off")
+
+
+def _rule_modes(v: Any) -> str | None:
+    """wear.health.rules: a health rule's code (health.rules.TABLE; the face refuses a code no rule has) -> on, log
+    (on trial: said as "would have said", never in the verdict or an alert) or off."""
+    if not isinstance(v, dict):
+        return f"expected a mapping of rule codes to on, log or off, got {short_repr(v)}"
+    for code, mode in v.items():
+        if not isinstance(code, str) or not code.isidentifier() or len(code) > 64:
+            return f"expected rule codes (as in the runbook's table), got {short_repr(code)}"
+        if isinstance(mode, bool):
+            return f'{code}: expected on, log or off, got {str(mode).lower()} (write "on" or "off" in quotes)'
+        if mode not in RULE_MODES:
+            return f"{code}: expected on, log or off, got {short_repr(mode)}"
+    return None
+
+
 @dataclass(frozen=True)
 class HealthConfig:
     slowdown_watch_seconds: float = _key(600.0, _number(0, 1e9))
@@ -166,6 +184,9 @@ class HealthConfig:
     xid_app_days: float = _key(1.0, _number(0.01, 3650))
     growth_watch_days: float = _key(7.0, _number(0.01, 3650))
     window_days: int = _key(7, _integer(1, 60))
+    # code -> mode, as sorted pairs: the parameters are hashed (they key the models' caches)
+    rules: tuple[tuple[str, str], ...] = field(default=(), metadata={"check": _rule_modes,
+                                                                     "convert": lambda v: tuple(sorted(v.items()))})
     margin_celsius: float = _key(5.0, _number(0.5, 50))
     margin_watch_ratio: float = _key(0.25, _number(0.01, 1))
 
@@ -301,7 +322,7 @@ def _build(cls: Any, data: Any, path: str, problems: list[str], base: Any = None
         if problem:
             problems.append(f"{path}{name}: {problem}")
         else:
-            values[name] = value
+            values[name] = f.metadata.get("convert", lambda v: v)(value)
     return replace(base, **values)
 
 

@@ -178,6 +178,9 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
     for r in h["reasons"]:
         if r["severity"] == "unknown":
             out.append(f'<p class="muted">Not known: {_e(r["text"])}</p>')
+    for r in h.get("would_have_said") or ():
+        out.append(f'<p class="muted">Would have said (rule {_e(r["code"])} on trial): [{_e(r["severity"])}] '
+                   f'{_e(r["text"])}</p>')
     out.append(f'<p class="muted">{_e(risk_seen(d))}</p>')
     out.append('<div class="cards"><div class="card"><h3>Heat aging (Arrhenius)</h3>'
                f'<div class="big">{_figure("thermal_aging_central_hours", a["central"], duration(a["central"] * 3600))}'

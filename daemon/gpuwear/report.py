@@ -410,6 +410,9 @@ def text_report(doc: dict[str, Any]) -> str:
         for r in h["reasons"]:
             if r["severity"] == "unknown":
                 out.append(f"    Not known: {r['text']}")
+        for r in h.get("would_have_said") or ():
+            out.append(f"    Would have said (rule {r['code']} on trial, wear.health.rules): [{r['severity']}] "
+                       f"{r['text']}")
         if (incidents := h.get("incidents")) and incidents["kept"]:
             out.append(f"    {_incidents_line(incidents)}")
         if slow := slow_reads_text(h.get("slow_reads") or {}):

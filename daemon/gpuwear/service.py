@@ -32,6 +32,7 @@ from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
+from gpuwear.health import mode_problems
 from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
@@ -654,6 +655,8 @@ class Daemon:
     def _reload_config(self, config_path: str) -> bool:
         try:
             new = replace(load_config(config_path), **self.overrides)
+            if problems := mode_problems(dict(new.wear.health.rules)):
+                raise ConfigError(problems)
         except ConfigError as exc:
             log.error("SIGHUP: %s refused, keeping the running config: %s", config_path, exc)
             return False

@@ -486,4 +486,11 @@ TABLE: tuple[Rule, ...] = (
          "what NVML reports of this card: no ECC counters, no memory temperature", _memory_health_unknown),
 )
 RULES = {r.code: r.source for r in TABLE if r.code != "xid_N"}
+
+
+def mode_problems(modes: Mapping[str, str]) -> list[str]:
+    """wear.health.rules' codes that name no rule of the table, each in one line."""
+    known = [r.code for r in TABLE]
+    return [f"wear.health.rules.{code}: no rule has this code (known: {', '.join(known)})"
+            for code in modes if code not in known]
 XID_RULE = _XID_CATALOG

@@ -27,15 +27,25 @@ def verdict(w: GpuWear, p: WearConfig, trend: Mapping[str, Any] | None,
     which rule it applies and whose (NVIDIA's, or gpuwear's own). ``peers``: the loaded-hour error rates of the
     host's other GPUs of the same product (signals.peer_rates); a counter no peer reads is judged against the GPU's
     own past (GpuWear.own_error_rates).
+
+    wear.health.rules sets a rule (by its code in the table) off, or on trial ("log"): what a rule on trial says is
+    kept in ``would_have_said``, never in the reasons, the status or an alert (NVSentinel's store-only practice).
     """
     facts = Facts(w, p, trend, peers or {})
-    reasons = [{"severity": severity, "code": code, "text": text, "rule": rule(code)}
-               for r in TABLE for severity, code, text in r.judge(facts)]
+    reasons: list[dict[str, str]] = []
+    trial: list[dict[str, str]] = []  # what the rules set to log said: "would have said", outside the verdict
+    modes = dict(p.health.rules)
+    for r in TABLE:
+        mode = modes.get(r.code, "on")
+        if mode != "off":
+            (reasons if mode == "on" else trial).extend(
+                {"severity": severity, "code": code, "text": text, "rule": rule(code)}
+                for severity, code, text in r.judge(facts))
     # the verdict is on what the card reports; what it cannot report is said beside it, not instead of it (a GeForce
     # card with nothing wrong is "ok", its memory health "not known")
     status = max((r["severity"] for r in reasons if r["severity"] != "unknown"), key=STATUS_ORDER.index,
                  default="ok")
     return {"status": status, "reasons": reasons, "not_known": [r["code"] for r in reasons
                                                                if r["severity"] == "unknown"],
-            "incidents": incident_summary(w),
+            "would_have_said": trial, "incidents": incident_summary(w),
             "slow_reads": {load: dict(bins) for load, bins in w.slow_reads.items()}}
