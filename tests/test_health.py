@@ -54,7 +54,7 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
         w.last_event[f"xid {x}"] = w.last_seen - r.uniform(0, 20 * DAY)
     if r.random() < 0.2:
         w.lost_events, w.last_event["gpu lost"] = 2, w.last_seen - r.uniform(0, 20 * DAY)
-    for _ in range(r.randint(0, 4)):
+    for _ in range(r.choice([0, 2, 8])):
         w.add_incident(w.last_seen - r.uniform(0, 30 * DAY), r.choice(["xid 79", "gpu lost", "xid 48"]))
     if r.random() < 0.5:
         w.error_counts = {"ecc_corrected": [r.choice([100.0, 7200.0]), r.choice([0.0, 5000.0, 1e6]), 100.0, 3.0]}

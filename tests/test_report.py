@@ -332,11 +332,11 @@ def test_links_down_or_downgraded_are_named_in_report_and_on_the_page(tmp_path: 
 
 @pytest.mark.slow
 def test_xids_from_the_kernel_log_and_a_repeat_offender_are_named_in_report_and_on_the_page(tmp_path: Path) -> None:
-    """Issue 29's done-when for XIDs and repeat offenders, end to end: the fake's driver writes XID 79 twice (an hour
-    apart) for one H100 and XID 13 for the other into its kernel log only (NVML cannot report 79), the daemon reads
-    them, and `report --json`, `report` and each GPU's own section of the page give xid_79 and repeat_incidents for
-    the first (act, each with its rule) and xid_13 for the second. (The metric: test_kernlog; the alerts: the rule
-    tests.)"""
+    """Issue 29's done-when for XIDs and repeat offenders, end to end: the fake's driver writes XID 79 then four XID
+    48s (half an hour apart: five incidents, NVSentinel's count) for one H100 and XID 13 for the other into its
+    kernel log (NVML cannot report 79), the daemon reads them, and `report --json`, `report` and each GPU's own
+    section of the page give xid_79 and repeat_incidents for the first (act, each with its rule) and xid_13 for the
+    second. (The metric: test_kernlog; the alerts: the rule tests.)"""
     import json as _json
 
     import yaml
@@ -348,7 +348,8 @@ def test_xids_from_the_kernel_log_and_a_repeat_offender_are_named_in_report_and_
     scenario = tmp_path / "xids.yaml"
     scenario.write_text(yaml.safe_dump({"description": "two H100s, XIDs", "gpus": [
         {"product": "h100-sxm", "schedule": train}] * 2, "faults": [
-        {"at": 900, "gpu": 0, "kind": "xid", "xid": 79}, {"at": 4500, "gpu": 0, "kind": "xid", "xid": 79},
+        {"at": 900, "gpu": 0, "kind": "xid", "xid": 79},
+        *({"at": 900 + 1800 * i, "gpu": 0, "kind": "xid", "xid": 48} for i in range(1, 5)),
         {"at": 900, "gpu": 1, "kind": "xid", "xid": 13}]}))
     state = tmp_path / "state"
     run_simulated(state, str(scenario), 3600.0, 3.0)

@@ -575,9 +575,11 @@ def test_every_verdict_reason_names_its_rule_and_whose_it_is() -> None:
 
 
 def test_a_gpu_that_needs_repairs_again_within_a_week_is_a_repeat_offender() -> None:
-    """NVSentinel's MultipleRemediations rule, per GPU: two incidents calling for a reset, a reboot or service
-    within 7 days make the verdict act (repairs are not holding); 8 days apart they do not; a repeat long past is
-    history (watch). Before, the verdict weighed each incident alone and kept no history of them."""
+    """NVSentinel's MultipleRemediations rule, per GPU: five incidents calling for a reset, a reboot or service
+    within 7 days make the verdict act (repairs are not holding); four do not, nor five spread over 8 days; a repeat
+    long past is history (watch), then ends. Issue 51: two incidents within an hour, no reset between, gave act
+    while NVSentinel counts five remediated events in 7 days. Before issue 29 the verdict weighed each incident
+    alone and kept no history of them."""
     from gpuwear.health import RULES
     from gpuwear.wear.schema import check_wear
 
@@ -593,37 +595,50 @@ def test_a_gpu_that_needs_repairs_again_within_a_week_is_a_repeat_offender() -> 
         check_wear(w2.to_json())
         return verdict(w2, WearConfig(), None)
 
-    v = card((t0, "xid 48"), (t0 + 3 * day, "gpu lost"), last_seen=t0 + 3 * day)
+    def codes(v: dict[str, Any]) -> set[str]:
+        return {r["code"] for r in v["reasons"]}
+
+    five = [(t0 + i * day, "xid 48") for i in range(4)] + [(t0 + 3.5 * day, "gpu lost")]
+    v = card(*five, last_seen=t0 + 3.5 * day)
     (repeat,) = [r for r in v["reasons"] if r["code"] == "repeat_incidents"]
     assert repeat["severity"] == "act" and v["status"] == "act"
-    assert "2 times within 7 day(s)" in repeat["text"] and "xid 48, gpu lost" in repeat["text"]
+    assert "5 times within 7 day(s)" in repeat["text"] and "xid 48, gpu lost" in repeat["text"]
     assert repeat["rule"] == RULES["repeat_incidents"] and "NVSentinel" in repeat["rule"]
-    assert v["incidents"]["kept"] == 2 and v["incidents"]["mean_seconds_between"] == pytest.approx(3 * day)
-    apart = card((t0, "xid 48"), (t0 + 8 * day, "xid 48"), last_seen=t0 + 8 * day)
-    assert "repeat_incidents" not in {r["code"] for r in apart["reasons"]} and apart["status"] == "ok"
-    past = card((t0, "xid 48"), (t0 + day, "xid 48"), last_seen=t0 + 20 * day)
+    assert v["incidents"]["kept"] == 5 and v["incidents"]["mean_seconds_between"] == pytest.approx(3.5 * day / 4)
+    assert "repeat_incidents" not in codes(card(*five[:4], last_seen=t0 + 3.5 * day))
+    apart = card(*[(t0 + 2 * i * day, "xid 48") for i in range(5)], last_seen=t0 + 8 * day)
+    assert "repeat_incidents" not in codes(apart) and apart["status"] == "ok"
+    past = card(*five, last_seen=t0 + 20 * day)
     assert [r["severity"] for r in past["reasons"] if r["code"] == "repeat_incidents"] == ["watch"]
-    ended = card((t0, "xid 48"), (t0 + day, "xid 48"), last_seen=t0 + 32 * day)  # issue 51: it ends
-    assert "repeat_incidents" not in {r["code"] for r in ended["reasons"]} and ended["status"] == "ok"
+    ended = card(*five, last_seen=t0 + 34 * day)  # issue 51: it ends
+    assert "repeat_incidents" not in codes(ended) and ended["status"] == "ok"
     # one fault seen several ways within 10 minutes is one incident: not a repeat on its own
     w = GpuWear("GPU-x")
     for wall, what in ((t0, "xid 79"), (t0 + 2, "gpu lost"), (t0 + 40, "xid 79")):
         w.add_incident(wall, what)
     assert w.incident_list() == [(t0, "xid 79, gpu lost")]
+    # a sticky XID (NVSentinel's: it keeps reporting until a reset) within 3 hours of one is the same burst;
+    # an XID that is not sticky, or one 3 hours on, is a new incident
+    for wall, what in ((t0 + 3600, "xid 119"), (t0 + 7000, "xid 79")):
+        w.add_incident(wall, what)
+    assert w.incident_list() == [(t0, "xid 79, gpu lost, xid 119")]
+    w.add_incident(t0 + 7200, "xid 48")
+    w.add_incident(t0 + 7200 + 3 * 3600 + 1, "xid 79")
+    assert [what for _, what in w.incident_list()] == ["xid 79, gpu lost, xid 119", "xid 48", "xid 79"]
     # the record keeps the newest 64, however many there were
     for i in range(1, 100):
-        w.add_incident(t0 + i * 3600, f"xid {i}")
-    assert len(w.incidents) == 64 and w.incident_list()[0] == (t0 + 36 * 3600, "xid 36")
+        w.add_incident(t0 + 10 * 3600 + i * 3600, f"xid {i}")
+    assert len(w.incidents) == 64 and w.incident_list()[0] == (t0 + 46 * 3600, "xid 36")
 
 
 def test_repeated_uncorrectable_errors_through_fake_nvml_make_a_repeat_offender() -> None:
-    """Through the fake NVML and the tracker: two uncorrectable ECC errors 20 minutes apart are two incidents (each
-    asks for a reset), and the verdict names the repeat; one is not a repeat."""
-    for faults, repeat in ((2, True), (1, False)):
-        rig = make_rig(fault_scenario("h100-sxm", *({"at": 20 + 1200 * i, "gpu": 0, "kind": "ecc", "uncorrected": 1}
+    """Through the fake NVML and the tracker: five uncorrectable ECC errors 12 minutes apart are five incidents
+    (each asks for a reset), and the verdict names the repeat; four are not a repeat."""
+    for faults, repeat in ((5, True), (4, False)):
+        rig = make_rig(fault_scenario("h100-sxm", *({"at": 20 + 720 * i, "gpu": 0, "kind": "ecc", "uncorrected": 1}
                                                    for i in range(faults))), slow_interval=5)
         tracker = WearTracker({}, WearConfig())
-        for _ in range(300):
+        for _ in range(750):
             rig.run(5, interval=5)
             tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
         w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
@@ -799,7 +814,8 @@ def test_driver_calls_that_stall_under_load_are_remembered_and_watched() -> None
     rtx, h100 = _hanging_h100(0.6, 0.2, pause=0.3)  # a hung call returns within two ticks
     assert h100.error_counts["nvml_stalls"][1:4:2] == [3.0, 0.0], h100.error_counts  # 3 under load, 0 idle
     (reason,) = [r for r in verdict(h100, WearConfig(), None)["reasons"] if r["code"] == "stalled_calls"]
-    assert "3 times (3 under load, 0 idle) only under load" in reason["text"] and "gpuwear's own" in reason["rule"]
+    assert "3 times (3 under load, 0 idle) in its last 7 days only under load" in reason["text"]
+    assert "gpuwear's own" in reason["rule"]
     assert "stalled_calls" not in {r["code"] for r in verdict(rtx, WearConfig(), None)["reasons"]}
 
 

@@ -170,7 +170,7 @@ class HealthConfig:
     slowdown_watch_seconds: float = _key(600.0, _number(0, 1e9))
     thermal_throttle_watch_ratio: float = _key(0.05, _number(0, 1))
     resistance_rise_watch_ratio: float = _key(0.15, _number(0.01, 10))
-    repeat_incidents: int = _key(2, _integer(2, 1000))
+    repeat_incidents: int = _key(5, _integer(2, 1000))
     repeat_window_days: float = _key(7.0, _number(0.01, 3650))
     bleeding_peer_ratio: float = _key(10.0, _number(1, 1e6))
     bleeding_floor_per_loaded_hour: float = _key(1000.0, _number(0, 1e15))

@@ -453,12 +453,14 @@ TABLE: tuple[Rule, ...] = (
          "gpuwear's own rule, not NVIDIA's: wear.health.stall_watch_count NVML reads past the sampler's "
          "deadline (sampling.nvml_deadline_seconds) in the GPU's last wear.health.window_days UTC days (the field "
          "case: a GB200 whose driver calls hung only under load: NVIDIA/DCGM #313)", _stalled_calls),
-    Rule("repeat_incidents", "the incidents that call for a reset, a reboot or service (the newest 64 kept)",
+    Rule("repeat_incidents", "the incidents that call for a reset, a reboot or service (the newest 64 kept; one "
+         "within 10 minutes of the one before, or a sticky XID within 3 hours of one, is the same)",
          "wear.health.repeat_window_days", "wear.health.repeat_incidents", "act",
          _ACT_THEN_WATCH.replace("after the last", "after the last of the run"),
-         "NVIDIA NVSentinel's MultipleRemediations rule (a node remediated more than once within 7 "
-         "days: the repairs are not resolving the fault), applied by gpuwear per GPU to the incidents "
-         "that call for a reset, a reboot or service (wear.health.repeat_incidents, repeat_window_days)",
+         "NVIDIA NVSentinel's MultipleRemediations rule (5 remediated fatal events on a node within 7 days: the "
+         "repairs are not resolving the fault; its health-events-analyzer chart, 2025), applied by gpuwear per GPU to "
+         "the incidents that call for a reset, a reboot or service, one fault's burst counted once "
+         "(wear.health.repeat_incidents, repeat_window_days)",
          _repeat_incidents),
     Rule("uncorrectable_ecc_history", "nvmlDeviceGetTotalEccErrors (uncorrected, aggregate)",
          "the card's lifetime count (before gpuwear too), judged while it grows",

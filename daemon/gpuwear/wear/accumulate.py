@@ -23,7 +23,14 @@ from typing import Any
 
 from gpuwear.sample import CLOCK_EVENT_REASONS, GpuSample, pcie_downgraded
 from gpuwear.wear.rainflow import Cycle, RainflowCounter
-from gpuwear.wear.schema import ERROR_DAYS_KEPT, INCIDENT_EPISODE_SECONDS, INCIDENTS_KEPT, READING_GROUPS
+from gpuwear.wear.schema import (
+    ERROR_DAYS_KEPT,
+    INCIDENT_EPISODE_SECONDS,
+    INCIDENTS_KEPT,
+    READING_GROUPS,
+    STICKY_EPISODE_SECONDS,
+    STICKY_XIDS,
+)
 
 SCHEMA = 1
 SENSORS = ("gpu", "memory")
@@ -261,6 +268,12 @@ HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volat
 # the card's lifetime counts whose growth the verdict judges within a window (health.rules): the time each last grew
 GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bit", "remapped_rows_corrected",
                             "remapped_rows_uncorrected", "ecc_uncorrected_aggregate"})
+
+
+def _sticky(what: str) -> bool:
+    """An incident that is a sticky XID ("xid 79")."""
+    code = what.removeprefix("xid ")
+    return code != what and code.isdigit() and int(code) in STICKY_XIDS
 
 
 def _seen_in(w: GpuWear) -> dict[str, int]:
@@ -698,9 +711,13 @@ class GpuWear:
     def add_incident(self, wall: float, what: str) -> None:
         """An incident that calls for a reset, a reboot or service at ``wall``. One within INCIDENT_EPISODE_SECONDS
         after the newest kept is the same episode, added to it (one fault seen several ways: XID 79 and the GPU
-        lost, XID 48 and the uncorrectable count read on the slow interval). The INCIDENTS_KEPT newest are kept."""
+        lost, XID 48 and the uncorrectable count read on the slow interval), as is a sticky XID (STICKY_XIDS) within
+        STICKY_EPISODE_SECONDS after an episode that holds one (NVSentinel's bursts: a fault that keeps reporting
+        until the GPU is reset). The INCIDENTS_KEPT newest are kept."""
         newest = max(self.incidents, key=float, default=None)
-        if newest is not None and 0 <= wall - float(newest) <= INCIDENT_EPISODE_SECONDS:
+        if newest is not None and (0 <= wall - float(newest) <= INCIDENT_EPISODE_SECONDS or (
+                0 <= wall - float(newest) <= STICKY_EPISODE_SECONDS and _sticky(what)
+                and any(_sticky(w) for w in self.incidents[newest].split(", ")))):
             if what not in self.incidents[newest].split(", "):
                 self.incidents[newest] = f"{self.incidents[newest]}, {what}"[:64]
             return

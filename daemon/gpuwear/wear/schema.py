@@ -33,6 +33,10 @@ ERROR_DAYS_KEPT = 62  # the UTC days of error counts a GPU's record keeps (GpuWe
 # incidents this close after the one before are one episode (a fault reported by the XID, then by a counter read on
 # the 30 s slow interval, or by the kernel log a few seconds apart): one reset, not two
 INCIDENT_EPISODE_SECONDS = 600.0
+# XIDs NVIDIA's NVSentinel calls sticky (a fault that keeps reporting until the GPU is reset: NVLink errors, fallen
+# off the bus, uncontained ECC errors, 109, GSP timeouts): one after another within this long is one episode
+STICKY_XIDS = frozenset({74, 79, 95, 109, 119})
+STICKY_EPISODE_SECONDS = 3 * 3600.0
 SENSORS = ("gpu", "memory")
 KINDS = ("job", "idle", "unattributed")
 READING_GROUPS = ("clock_event_reasons", "temperature_memory", "ecc", "fans", "power", "utilization")
