@@ -443,3 +443,43 @@ def _modes(**modes: str) -> WearConfig:
 
     p = WearConfig()
     return replace(p, health=replace(p.health, rules=tuple(sorted(modes.items()))))
+
+
+# -- nvlink_down: against what the card has had and what its peers have, held until back ---------------------------
+
+def _links(active_by_hour: list[int], uuid: str = "GPU-x") -> GpuWear:
+    """An H100 read every 10 minutes for an hour per entry, with ``active_by_hour[h]`` NVLink links active."""
+    from gpuwear.sample import GpuSample
+
+    w = GpuWear(uuid, name="NVIDIA H100 80GB HBM3")
+    for h, active in enumerate(active_by_hour):
+        for k in range(6):
+            t = T0 + h * 3600 + k * 600
+            w.add(GpuSample(timestamp=t, monotonic=t - T0, temperature_gpu_celsius=50.0, nvlink_links_active=active),
+                  0.0 if w.last_seen is None else 600.0)
+    return w
+
+
+def _link_reasons(w: GpuWear, *peers: GpuWear) -> list[str]:
+    from gpuwear.health import peer_rates
+
+    rates = peer_rates({x.uuid: x for x in (w, *peers)}, WearConfig())
+    return [r["text"] for r in verdict(w, WearConfig(), None, peers=rates[w.uuid])["reasons"] if r["code"] ==
+            "nvlink_down"]
+
+
+def test_a_link_down_is_held_until_it_is_back_and_judged_against_peers_from_the_start() -> None:
+    """Issue 51: nvlink_down compared with the most links active within the last day, so a link that stayed down
+    was forgotten after 24 h, and a GPU that started with a link down was never named. Now the most it has had,
+    held until the links are back, and the most its peers of the same product have; a card whose links no peer
+    has (a PCIe card without its bridge) is not named."""
+    down = _links([18, 18] + [17] * 30)  # a day and more after the link went down
+    (text,) = _link_reasons(down)
+    assert "1 of the 18 NVLink links it has had active are down (17 active)" in text, text
+    assert _link_reasons(_links([18, 18] + [17] * 30 + [18])) == []  # back: ended
+    peers = [_links([18] * 3, f"GPU-p{i}") for i in range(7)]
+    (text,) = _link_reasons(_links([17] * 3), *peers)
+    assert "17 NVLink links active where the host's other GPUs of its product have 18" in text, text
+    assert _link_reasons(_links([18] * 3), *peers) == []
+    assert _link_reasons(_links([0] * 3)) == []  # no bridge, no peer with more
+    assert _link_reasons(_links([0] * 3), _links([0] * 3, "GPU-p")) == []

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.health.signals import ERROR_WORDS, per_hour, recent_rates, repeated_incidents, slow_reads_text
+from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
 from gpuwear.health.xids import BY_CODE
 from gpuwear.wear.accumulate import HOT_BELOW_CELSIUS, GpuWear, utc_day
 
@@ -181,12 +181,17 @@ def _pcie_aer(f: Facts) -> Iterator[Finding]:
 def _nvlink_down(f: Facts) -> Iterator[Finding]:
     h, now = f.h, f.w.last_seen
     active, most = h.get("nvlink_links_active"), h.get("nvlink_links_most")
-    if now is None or active is None or most is None or active >= most:
+    if now is None or active is None or most is None:
         return
-    if now - h.get("nvlink_links_most_at", now) >= NVLINK_DOWN_HOLD_SECONDS:
-        yield ("act", "nvlink_down", f"{most - active} of the {most} NVLink links it had active within the last day "
-               f"are down ({active} active): jobs that talk over NVLink fail or fall back to slower paths; a reset or "
-               "a reboot may bring them back, links that keep dropping need service")
+    peers_most = int(max(f.peers.get(LINKS, ()), default=0))
+    if active < most and now - h.get("nvlink_links_most_at", now) >= NVLINK_DOWN_HOLD_SECONDS:
+        yield ("act", "nvlink_down", f"{most - active} of the {most} NVLink links it has had active are down "
+               f"({active} active): jobs that talk over NVLink fail or fall back to slower paths; a reset or a reboot "
+               "may bring them back, links that keep dropping need service")
+    elif active < peers_most and now - (f.w.first_seen or now) >= NVLINK_DOWN_HOLD_SECONDS:
+        yield ("act", "nvlink_down", f"{active} NVLink links active where the host's other GPUs of its product have "
+               f"{peers_most}: links down since gpuwear first read it, or never trained; a reset or a reboot may "
+               "bring them back, links that stay down need service")
 
 
 def _nvlink_recoveries(f: Facts) -> Iterator[Finding]:
@@ -403,13 +408,13 @@ TABLE: tuple[Rule, ...] = (
          "gpuwear's own rule: any uncorrectable PCIe error (non-fatal or fatal) the Linux kernel's AER driver counted "
          "at the GPU's PCI function since boot (sysfs aer_dev_nonfatal and aer_dev_fatal, "
          "Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats)", _pcie_aer),
-    Rule("nvlink_down", "nvmlDeviceGetNvLinkState, links active", "against the most active within the last day",
-         "fewer, for 5 minutes", "act",
-         "the links active again, or a day after the most were seen (the lower count becomes the normal)",
-         "NVIDIA DCGM's health watch, which isolates a GPU with an NVLink link down (DCGM_FR_NVLINK_DOWN); "
-         "gpuwear applies it as its GpuwearNvlinkDown alert does: fewer links active than the most active within the "
-         "last day, for 5 minutes (links train for a while after a boot)", _nvlink_down,
-         "GpuwearNvlinkDown", NVLINK_DOWN_HOLD_SECONDS),
+    Rule("nvlink_down", "nvmlDeviceGetNvLinkState, links active", "its latest reading, against the most it has "
+         "had active and the host's other GPUs of its product", "fewer, for 5 minutes", "act",
+         "the links active again (held until then: a link down for a day is not forgotten)",
+         "NVIDIA DCGM's health watch, which isolates a GPU with an NVLink link down (DCGM_FR_NVLINK_DOWN), applied "
+         "by gpuwear: fewer links active than the most the GPU has had active, or than the host's other GPUs of its "
+         "product have, for 5 minutes (links train for a while after a boot)", _nvlink_down,
+         "GpuwearNvlinkDown"),
     Rule("nvlink_recoveries", "nvmlDeviceGetNvLinkErrorCounter, NVML_NVLINK_ERROR_DL_RECOVERY, summed over the links",
          "since the driver loaded", "> 0", "watch", "a driver reload or GPU reset zeroes the counter",
          "gpuwear's own rule, as its GpuwearNvlinkRecoveries alert: any NVLink recovery (a link that failed and "

@@ -74,12 +74,24 @@ def recent_rates(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, flo
     return w.own_error_rates(p.health.bleeding_baseline_days, p.health.bleeding_min_loaded_hours * 3600.0)
 
 
+LINKS = "nvlink_links_active"  # peer_rates' entry for the peers' NVLink links active at their latest reading
+
+
+def _mine(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | None]]:
+    """One GPU's figures its peers are judged against: its recent error rates, and its links active (LINKS)."""
+    mine = recent_rates(w, p)
+    if (links := w.health.get(LINKS)) is not None:
+        mine[LINKS] = (float(links), None)
+    return mine
+
+
 def peer_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, dict[str, list[float]]]:
     """For each GPU (by UUID), the loaded-hour rates over their last two UTC days (recent_rates) of each error
     counter of the other GPUs of the same product (card name) among ``wears``: what the bleeding rule compares the
-    GPU's own same window with. Each product's rates are gathered once (the views are made on the scrape path: a
-    pass over every pair of GPUs cost 1.7 ms at 64 GPUs)."""
-    rates = {uuid: (w.name.strip().lower(), recent_rates(w, p)) for uuid, w in wears.items()}
+    GPU's own same window with; and under LINKS, their NVLink links active at their latest reading, what the
+    nvlink_down rule compares the GPU's with. Each product's figures are gathered once (the views are made on the
+    scrape path: a pass over every pair of GPUs cost 1.7 ms at 64 GPUs)."""
+    rates = {uuid: (w.name.strip().lower(), _mine(w, p)) for uuid, w in wears.items()}
     groups: dict[tuple[str, str], list[float]] = {}
     for name, theirs in rates.values():
         for counter, (lately, _) in theirs.items():

@@ -258,7 +258,6 @@ def _counters(s: GpuSample) -> list[tuple[str, float]]:
     return out
 
 
-LINKS_WINDOW_SECONDS = 86400  # NVLink links fewer than the most active within this long are down (as the alert)
 HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
                  "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
                  "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
@@ -678,17 +677,16 @@ class GpuWear:
 
     def _links(self, s: GpuSample) -> None:
         """The links' state at the GPU's latest reading of them (the slow interval), in ``health``:
-        ``nvlink_links_active`` beside ``nvlink_links_most``, the most seen active within LINKS_WINDOW_SECONDS,
-        and ``nvlink_links_most_at``, when they were last seen so (s); ``pcie_downgraded_since``, the start of the
-        current run of readings with the PCIe link below what card and slot allow (sample.pcie_downgraded), with
-        the link's lanes and generation, current and maximum."""
+        ``nvlink_links_active`` beside ``nvlink_links_most``, the most ever seen active (a link down stays down until
+        it is back), and ``nvlink_links_most_at``, when they were last seen so (s); ``pcie_downgraded_since``, the
+        start of the current run of readings with the PCIe link below what card and slot allow
+        (sample.pcie_downgraded), with the link's lanes and generation, current and maximum."""
         h = self.health
         now = int(s.timestamp)
         active = s.nvlink_links_active
         if active is not None:
             h["nvlink_links_active"] = active
-            stale = now - h.get("nvlink_links_most_at", now) > LINKS_WINDOW_SECONDS
-            if active >= h.get("nvlink_links_most", 0) or stale:
+            if active >= h.get("nvlink_links_most", 0):
                 h["nvlink_links_most"], h["nvlink_links_most_at"] = active, now
         down = pcie_downgraded(s)
         if down is None:
