@@ -483,3 +483,20 @@ def test_a_link_down_is_held_until_it_is_back_and_judged_against_peers_from_the_
     assert _link_reasons(_links([18] * 3), *peers) == []
     assert _link_reasons(_links([0] * 3)) == []  # no bridge, no peer with more
     assert _link_reasons(_links([0] * 3), _links([0] * 3, "GPU-p")) == []
+
+
+def test_the_xid_alerts_name_the_catalogs_tiers() -> None:
+    """Issue 51: XIDs the catalog resolves by a reset (109, 136, 143, 155, 156, the NVLink5 family 144-150) gave no
+    reason and no alert. GpuwearXidCritical's codes are the catalog's act tier and GpuwearXidWatch's its watch and
+    application tiers, code for code."""
+    rules = {rule["alert"]: rule for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]
+             for rule in group["rules"] if "alert" in rule}
+
+    def codes(alert: str) -> set[int]:
+        found = {frozenset(m.split("|")) for m in re.findall(r'xid=~"([\d|]+)"', rules[alert]["expr"])}
+        assert len(found) == 1, found  # both halves of the expression name the same codes
+        return {int(c) for c in next(iter(found))}
+
+    assert codes("GpuwearXidCritical") == set(XID_ACT)
+    assert codes("GpuwearXidWatch") == set(XID_WATCH)
+    assert {109, 136, 143, 155, 156, *range(144, 151)} <= set(XID_ACT)

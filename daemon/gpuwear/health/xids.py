@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 CATALOG_SOURCE = ("NVIDIA, Xid Errors: the Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), "
                   "its immediate and investigatory resolution buckets")
+AS_ISSUE_51_READ = CATALOG_SOURCE + ": resolved by resetting the GPU, as issue 51 read the catalog (2026-12)"
 OLDER_SOURCE = "NVIDIA's older Xid list (r555), as copied in leptonai/gpud components/accelerator/nvidia/query/xid"
 
 
@@ -44,7 +45,13 @@ CATALOG: tuple[Xid, ...] = (
     Xid(119, "GSP RPC timeout", "reset GPU / investigate software", "act"),
     Xid(120, "GSP error", "reset GPU / investigate software", "act"),
     Xid(140, "unrecovered ECC error", "reset GPU / contact support", "act"),
+    Xid(109, "context switch timeout", "reset GPU", "act", AS_ISSUE_51_READ),
+    Xid(136, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
+    Xid(143, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
+    *(Xid(code, "NVLink5 error", "NVLink5 workflow; reset GPU", "act", AS_ISSUE_51_READ) for code in range(144, 151)),
     Xid(154, "GPU recovery action changed (summarizes other Xids)", "as the recovery action says", "none"),
+    Xid(155, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
+    Xid(156, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
 )
 BY_CODE = {x.code: x for x in CATALOG}
 XID_ACT = {x.code: x.meaning for x in CATALOG if x.tier == "act"}
