@@ -500,3 +500,46 @@ def test_the_xid_alerts_name_the_catalogs_tiers() -> None:
     assert codes("GpuwearXidCritical") == set(XID_ACT)
     assert codes("GpuwearXidWatch") == set(XID_WATCH)
     assert {109, 136, 143, 155, 156, *range(144, 151)} <= set(XID_ACT)
+
+
+@pytest.mark.slow
+def test_a_week_on_an_eight_gpu_box_names_each_fault_on_its_gpu_alone_until_its_rule_ends_it() -> None:
+    """Issue 51's done-when: eight H100s train for a simulated week through the fake NVML and the tracker (a tick
+    every 20 minutes); the three healthy ones are never named, and each scripted fault is named on its own GPU alone
+    and ends as its rule says: a bleed two days after it stops, an uncorrectable error at the driver reload (its
+    lifetime count then watched while it grows), a downgraded PCIe link when it is back; a link down, held."""
+    from dataclasses import replace
+
+    from conftest import make_rig
+    from gpuwear.tracker import WearTracker
+
+    train = [{"kind": "train", "seconds": 7 * DAY, "utilization": 0.9}]
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": train}] * 8, "faults": [
+        {"at": 1 * DAY, "gpu": 3, "kind": "ecc_bleed", "corrected_per_second": 20},
+        {"at": 2 * DAY, "gpu": 3, "kind": "ecc_bleed", "corrected_per_second": 0},
+        {"at": 2 * DAY, "gpu": 2, "kind": "ecc", "uncorrected": 1},
+        {"at": 3 * DAY, "gpu": 2, "kind": "driver_reload"},
+        {"at": 2 * DAY, "gpu": 5, "kind": "remap_rows", "corrected": 2},
+        {"at": 3 * DAY, "gpu": 6, "kind": "pcie_downgrade", "width": 8},
+        {"at": 5 * DAY, "gpu": 6, "kind": "pcie_downgrade", "width": 16},
+        {"at": 4 * DAY, "gpu": 1, "kind": "nvlink_errors", "link": 3, "down": True}]}, slow_interval=1200)
+    tracker = WearTracker({}, replace(WearConfig(), max_gap_seconds=1800.0))
+    expected = {
+        0.5: {},
+        1.5: {3: ["bleeding_errors"]},
+        2.5: {2: ["uncorrectable_ecc"], 3: ["bleeding_errors"], 5: ["remapped_rows"]},
+        4.5: {1: ["nvlink_down"], 2: ["uncorrectable_ecc_history"], 5: ["remapped_rows"], 6: ["pcie_link_downgraded"]},
+        5.5: {1: ["nvlink_down"], 2: ["uncorrectable_ecc_history"], 5: ["remapped_rows"]},
+        6.5: {1: ["nvlink_down"], 2: ["uncorrectable_ecc_history"], 5: ["remapped_rows"]},
+    }
+    seen: dict[float, dict[int, list[str]]] = {}
+    for step in range(1, int(6.5 * DAY) // 1200 + 1):
+        rig.run(1200, interval=1200)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        day = round(step * 1200 / DAY, 2)
+        if day in expected:
+            views = tracker.views
+            named = {i: sorted(r["code"] for r in views[g.identity.uuid].verdict["reasons"])
+                     for i, g in enumerate(rig.sampler.snapshot.gpus)}
+            seen[day] = {i: codes for i, codes in named.items() if codes}
+    assert seen == expected
