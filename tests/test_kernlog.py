@@ -27,7 +27,28 @@ LINES = [
     ("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 24 egress non-posted PRIV error", None),
     ("NVRM: GPU at PCI:0000:37:00: GPU-5a8a94f9-cd51-8ba7-0b32-2dba1a0e3b47", None),
     ("NVRM: Xid (PCI:0000:37:00): not-a-number, x", None),
+    # issue 51: on a MIG GPU the driver attributes the XID to a GPU instance, or to a compute instance too
+    # (kernel_rc.c's krcReportXid: "(PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u): %d, pid=%s, name=%s, %s")
+    ("NVRM: Xid (PCI:0000:4e:00 GPU-I:05): 31, pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault",
+     ("00000000:4E:00.0", 31)),
+    ("NVRM: Xid (PCI:0000:4e:00 GPU-I:05 GPU-CI:01): 13, pid=4242, name=python3, Graphics Exception",
+     ("00000000:4E:00.0", 13)),
+    ("NVRM: GPU 0000:37:00.0: GPU has fallen off the bus.", None),  # read apart, as XID 79 (below)
 ]
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("NVRM: GPU 0000:37:00.0: GPU has fallen off the bus.", "00000000:37:00.0"),  # kernel-open's NV_DEV_PRINTF
+    ("[ 99.1] NVRM: GPU 0001:ca:00.0: GPU has fallen off the bus.", "00000001:CA:00.0"),
+    ("NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", None),
+    ("NVRM: GPU at PCI:0000:37:00: GPU-5a8a94f9-cd51-8ba7-0b32-2dba1a0e3b47", None),
+])
+def test_the_drivers_fallen_off_the_bus_line_is_read(line: str, expected: str | None) -> None:
+    """Issue 51: the driver's own line for a GPU gone from the bus, which may come without an Xid 79 line (GPUd and
+    NVSentinel read it too), was not read."""
+    from gpuwear.kernlog import parse_lost
+
+    assert parse_lost(line) == expected
 
 
 @pytest.mark.parametrize(("line", "expected"), LINES)
@@ -45,6 +66,11 @@ SXID_LINES = [
     ("nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 11001, Fatal, ingress invalid command", ("00000000:00:00.0", 11001,
                                                                                           True)),
     ("nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): garbled, Fatal", None),
+    # the lines the NVSwitch driver writes after an SXid's first (its _nvswitch_dump_error_entry): the same error,
+    # not more non-fatal ones (issue 51)
+    ("nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Severity 0 Engine instance 32 Sub-engine instance 00", None),
+    ("nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Data {0x00000000, 0x00000000, 0x00000000, 0x00000000, "
+     "0x00000000, 0x00000000, 0x00000000, 0x00000000}", None),
     ("NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", None),
 ]
 
@@ -179,6 +205,50 @@ def test_an_xid_both_nvml_and_the_kernel_log_report_is_counted_once() -> None:
         assert dict(sampler.snapshot.gpus[1].xids) == {13: 3, 79: 2}
         assert dict(sampler.snapshot.gpus[0].xids) == {}  # the other GPU's bus id: nothing
         sampler.record_kernel_xid("0000000F:01:00.0", 79)  # a bus id no GPU has here: said, not counted
+        assert all(not g.xids or g.identity.index == 1 for g in sampler.snapshot.gpus)
+    finally:
+        rig.backend.close()
+
+
+def test_a_gpu_off_the_bus_told_three_ways_is_one_xid_79_and_an_unlisted_storm_is_said_once_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 51: the driver's fallen-off-the-bus line counts as XID 79 (it may come without the Xid line); told by
+    the Xid line, NVML and that line within 10 s, it is one XID, in any order; two such lines 30 s apart are two.
+    20,000 XID lines for a PCI address NVML does not list wrote 20,000 warnings: now the first, then once a
+    minute."""
+    import logging
+
+    rig = make_rig("demo")
+    try:
+        rig.run(2)
+        sampler = rig.sampler
+        now = [0.0]
+        sampler.xid_clock = lambda: now[0]
+        bus = bus_key(sampler.snapshot.gpus[1].identity.pci_bus_id or "")
+        sampler.record_kernel_lost(bus)
+        assert dict(sampler.snapshot.gpus[1].xids) == {79: 1}
+        for told in (lambda: sampler.record_kernel_xid(bus, 79), lambda: sampler.record_xid(1, 79),
+                     lambda: sampler.record_kernel_lost(bus)):
+            now[0] += 30.0
+            told()
+        assert dict(sampler.snapshot.gpus[1].xids) == {79: 4}  # three, 30 s apart: three more
+        now[0] += 30.0
+        for told in (lambda: sampler.record_xid(1, 79), lambda: sampler.record_kernel_lost(bus),
+                     lambda: sampler.record_kernel_xid(bus, 79)):
+            told()
+            now[0] += 2.0
+        assert dict(sampler.snapshot.gpus[1].xids) == {79: 5}  # told three ways within 10 s: one
+        with caplog.at_level(logging.WARNING, logger="gpuwear.sampler"):
+            for _ in range(20_000):
+                sampler.record_kernel_xid("0000000F:01:00.0", 79)
+                now[0] += 0.001
+        said = [r.getMessage() for r in caplog.records if "does not list" in r.getMessage()]
+        assert len(said) == 1, said
+        now[0] += 60.0
+        with caplog.at_level(logging.WARNING, logger="gpuwear.sampler"):
+            sampler.record_kernel_xid("0000000F:01:00.0", 79)
+        said = [r.getMessage() for r in caplog.records if "does not list" in r.getMessage()]
+        assert len(said) == 2 and said[1].endswith("; 19999 more of it since it was last said"), said
         assert all(not g.xids or g.identity.index == 1 for g in sampler.snapshot.gpus)
     finally:
         rig.backend.close()

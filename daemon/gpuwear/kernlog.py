@@ -38,10 +38,18 @@ SOURCES = ("auto", "journal", "kmsg", "off")
 KMSG = "/dev/kmsg"
 POLL_SECONDS = 0.5  # how often a followed file is looked at for new lines (/dev/kmsg and the journal wake on a line)
 
-# "NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d{1,5}),")
+# The driver's forms (src/nvidia/src/kernel/gpu/rc/kernel_rc.c, krcReportXid): "NVRM: Xid (PCI:%04x:%02x:%02x):
+# %d, pid=%s, name=%s, %s", and on a MIG GPU the XID attributed to its GPU instance, "(PCI:%04x:%02x:%02x GPU-I:%02u)",
+# or to a compute instance too, "(PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u)"; e.g. "NVRM: Xid (PCI:0000:17:00): 79,
+# pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?"
+                  r"(?: GPU-I:\d{1,3}(?: GPU-CI:\d{1,3})?)?\): (\d{1,5}),")
+# the driver's own line when a GPU falls off the bus, which may come without an Xid 79 line (kernel-open's
+# NV_DEV_PRINTF: "NVRM: GPU %04x:%02x:%02x.%x: " format; os-interface.c: "GPU has fallen off the bus.")
+_LOST = re.compile(r"NVRM: GPU ([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.[0-7]: GPU has fallen off the bus")
 # an NVSwitch's: "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error"
-# (its PCI id is the switch's, not a GPU's)
+# (its PCI id is the switch's, not a GPU's), then lines of the same SXid without a severity ("12028, Severity 1 Engine
+# instance 32 ...", "12028, Data {...}": the NVSwitch driver's _nvswitch_dump_error_entry), which are not more errors
 _SXID = re.compile(r"nvidia-nvswitch\d*:? SXid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): "
                    r"(\d{1,5})(?:, (Fatal|Non-fatal))?")
 
@@ -55,11 +63,19 @@ def parse_xid(message: str) -> tuple[str, int] | None:
     return bus_key(f"{domain}:{bus}:{device}"), int(code)
 
 
+def parse_lost(message: str) -> str | None:
+    """The GPU's PCI bus id (as :func:`parse_xid` writes it) of the driver's line saying it fell off the bus, else
+    None."""
+    m = _LOST.search(message)
+    return None if m is None else bus_key(":".join(m.groups()))
+
+
 def parse_sxid(message: str) -> tuple[str, int, bool] | None:
     """(the NVSwitch's PCI bus id, as :func:`bus_key` writes it; the SXid; whether the driver calls it fatal) of an
-    NVSwitch driver's SXid line, else None. A line without its severity is taken as non-fatal."""
+    NVSwitch driver's SXid line, else None. A line without its severity is one more line of the SXid before it
+    (its severity, engine and data): None."""
     m = _SXID.search(message)
-    if m is None:
+    if m is None or m.group(3) is None:
         return None
     switch, code, severity = m.groups()
     return bus_key(switch), int(code), severity == "Fatal"
@@ -94,7 +110,8 @@ def resolve(source: str, env: Mapping[str, str] | None = None) -> str:
 
 class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
-    line and ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line. /dev/kmsg and the journal
+    line, ``on_lost(pci_bus_id)`` for each line of the driver saying a GPU fell off the bus, and
+    ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line. /dev/kmsg and the journal
     are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's periodic wake-ups are most
     of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about :data:`POLL_SECONDS`.
     ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read until stopped, and what
@@ -103,10 +120,12 @@ class KernelLogXids:
     def __init__(self, source: str, on_xid: Callable[[str, int], None],
                  lines: Callable[[threading.Event], Iterator[str]] | None = None,
                  wake: Callable[[], None] | None = None,
-                 on_sxid: Callable[[str, int, bool], None] | None = None) -> None:
+                 on_sxid: Callable[[str, int, bool], None] | None = None,
+                 on_lost: Callable[[str], None] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         self._on_xid = on_xid
         self._on_sxid = on_sxid
+        self._on_lost = on_lost
         self._given = lines
         self._wake_given = wake
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # stop() writes: /dev/kmsg's wait ends
@@ -150,6 +169,8 @@ class KernelLogXids:
                     self._on_xid(*found)
                 elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
                     self._on_sxid(*switch)
+                elif self._on_lost is not None and (lost := parse_lost(message)) is not None:
+                    self._on_lost(lost)
         except OSError as exc:
             log.warning("kernel log %s cannot be read (%s): XIDs come from NVML's events alone, which do not report "
                         "XID 79, 119 or 120", self.source, exc.strerror or exc)

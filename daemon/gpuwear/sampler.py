@@ -7,6 +7,7 @@ counted. The snapshot is replaced atomically; readers (the collector) never wait
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -160,9 +161,10 @@ class _Gpu:
     dropped: Counter[str] = field(default_factory=Counter)
     xids: Counter[int] = field(default_factory=Counter)
     last_xid: int | None = None
-    # XIDs counted lately by (source, code): their monotonic times (s), at most XID_RECENT_KEPT each; the same XID
-    # from NVML and the kernel log is counted once
-    recent_xids: dict[tuple[str, int], deque[float]] = field(default_factory=dict)
+    # XIDs counted lately by (the sources that told of each, code): their monotonic times (s), at most
+    # XID_RECENT_KEPT each; the same XID from NVML, the kernel log's Xid line and its fallen-off-the-bus line is
+    # counted once
+    recent_xids: dict[tuple[frozenset[str], int], deque[float]] = field(default_factory=dict)
     # by code: when it was last said in the log (monotonic s) and how many came since, not said one by one
     xid_said: dict[int, list[float]] = field(default_factory=dict)
     energy_offset: float = 0.0
@@ -186,6 +188,10 @@ class _Gpu:
 
 
 XID_SAME_SECONDS = 10.0  # an XID from NVML and one of the same code from the kernel log this close are one event
+XID_SOURCES = ("nvml", "kernel", "bus")  # NVML's events, the kernel log's Xid lines, its fallen-off-the-bus lines
+# for each source, the sets of other sources whose XID it may be the twin of (a set without it)
+_TOLD_BY = {source: [frozenset(c) for n in range(1, len(XID_SOURCES)) for c in itertools.combinations(XID_SOURCES, n)
+                     if source not in c] for source in XID_SOURCES}
 XID_RECENT_KEPT = 1024  # XIDs of one code and source kept for that matching: a storm keeps it bounded
 XID_SAY_EVERY_SECONDS = 60.0  # an XID code of a GPU is said in the log once, then at most once a minute with a count
 
@@ -223,6 +229,8 @@ class Sampler:
         self._logged_drops: set[tuple[int, str]] = set()
         self._sxids: dict[str, int] = {}
         self._sxid_said: dict[int, list[float]] = {}  # SXid -> [when said, lines since]
+        # XIDs of PCI addresses NVML does not list: by address, XID -> [when said, lines since] (said once a minute)
+        self._unlisted_said: dict[str, dict[int, list[float]]] = {}
         self.deadline = deadline_seconds  # 0: read the GPUs on the calling thread, no deadline
         self.driver_errors = driver_errors  # the driver went away: reopen the backend
         self.unavailable_errors = unavailable_errors  # reopening failed: still gone
@@ -277,9 +285,22 @@ class Sampler:
             gpu = next((g for g in self._gpus if g.identity.pci_bus_id and bus_key(g.identity.pci_bus_id)
                         == pci_bus_id), None)
             if gpu is None:
-                log.warning("XID %d on PCI %s, a GPU NVML does not list here", xid, pci_bus_id)  # hex: parse_xid
+                key = pci_bus_id if pci_bus_id in self._unlisted_said or len(self._unlisted_said) < 64 else "others"
+                said = self._unlisted_said.setdefault(key, {})  # bounded: hostile lines name any address
+                if (more := _to_say(said, xid, self.xid_clock())) is not None:  # a storm: once a minute
+                    log.warning("XID %d on PCI %s, a GPU NVML does not list here%s", xid, pci_bus_id, more)  # hex
                 return
             self._count_xid(gpu, xid, "kernel")
+
+    def record_kernel_lost(self, pci_bus_id: str) -> None:
+        """Count the kernel log's line of a GPU fallen off the bus (:func:`gpuwear.kernlog.parse_lost`) as XID 79 on
+        the GPU at that bus id: the driver may write it without an Xid line; with one (or NVML's event) within
+        :data:`XID_SAME_SECONDS`, counted once."""
+        with self._lock:
+            gpu = next((g for g in self._gpus if g.identity.pci_bus_id and bus_key(g.identity.pci_bus_id)
+                        == pci_bus_id), None)
+            if gpu is not None:
+                self._count_xid(gpu, 79, "bus")
 
     def record_sxid(self, switch: str, sxid: int, fatal: bool) -> None:
         """Count an NVSwitch's SXid line of the kernel log (:func:`gpuwear.kernlog.parse_sxid`), for the host: an
@@ -295,13 +316,16 @@ class Sampler:
 
     def _count_xid(self, gpu: _Gpu, xid: int, source: str) -> None:
         now = self.xid_clock()
-        other = gpu.recent_xids.get(("kernel" if source == "nvml" else "nvml", xid))
-        while other and now - other[0] > XID_SAME_SECONDS:
-            other.popleft()
-        if other:  # the other source told of this one already
-            other.popleft()
-            return
-        mine = gpu.recent_xids.setdefault((source, xid), deque(maxlen=XID_RECENT_KEPT))
+        for told in _TOLD_BY.get(source, ()):  # an XID another source told of within XID_SAME_SECONDS is this one
+            other = gpu.recent_xids.get((told, xid))
+            while other and now - other[0] > XID_SAME_SECONDS:
+                other.popleft()
+            if other:
+                when = other.popleft()
+                if len(told) + 1 < len(XID_SOURCES):  # a source yet to tell of it may still match it
+                    gpu.recent_xids.setdefault((told | {source}, xid), deque(maxlen=XID_RECENT_KEPT)).append(when)
+                return
+        mine = gpu.recent_xids.setdefault((frozenset({source}), xid), deque(maxlen=XID_RECENT_KEPT))
         while mine and now - mine[0] > XID_SAME_SECONDS:
             mine.popleft()
         mine.append(now)

@@ -560,10 +560,12 @@ class Daemon:
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         source, simulation = self.config.health.kernel_log, self.source.simulation
         if simulation is None or source == "off" or source.startswith("/"):
-            self._kernel_log = KernelLogXids(source, sampler.record_kernel_xid, on_sxid=sampler.record_sxid)
+            self._kernel_log = KernelLogXids(source, sampler.record_kernel_xid, on_sxid=sampler.record_sxid,
+                                             on_lost=sampler.record_kernel_lost)
         else:  # simulated GPUs are in no real kernel log: their driver's own
             self._kernel_log = KernelLogXids("simulation", sampler.record_kernel_xid, simulation.kernel_log,
-                                             simulation.wake_kernel_log, sampler.record_sxid)
+                                             simulation.wake_kernel_log, sampler.record_sxid,
+                                             sampler.record_kernel_lost)
         self._kernel_log.start()
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,
