@@ -102,3 +102,26 @@ def test_a_cards_history_follows_it_to_another_box(tmp_path: Path) -> None:
     assert b[0]["thermal_aging_equivalent_hours"]["central"] == a["thermal_aging_equivalent_hours"]["central"]
     missing = gpuwear("export", "GPU-nope", "--simulated", "--state-dir", str(box_a))
     assert missing.returncode == 2 and "GPU-nope: no such GPU (known: 0 GPU-" in missing.stderr
+
+
+def test_doctor_says_whether_the_kernel_log_can_be_read(tmp_path: Path) -> None:
+    """Issue 51: XIDs 79, 119 and 120 come from the kernel log alone; doctor checks that its user can read the one
+    health.kernel_log names (here a file: missing, then there), and says when it is off."""
+    from gpuwear.config import HostHealthConfig
+
+    kern = tmp_path / "kern.log"
+
+    def findings(source: str) -> list[tuple[bool, str, str, str]]:
+        config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path),
+                        health=HostHealthConfig(kernel_log=source))
+        found = Doctor(config, NvmlBackend(FakeNvmlLibrary(load_scenario("idle"), SystemClock())),
+                       tmp_path / "ledger.sqlite").run()
+        return [(f.ok, f.what, f.fix, f.note) for f in found if "kernel log" in f.what]
+
+    (missing,) = findings(str(kern))
+    assert not missing[0] and missing[1] == f"kernel log ({kern}) cannot be read by this user: No such file or " \
+        "directory" and "systemd-journal" in missing[2], missing
+    kern.write_text("")
+    assert findings(str(kern)) == [(True, f"kernel log ({kern}) readable", "", "")]
+    (off,) = findings("off")
+    assert off[0] and "79, 119 or 120" in off[3]

@@ -327,7 +327,7 @@ seen = []
 follower = KernelLogXids("journal", lambda bus, code: seen.append((bus, code)))
 follower.start()
 deadline = time.monotonic() + 30
-while not seen and follower.running() and time.monotonic() < deadline:
+while not seen and follower.problem() is None and time.monotonic() < deadline:
     time.sleep(0.02)
 follower.stop()
 print(seen)
@@ -336,16 +336,16 @@ print(seen)
 
 @pytest.mark.parametrize("ends", [False, True], ids=["follows", "ends"])
 def test_the_journal_is_read_through_journalctl(ends: bool, tmp_path: Path) -> None:
-    """The journal source runs `journalctl --dmesg --follow --lines=0 --output=cat`: a journalctl of the test's
-    on PATH answers as the real one does (one line per message); one that ends by itself (no journal, no right to
-    read it) is said once in the log."""
+    """The journal source runs `journalctl --dmesg --follow --lines=0 --output=json`: a journalctl of the test's
+    on PATH answers as the real one does (one object per entry); one that ends by itself (no journal, no right to
+    read it) is said once in the log, and the reader says why (problem)."""
     fake = tmp_path / "bin" / "journalctl"
     fake.parent.mkdir()
     args = tmp_path / "args"
     tail = "exit 1" if ends else "sleep 60"
     fake.write_text(f"#!/bin/sh\necho \"$@\" > {args}\n"
-                    + ("" if ends else "echo \"NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, "
-                       "GPU has fallen off the bus.\"\n") + f"{tail}\n")
+                    + ("" if ends else "echo '{\"__CURSOR\": \"s=1;i=2\", \"MESSAGE\": \"NVRM: Xid (PCI:0000:37:00): "
+                       "79, pid=<unknown>, name=<unknown>, GPU has fallen off the bus.\"}'\n") + f"{tail}\n")
     fake.chmod(0o755)
     import os
     import subprocess
@@ -353,8 +353,109 @@ def test_the_journal_is_read_through_journalctl(ends: bool, tmp_path: Path) -> N
     run = subprocess.run([sys.executable, "-c", JOURNAL_READER.format(daemon=str(REPO / "daemon"))], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0, run.stderr
-    assert args.read_text().split() == ["--dmesg", "--follow", "--lines=0", "--output=cat", "--quiet"]
+    assert args.read_text().split() == ["--dmesg", "--follow", "--lines=0", "--output=json", "--quiet"]
     if ends:
         assert run.stdout.strip() == "[]" and "journalctl ended (exit status 1)" in run.stderr, run.stderr
     else:
         assert run.stdout.strip() == "[('00000000:37:00.0', 79)]", (run.stdout, run.stderr)
+
+
+def test_a_journalctl_that_ends_is_started_again_after_the_last_entry_read(tmp_path: Path) -> None:
+    """Issue 51: a journalctl that exited was never started again, and nothing showed the XID source was gone. Now
+    the reader says why (problem), tries again after 1 s, and the new journalctl goes on after the last entry read
+    (--after-cursor): the XID logged meanwhile is counted, and the problem cleared."""
+    fake = tmp_path / "bin" / "journalctl"
+    fake.parent.mkdir()
+    calls = tmp_path / "calls"
+    first = '{"__CURSOR": "s=a;i=1", "MESSAGE": "NVRM: Xid (PCI:0000:37:00): 13, pid=1, name=x, Graphics Exception"}'
+    second = ('{"__CURSOR": "s=a;i=2", "MESSAGE": [78, 86, 82, 77, 58, 32, 88, 105, 100, 32, 40, 80, 67, 73, 58, 48, '
+              '48, 48, 48, 58, 51, 55, 58, 48, 48, 41, 58, 32, 55, 57, 44, 32, 255]}')  # not UTF-8: a list of bytes
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                    f"case \"$*\" in *--after-cursor=s=a\\;i=1*) echo '{second}'; exec sleep 60;;\n"
+                    f"*) echo '{first}'; echo 'not json'; exit 1;; esac\n")
+    fake.chmod(0o755)
+    import os
+
+    seen: list[tuple[str, int]] = []
+    old_path = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{fake.parent}:{old_path}"
+    follower = KernelLogXids("journal", lambda bus, code: seen.append((bus, code)))
+    try:
+        follower.start()
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert seen == [("00000000:37:00.0", 13), ("00000000:37:00.0", 79)], (seen, calls.read_text())
+        wait = time.monotonic() + 30
+        while follower.problem() is not None and time.monotonic() < wait:
+            time.sleep(0.02)
+        assert follower.problem() is None and follower.running()
+        lines = calls.read_text().splitlines()
+        assert lines[0].split() == ["--dmesg", "--follow", "--lines=0", "--output=json", "--quiet"]
+        assert lines[1].split() == ["--dmesg", "--follow", "--after-cursor=s=a;i=1", "--output=json", "--quiet"]
+    finally:
+        follower.stop()
+        os.environ["PATH"] = old_path
+    assert not follower.running()
+
+
+def test_a_kernel_log_file_that_cannot_be_read_is_tried_again_and_said_why(tmp_path: Path) -> None:
+    """A source that cannot be read is not given up: the reader says why (what /healthz and
+    gpuwear_kernel_log_following show), tries again with back-off, and follows it once it can."""
+    path = tmp_path / "kern.log"
+    seen: list[tuple[str, int]] = []
+    follower = KernelLogXids(str(path), lambda bus, code: seen.append((bus, code)))
+    try:
+        follower.start()
+        deadline = time.monotonic() + 30
+        while follower.problem() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert follower.problem() == "No such file or directory" and follower.running()
+        path.write_text("NVRM: Xid (PCI:0000:37:00): 48, pid=1, name=x, An uncorrectable double bit error\n")
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [("00000000:37:00.0", 48)] and follower.problem() is None
+    finally:
+        follower.stop()
+
+
+def test_the_kernel_logs_state_is_a_metric() -> None:
+    """gpuwear_kernel_log_following: 1 while followed, 0 while it cannot be read, absent when off."""
+    from gpuwear.collector import encode
+    from gpuwear.metrics import DaemonInfo, Published
+    from gpuwear.sampler import EMPTY
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="")
+    for following, line in ((True, "gpuwear_kernel_log_following 1.0"), (False, "gpuwear_kernel_log_following 0.0"),
+                            (None, None)):
+        text = encode(Published(EMPTY, {}, None, info, kernel_log_following=following), False).decode()
+        samples = [ln for ln in text.splitlines() if ln.startswith("gpuwear_kernel_log_following")]
+        assert samples == ([line] if line else []), samples
+
+
+@pytest.mark.slow
+def test_a_kernel_log_the_daemon_cannot_read_is_in_healthz_and_the_metric_until_it_can(tmp_path: Path) -> None:
+    """Issue 51: nothing showed the XID source was gone. A kernel log file that is not there yet: /healthz names it
+    (503) and gpuwear_kernel_log_following is 0; once it exists, both clear and its XIDs count."""
+    from helpers import fetch
+
+    kern = tmp_path / "kern.log"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"health:\n  kernel_log: {kern}\n")
+    port = free_port()
+    log = tmp_path / "daemon.log"
+    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config),
+                  "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], log, REPO), \
+            logs_on_failure(log):
+        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_kernel_log_following 0.0")
+        status, body = fetch(f"http://127.0.0.1:{port}/healthz")
+        assert status == 503 and f"the kernel log ({kern}) cannot be read (No such file or directory)" in body, body
+        kern.write_text("NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the "
+                        "bus.\n")
+        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_kernel_log_following 1.0")
+        deadline = time.monotonic() + 60
+        while (healthz := fetch(f"http://127.0.0.1:{port}/healthz"))[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert healthz[0] == 200, healthz
+    assert "kernel log" in log.read_text() and "is read again" in log.read_text()

@@ -14,6 +14,7 @@ from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableErro
 from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.config import Config
 from gpuwear.jobs.resolve import foreign_pids, wsl2
+from gpuwear.kernlog import resolve, unreadable
 from gpuwear.ledger import Ledger, LedgerError, printable
 from gpuwear.sample import VGPU_GUEST, GpuIdentity
 
@@ -55,9 +56,26 @@ class Doctor:
 
     def run(self) -> list[Finding]:
         self._nvml()
+        self._kernel_log()
         self._ledger()
         self._port()
         return self.findings
+
+    def _kernel_log(self) -> None:
+        """Whether the kernel log (health.kernel_log) can be read: the XIDs NVML's events do not report (79, 119,
+        120) come from it alone."""
+        source = resolve(self.config.health.kernel_log)
+        if self.proc is None and not source.startswith("/"):  # simulated GPUs: their driver's own log, nothing to check
+            return
+        if source == "off":
+            self.remark("kernel log: off (health.kernel_log)", "XIDs come from NVML's events alone, which do not "
+                        "report 79, 119 or 120")
+            return
+        why = unreadable(source)
+        self.check(why is None, f"kernel log ({source}) readable" if why is None else
+                   f"kernel log ({source}) cannot be read by this user: {printable(why)}",
+                   "XIDs 79, 119 and 120 come from it alone: run the daemon as a member of systemd-journal (journal) "
+                   "or with CAP_SYSLOG (kmsg), or set health.kernel_log")
 
     def _nvml(self) -> None:
         try:

@@ -14,13 +14,16 @@ the kernel log told it first). Sources (``health.kernel_log``):
 - ``auto``: the journal under systemd (``$INVOCATION_ID`` set) where journalctl exists, else /dev/kmsg;
 - ``off``: none.
 
-A source that cannot be read (no permission, no such file) is said once in the log and the thread ends: the daemon
-runs on with NVML's events alone.
+A source that cannot be read (no permission, no such file, a journalctl that ends) is said once in the log and tried
+again after 1 s, then twice as long each time up to :data:`RETRY_MAX_SECONDS`; meanwhile XIDs come from NVML's events
+alone, and :meth:`KernelLogXids.problem` says why (/healthz and ``gpuwear_kernel_log_following``). A journalctl
+started again goes on after the last entry read (``--after-cursor``), so nothing logged meanwhile is lost.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 SOURCES = ("auto", "journal", "kmsg", "off")
 KMSG = "/dev/kmsg"
 POLL_SECONDS = 0.5  # how often a followed file is looked at for new lines (/dev/kmsg and the journal wake on a line)
+RETRY_FIRST_SECONDS = 1.0  # a source that failed is tried again after this, then twice as long each time...
+RETRY_MAX_SECONDS = 300.0  # ... up to this
 
 # The driver's forms (src/nvidia/src/kernel/gpu/rc/kernel_rc.c, krcReportXid): "NVRM: Xid (PCI:%04x:%02x:%02x):
 # %d, pid=%s, name=%s, %s", and on a MIG GPU the XID attributed to its GPU instance, "(PCI:%04x:%02x:%02x GPU-I:%02u)",
@@ -108,6 +113,31 @@ def resolve(source: str, env: Mapping[str, str] | None = None) -> str:
     return "journal" if environ.get("INVOCATION_ID") and shutil.which("journalctl") else "kmsg"
 
 
+def unreadable(source: str, timeout: float = 10.0) -> str | None:
+    """Why a source (:func:`resolve`'d) cannot be read by this process, in words; None when it can (``gpuwear
+    doctor``: the daemon's own user may differ)."""
+    try:
+        if source == "kmsg":
+            os.close(os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        elif source == "journal":
+            journalctl = shutil.which("journalctl")
+            if journalctl is None:
+                return "journalctl not found"
+            done = subprocess.run([journalctl, "--dmesg", "--lines=1", "--output=json", "--quiet"], timeout=timeout,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                  check=False)
+            if done.returncode != 0:
+                return f"journalctl ended with exit status {done.returncode} (no journal, or no right to read it)"
+        elif source not in ("off", "simulation"):
+            with open(source, "rb"):
+                pass
+    except subprocess.TimeoutExpired:
+        return f"journalctl did not answer within {timeout:g} s"
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
+
+
 class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
     line, ``on_lost(pci_bus_id)`` for each line of the driver saying a GPU fell off the bus, and
@@ -132,6 +162,8 @@ class KernelLogXids:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._problem: str | None = None  # why the source is not followed now (None: followed, or off)
+        self._cursor: str | None = None  # the journal's last entry read: where a journalctl started again goes on
 
     def start(self) -> None:
         if self.source == "off":
@@ -140,8 +172,14 @@ class KernelLogXids:
         self._thread.start()
 
     def running(self) -> bool:
-        """Whether the source is still being followed (False: stopped, off, or it could not be read)."""
+        """Whether the thread following the source runs (False: stopped or off; a source that cannot be read is
+        tried again, see :meth:`problem`)."""
         return self._thread is not None and self._thread.is_alive()
+
+    def problem(self) -> str | None:
+        """Why the source is not being followed now (it is tried again meanwhile), in one line; None while it is,
+        or when it is off."""
+        return self._problem
 
     def stop(self) -> None:
         self._stop.set()
@@ -161,21 +199,38 @@ class KernelLogXids:
             self._wake_r = self._wake_w = -1
 
     def _run(self) -> None:
-        try:
-            for line in self._lines():
-                message = kmsg_message(line)
-                found = parse_xid(message)
-                if found is not None:
-                    self._on_xid(*found)
-                elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
-                    self._on_sxid(*switch)
-                elif self._on_lost is not None and (lost := parse_lost(message)) is not None:
-                    self._on_lost(lost)
-        except OSError as exc:
-            log.warning("kernel log %s cannot be read (%s): XIDs come from NVML's events alone, which do not report "
-                        "XID 79, 119 or 120", self.source, exc.strerror or exc)
-        except Exception:  # a bug here must not end the daemon
-            log.exception("kernel log %s: reading stopped", self.source)
+        delay = RETRY_FIRST_SECONDS
+        while not self._stop.is_set():
+            try:
+                self._follow()
+                return  # stopped
+            except OSError as exc:
+                why = str(exc.strerror or exc)
+            except Exception as exc:  # a bug here must not end the daemon, nor the reading for good
+                log.exception("kernel log %s: reading stopped", self.source)
+                why = f"{type(exc).__name__}: {exc}"
+            if self._problem != why:
+                log.warning("kernel log %s cannot be read (%s): XIDs come from NVML's events alone, which do not "
+                            "report XID 79, 119 or 120; trying again in %g s, then less often", self.source, why,
+                            delay)
+            self._problem = why
+            if self._stop.wait(delay):
+                return
+            delay = min(2 * delay, RETRY_MAX_SECONDS)
+
+    def _follow(self) -> None:
+        for line in self._lines():
+            if self._problem is not None:  # read again: said once
+                log.warning("kernel log %s is read again", self.source)
+                self._problem = None
+            message = kmsg_message(line)
+            found = parse_xid(message)
+            if found is not None:
+                self._on_xid(*found)
+            elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
+                self._on_sxid(*switch)
+            elif self._on_lost is not None and (lost := parse_lost(message)) is not None:
+                self._on_lost(lost)
 
     def _lines(self) -> Iterator[str]:
         if self._given is not None:
@@ -208,21 +263,40 @@ class KernelLogXids:
         journalctl = shutil.which("journalctl")
         if journalctl is None:
             raise FileNotFoundError(2, "journalctl not found")
+        where = "--lines=0" if self._cursor is None else f"--after-cursor={self._cursor}"
         self._process = process = subprocess.Popen(
-            [journalctl, "--dmesg", "--follow", "--lines=0", "--output=cat", "--quiet"],
+            [journalctl, "--dmesg", "--follow", where, "--output=json", "--quiet"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         assert process.stdout is not None
         try:
             for raw in process.stdout:
                 if self._stop.is_set():
                     break
-                yield raw.decode("utf-8", "replace").rstrip("\n")
+                message = self._entry(raw)
+                if message is not None:
+                    yield message
         finally:
             if process.poll() is None:
                 process.terminate()
             process.wait(timeout=5)
         if not self._stop.is_set():  # journalctl ended by itself: no journal, or not allowed to read it
             raise OSError(0, f"journalctl ended (exit status {process.returncode})")
+
+    def _entry(self, raw: bytes) -> str | None:
+        """The message of one journal entry (``--output=json``: one object a line; a MESSAGE that is not UTF-8 is a
+        list of its bytes), keeping its cursor; None for a line that is not an entry."""
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(entry, dict):
+            return None
+        if isinstance(cursor := entry.get("__CURSOR"), str) and cursor.isprintable():
+            self._cursor = cursor
+        message = entry.get("MESSAGE")
+        if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
+            return bytes(message).decode("utf-8", "replace")
+        return message if isinstance(message, str) else None
 
     def _file(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as f:

@@ -109,6 +109,9 @@ class Published:
     # the NVIDIA GPUs on the PCI bus, bound to the nvidia driver, that NVML does not list (sysfs addresses); None
     # when the bus is not read (health.host_root off, simulated GPUs) or cannot be
     unlisted: tuple[str, ...] | None = None
+    # whether the kernel log (health.kernel_log) is being followed now (False: it cannot be read, and is tried
+    # again); None when it is off
+    kernel_log_following: bool | None = None
 
 
 
@@ -377,6 +380,11 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
                     "kernel log since start (health.kernel_log), by the driver's severity (fatal, non_fatal): errors "
                     "of the NVLink fabric, which name no GPU; absent until one is seen.", ("severity",),
                     lambda pub: [((severity,), float(n)) for severity, n in sorted(pub.snapshot.sxids.items())]),
+    MetricDef("gpuwear_kernel_log_following", "gauge", "", "1 while the kernel log (health.kernel_log) is being "
+                    "followed for XID and SXid lines, 0 while it cannot be read (tried again with back-off; XIDs then "
+                    "come from NVML's events alone, which do not report 79, 119 or 120; /healthz says why); absent "
+                    "when it is off.", (),
+                    lambda pub: [] if pub.kernel_log_following is None else [((), float(pub.kernel_log_following))]),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
                     lambda pub: [((), float(pub.snapshot.ticks))]),
     MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "

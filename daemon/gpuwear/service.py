@@ -349,7 +349,11 @@ class Daemon:
                   + ("is lost" if not g.up else "gave no sample (stalled, or the driver is gone)" if g.sample is None
                      else "yields no readings" + (" (every reading unavailable)" if g.unavailable else ""))
                   for g in snapshot.gpus if not g.up or g.sample is None or g.readings == 0]
-        return "; ".join(silent + self.missing_gpus()) or None
+        reader = self._kernel_log
+        unread = [] if reader is None or (why := reader.problem()) is None else [
+            f"the kernel log ({reader.source}) cannot be read ({why}): XIDs come from NVML's events alone, which do "
+            "not report 79, 119 or 120; tried again with back-off (health.kernel_log: off to do without it)"]
+        return "; ".join(silent + self.missing_gpus() + unread) or None
 
     def missing_gpus(self) -> list[str]:
         """The GPUs this host's ledger holds that NVML does not list now (one fallen off the bus before the start,
@@ -596,8 +600,10 @@ class Daemon:
     def published(self) -> Published:
         """What a scrape reads now: each part an immutable object, read by reference."""
         snapshot = self.source.sampler.snapshot
+        reader = self._kernel_log
+        following = None if reader is None or reader.source == "off" else reader.problem() is None
         return Published(snapshot, self.tracker.views, self._ledger_status, self.source.info,
-                         self._missing(snapshot), self._unlisted)
+                         self._missing(snapshot), self._unlisted, following)
 
     def _wear_params(self, config: Config) -> WearConfig:
         """The wear parameters, with the gap limit at least as many ticks as it is at 1 s
