@@ -4,6 +4,7 @@ its PCI bus id, counted once when NVML reports the same XID, and served by the r
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -459,3 +460,92 @@ def test_a_kernel_log_the_daemon_cannot_read_is_in_healthz_and_the_metric_until_
             time.sleep(0.1)
         assert healthz[0] == 200, healthz
     assert "kernel log" in log.read_text() and "is read again" in log.read_text()
+
+
+@pytest.mark.slow
+def test_the_kernel_log_is_resumed_where_the_last_run_stopped_with_the_counts_it_covers(tmp_path: Path) -> None:
+    """Issue 51: the reader started at "now" (a file: at its start), so an XID that made the daemon restart, or was
+    logged while it was stopped, was never counted (a file's, counted again). Now the position it read to is
+    committed with the counts it covers (the ledger's meta, in the save's transaction) and the next run goes on
+    after it: the XID logged while it was stopped is counted, the one before is not counted again."""
+    import json as _json
+
+    kern = tmp_path / "kern.log"
+    kern.write_text("NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"health:\n  kernel_log: {kern}\n")
+    state = tmp_path / "state"
+
+    def run(until: str) -> str:
+        port = free_port()
+        log = tmp_path / "daemon.log"
+        with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config),
+                      "--listen", f"127.0.0.1:{port}", "--state-dir", str(state)], log, REPO), logs_on_failure(log):
+            return wait_for(f"http://127.0.0.1:{port}/metrics", until)  # in the tracker's records: saved at stop
+
+    first = run('code="xid_79"')
+    assert 'xid="79"' in first
+    with kern.open("a") as f:  # while the daemon is stopped
+        f.write("NVRM: Xid (PCI:0000:37:00): 48, pid=7, name=python3, An uncorrectable double bit error\n")
+    second = run('code="xid_48"')
+    since_start = {ln.split('xid="')[1].split('"')[0]: ln.rsplit(" ", 1)[1] for ln in second.splitlines()
+                   if ln.startswith("gpuwear_xid_events_total{")}
+    assert since_start == {"48": "1.0"}, since_start  # the 79 before the stop is not read again
+    report = subprocess.run([sys.executable, "-m", "gpuwear", "report", "--json", "--state-dir", str(state),
+                             "--simulated", "demo"], capture_output=True, text=True, timeout=60, check=True)
+    h100 = next(g for g in _json.loads(report.stdout)["gpus"] if "H100" in g["name"])
+    codes = {r["code"] for r in h100["health"]["reasons"]}
+    assert {"xid_79", "xid_48"} <= codes, codes
+
+
+def test_a_journal_position_is_resumed_and_one_the_journal_no_longer_holds_is_dropped(tmp_path: Path) -> None:
+    """The position a last run saved: journalctl goes on after its cursor; a cursor it refuses (the journal rotated
+    or vacuumed it away) is said, and the reader goes on from now. A /dev/kmsg record's sequence number, what its
+    position keeps, is read from the record."""
+    import os
+
+    from gpuwear.kernlog import _kmsg_sequence
+
+    fake = tmp_path / "bin" / "journalctl"
+    fake.parent.mkdir()
+    calls = tmp_path / "calls"
+    entry = '{"__CURSOR": "s=b;i=3", "MESSAGE": "NVRM: Xid (PCI:0000:37:00): 79, pid=1, name=x, off the bus"}'
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                    f"case \"$*\" in *--after-cursor=gone*) exit 1;; *--after-cursor=*) echo '{entry}'; exec sleep 60;;"
+                    f"\n*) exec sleep 60;; esac\n")
+    fake.chmod(0o755)
+    old_path = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{fake.parent}:{old_path}"
+    try:
+        for cursor, first in (("s=b;i=2", "--after-cursor=s=b;i=2"), ("gone", "--after-cursor=gone")):
+            calls.write_text("")
+            seen: list[tuple[str, int]] = []
+            positions: list[dict[str, object]] = []
+            follower = KernelLogXids("journal", lambda bus, code, seen=seen: seen.append((bus, code)),
+                                     resume={"source": "journal", "cursor": cursor}, on_position=positions.append)
+            follower.start()
+            deadline = time.monotonic() + 30
+            # kept: an XID after the cursor; refused: journalctl started again from now
+            while not (seen if cursor != "gone" else len(calls.read_text().splitlines()) >= 2) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+            follower.stop()
+            lines = [ln.split()[2] for ln in calls.read_text().splitlines()]
+            assert lines[0] == first, lines
+            if cursor == "gone":
+                assert lines[1] == "--lines=0" and not seen, lines
+            else:
+                assert seen == [("00000000:37:00.0", 79)] and positions == [{"source": "journal", "cursor": "s=b;i=3"}]
+        # another source's position is not resumed
+        calls.write_text("")
+        other = KernelLogXids("journal", lambda bus, code: None, resume={"source": "kmsg", "boot": "x", "seq": 4})
+        other.start()
+        deadline = time.monotonic() + 30
+        while not calls.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        other.stop()
+        assert calls.read_text().split()[2] == "--lines=0"
+    finally:
+        os.environ["PATH"] = old_path
+    assert _kmsg_sequence("6,4242,123456789,-;NVRM: Xid (PCI:0000:37:00): 79, x") == 4242
+    assert _kmsg_sequence("NVRM: Xid (PCI:0000:37:00): 79, x") is None and _kmsg_sequence("6,x,1,-;m") is None

@@ -14,6 +14,12 @@ the kernel log told it first). Sources (``health.kernel_log``):
 - ``auto``: the journal under systemd (``$INVOCATION_ID`` set) where journalctl exists, else /dev/kmsg;
 - ``off``: none.
 
+Where it stopped reading is a position (told to ``on_position`` line by line: the journal's cursor, /dev/kmsg's boot and
+record sequence number, a file's inode and offset) the daemon commits with the counts it covers, in the same ledger
+transaction; started again with it (``resume``), the reader goes on after it, so an XID that made the daemon restart,
+or logged at boot before it started, is counted (a journal cursor the journal no longer holds: from now on; /dev/kmsg
+of another boot: its records from the boot on; a file replaced or cut: from its start).
+
 A source that cannot be read (no permission, no such file, a journalctl that ends) is said once in the log and tried
 again after 1 s, then twice as long each time up to :data:`RETRY_MAX_SECONDS`; meanwhile XIDs come from NVML's events
 alone, and :meth:`KernelLogXids.problem` says why (/healthz and ``gpuwear_kernel_log_following``). A journalctl
@@ -33,12 +39,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("auto", "journal", "kmsg", "off")
 KMSG = "/dev/kmsg"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 POLL_SECONDS = 0.5  # how often a followed file is looked at for new lines (/dev/kmsg and the journal wake on a line)
 RETRY_FIRST_SECONDS = 1.0  # a source that failed is tried again after this, then twice as long each time...
 RETRY_MAX_SECONDS = 300.0  # ... up to this
@@ -113,6 +122,23 @@ def resolve(source: str, env: Mapping[str, str] | None = None) -> str:
     return "journal" if environ.get("INVOCATION_ID") and shutil.which("journalctl") else "kmsg"
 
 
+def _boot_id() -> str | None:
+    """This boot's id (the kernel's random boot_id), None where it cannot be read."""
+    try:
+        return Path(BOOT_ID).read_text().strip()[:64] or None
+    except OSError:
+        return None
+
+
+def _kmsg_sequence(record: str) -> int | None:
+    """The sequence number of a /dev/kmsg record (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``), else None."""
+    head, sep, _ = record.partition(";")
+    fields = head.split(",")
+    if not sep or len(fields) < 4 or not fields[1].isdigit():
+        return None
+    return int(fields[1])
+
+
 def unreadable(source: str, timeout: float = 10.0) -> str | None:
     """Why a source (:func:`resolve`'d) cannot be read by this process, in words; None when it can (``gpuwear
     doctor``: the daemon's own user may differ)."""
@@ -151,8 +177,17 @@ class KernelLogXids:
                  lines: Callable[[threading.Event], Iterator[str]] | None = None,
                  wake: Callable[[], None] | None = None,
                  on_sxid: Callable[[str, int, bool], None] | None = None,
-                 on_lost: Callable[[str], None] | None = None) -> None:
+                 on_lost: Callable[[str], None] | None = None,
+                 resume: Mapping[str, Any] | None = None,
+                 on_position: Callable[[dict[str, Any]], None] | None = None,
+                 lock: AbstractContextManager[Any] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
+        # a position of this source to go on after (another source's is not)
+        self._resume = dict(resume) if resume and resume.get("source") == self.source else None
+        self._position: dict[str, Any] | None = None  # the line just read's
+        self._on_position = on_position
+        # held while a line's position is told and its XID counted: the owner of both sees them together
+        self._lock = lock if lock is not None else nullcontext()
         self._on_xid = on_xid
         self._on_sxid = on_sxid
         self._on_lost = on_lost
@@ -214,6 +249,8 @@ class KernelLogXids:
                             "report XID 79, 119 or 120; trying again in %g s, then less often", self.source, why,
                             delay)
             self._problem = why
+            if self._position is not None:  # tried again: from where this run got to
+                self._resume = self._position
             if self._stop.wait(delay):
                 return
             delay = min(2 * delay, RETRY_MAX_SECONDS)
@@ -223,14 +260,19 @@ class KernelLogXids:
             if self._problem is not None:  # read again: said once
                 log.warning("kernel log %s is read again", self.source)
                 self._problem = None
-            message = kmsg_message(line)
-            found = parse_xid(message)
-            if found is not None:
-                self._on_xid(*found)
-            elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
-                self._on_sxid(*switch)
-            elif self._on_lost is not None and (lost := parse_lost(message)) is not None:
-                self._on_lost(lost)
+            with self._lock:
+                if self._on_position is not None and self._position is not None:
+                    self._on_position(dict(self._position))
+                self._handle(kmsg_message(line))
+
+    def _handle(self, message: str) -> None:
+        found = parse_xid(message)
+        if found is not None:
+            self._on_xid(*found)
+        elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
+            self._on_sxid(*switch)
+        elif self._on_lost is not None and (lost := parse_lost(message)) is not None:
+            self._on_lost(lost)
 
     def _lines(self) -> Iterator[str]:
         if self._given is not None:
@@ -244,7 +286,15 @@ class KernelLogXids:
     def _kmsg(self) -> Iterator[str]:
         fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            os.lseek(fd, 0, os.SEEK_END)  # from now on: earlier records were the earlier run's to count
+            boot = _boot_id()
+            after = -1  # the sequence number of the last record counted before (same boot), -1: every record
+            if self._resume is None:
+                os.lseek(fd, 0, os.SEEK_END)  # no position: from now on
+            else:
+                if self._resume.get("boot") == boot and isinstance(self._resume.get("seq"), int):
+                    after = self._resume["seq"]
+                os.lseek(fd, 0, os.SEEK_SET)  # the records the kernel still holds, from the oldest
+                self._resume = None
             while not self._stop.is_set():
                 ready, _, _ = select.select([fd, self._wake_r], [], [])
                 if fd not in ready:
@@ -255,7 +305,13 @@ class KernelLogXids:
                     continue
                 except BrokenPipeError:  # EPIPE: records overwritten before they were read; go on with the next
                     continue
-                yield record.decode("utf-8", "replace").split("\n", 1)[0]
+                line = record.decode("utf-8", "replace").split("\n", 1)[0]
+                seq = _kmsg_sequence(line)
+                if seq is not None:
+                    if seq <= after:
+                        continue
+                    self._position = {"source": "kmsg", "boot": boot, "seq": seq}
+                yield line
         finally:
             os.close(fd)
 
@@ -263,6 +319,12 @@ class KernelLogXids:
         journalctl = shutil.which("journalctl")
         if journalctl is None:
             raise FileNotFoundError(2, "journalctl not found")
+        resumed = self._cursor is None and self._resume is not None and isinstance(self._resume.get("cursor"), str)
+        if resumed:
+            assert self._resume is not None
+            self._cursor = self._resume["cursor"]
+        self._resume = None
+        read = False
         where = "--lines=0" if self._cursor is None else f"--after-cursor={self._cursor}"
         self._process = process = subprocess.Popen(
             [journalctl, "--dmesg", "--follow", where, "--output=json", "--quiet"],
@@ -273,6 +335,7 @@ class KernelLogXids:
                 if self._stop.is_set():
                     break
                 message = self._entry(raw)
+                read = True
                 if message is not None:
                     yield message
         finally:
@@ -280,6 +343,10 @@ class KernelLogXids:
                 process.terminate()
             process.wait(timeout=5)
         if not self._stop.is_set():  # journalctl ended by itself: no journal, or not allowed to read it
+            if resumed and not read:  # a cursor the journal no longer holds (rotated, vacuumed): from now on
+                self._cursor = None
+                raise OSError(0, f"journalctl refused the position saved by the last run (exit status "
+                                 f"{process.returncode}): going on from now, entries logged meanwhile are not counted")
             raise OSError(0, f"journalctl ended (exit status {process.returncode})")
 
     def _entry(self, raw: bytes) -> str | None:
@@ -291,8 +358,9 @@ class KernelLogXids:
             return None
         if not isinstance(entry, dict):
             return None
-        if isinstance(cursor := entry.get("__CURSOR"), str) and cursor.isprintable():
+        if isinstance(cursor := entry.get("__CURSOR"), str) and cursor.isprintable() and len(cursor) <= 512:
             self._cursor = cursor
+            self._position = {"source": "journal", "cursor": cursor}
         message = entry.get("MESSAGE")
         if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
             return bytes(message).decode("utf-8", "replace")
@@ -300,6 +368,13 @@ class KernelLogXids:
 
     def _file(self, path: Path) -> Iterator[str]:
         with open(path, "rb") as f:
+            stat = os.fstat(f.fileno())
+            offset = 0
+            resume, self._resume = self._resume, None
+            if (resume is not None and resume.get("inode") == stat.st_ino and isinstance(resume.get("offset"), int)
+                    and 0 <= resume["offset"] <= stat.st_size):  # the same file, not cut: go on after it
+                offset = resume["offset"]
+                f.seek(offset)
             pending = b""
             while not self._stop.is_set():
                 chunk = f.read(65536)
@@ -309,4 +384,6 @@ class KernelLogXids:
                 pending += chunk
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
+                    offset += len(raw) + 1
+                    self._position = {"source": self.source, "inode": stat.st_ino, "offset": offset}
                     yield raw.decode("utf-8", "replace")

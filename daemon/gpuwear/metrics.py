@@ -320,7 +320,9 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        (), _sample_field("recovery_action")),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set and the driver's lines in the kernel log (health.kernel_log; XID 79, 119 and 120 only there), "
-       "one told by both counted once, since the daemon started.", ("xid",), _counts("xids")),
+       "one told by both counted once, since the daemon started; the kernel log is read on from where the last run "
+       "stopped, so an XID logged while the daemon was stopped (one that made it restart, one at boot) counts in the "
+       "run that reads it.", ("xid",), _counts("xids")),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
        _value(lambda s: s.last_xid)),

@@ -137,6 +137,8 @@ class Snapshot:
     ticks: int
     # SXid lines of this host's NVSwitches in the kernel log since start, by severity ("fatal", "non_fatal")
     sxids: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # where the kernel log was read up to, covering the XIDs counted here (kernlog: its source's position), or None
+    kernel_position: Mapping[str, Any] | None = None
 
 
 EMPTY = Snapshot(gpus=(), system=None, ticks=0)
@@ -221,7 +223,7 @@ class Sampler:
         self.slow_interval = slow_interval_seconds  # may change on reload
         self.lost_errors = lost_errors
         self.timer = timer
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: the kernel log holds it across a line's position and count
         self._gpus: list[_Gpu] = []
         self._system: SystemInfo | None = None
         self._ticks = 0
@@ -229,6 +231,7 @@ class Sampler:
         self._logged_drops: set[tuple[int, str]] = set()
         self._sxids: dict[str, int] = {}
         self._sxid_said: dict[int, list[float]] = {}  # SXid -> [when said, lines since]
+        self._kernel_position: Mapping[str, Any] | None = None  # note_kernel_position's
         # XIDs of PCI addresses NVML does not list: by address, XID -> [when said, lines since] (said once a minute)
         self._unlisted_said: dict[str, dict[int, list[float]]] = {}
         self.deadline = deadline_seconds  # 0: read the GPUs on the calling thread, no deadline
@@ -291,6 +294,19 @@ class Sampler:
                     log.warning("XID %d on PCI %s, a GPU NVML does not list here%s", xid, pci_bus_id, more)  # hex
                 return
             self._count_xid(gpu, xid, "kernel")
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held by the kernel log's reader across a line's position and its count, so that a snapshot holds both or
+        neither."""
+        return self._lock
+
+    def note_kernel_position(self, position: Mapping[str, Any]) -> None:
+        """Where the kernel log has been read to (a line about to be counted). Not while no GPU is listed: a line
+        read then names none, and a later run reads it again."""
+        with self._lock:
+            if self._gpus:
+                self._kernel_position = MappingProxyType(dict(position))
 
     def record_kernel_lost(self, pci_bus_id: str) -> None:
         """Count the kernel log's line of a GPU fallen off the bus (:func:`gpuwear.kernlog.parse_lost`) as XID 79 on
@@ -604,7 +620,7 @@ class Sampler:
 
     def _publish(self) -> None:
         self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,
-                                  ticks=self._ticks, sxids=_frozen(self._sxids))
+                                  ticks=self._ticks, sxids=_frozen(self._sxids), kernel_position=self._kernel_position)
 
 
 def _to_say(said: dict[int, list[float]], code: int, now: float) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SIMULATION_LEAD = "simulation_lead_seconds"  # ledger meta: ScaledClock.lead() at the last save
+# ledger meta: where the kernel log was read to (kernlog's position, JSON), saved with the XID counts it covers
+KERNEL_LOG_POSITION = "kernel_log_position"
 LEAD_SAVE_STEP_SECONDS = 3600  # the lead is written again once it moved this far (ScaledClock.resume's slack)
 
 
@@ -191,6 +194,7 @@ class Daemon:
         self._lock: StateLock | None = None  # the state directory, held for the daemon's life
         self._history_loaded = False  # the ledger's history is in the tracker (never merged twice)
         self._saved_lead: int | None = None  # the simulated clock's lead last written to the ledger
+        self._saved_position: str | None = None  # the kernel log position last written to the ledger (JSON)
         gate = config.wear.cycles.hysteresis_celsius
         wears, imported, running = {}, {}, []
         try:
@@ -401,6 +405,20 @@ class Daemon:
         else:
             log.error("not pinging the systemd watchdog: %s", problem)
 
+    def _kernel_resume(self) -> dict[str, Any] | None:
+        """Where the last run read the kernel log to, as its ledger holds it with the counts it covers; None when
+        there is none (or it does not read)."""
+        text = self.ledger.meta(KERNEL_LOG_POSITION) if self.ledger is not None else None
+        try:
+            position = json.loads(text) if text else None
+        except ValueError:
+            position = None
+        if text and not isinstance(position, dict):
+            log.warning("the ledger's kernel log position does not read (%s): the kernel log is read from now on",
+                        printable(text[:80]))
+            return None
+        return position
+
     def _reopen_ledger(self) -> Ledger:
         """Open the ledger again after a failed save or open (a fresh connection: one opened while the directory
         was read-only stays read-only), taking the state directory's lock if it could not be taken at start; the
@@ -469,11 +487,16 @@ class Daemon:
             wears, events, jobs = self.tracker.take(running_jobs_every)
             try:
                 lead = self._simulation_lead()
+                meta = dict(lead)
+                position = self.tracker.taken_kernel_position
+                if position is not None and (text := json.dumps(position, sort_keys=True)) != self._saved_position:
+                    meta[KERNEL_LOG_POSITION] = text
                 self.ledger.save(wears, events, jobs=jobs, forget_jobs_before=self._forget_before(
                     self.config.jobs.retention_days), forget_events_before=self._forget_before(
-                    self.config.wear.event_retention_days), meta=lead, lines=self._summariser)
+                    self.config.wear.event_retention_days), meta=meta, lines=self._summariser)
                 if lead:  # written: the next is due once the lead moved on from this one
                     self._saved_lead = int(lead[SIMULATION_LEAD])
+                self._saved_position = meta.get(KERNEL_LOG_POSITION, self._saved_position)
             except BaseException:
                 self.tracker.give_back(events, jobs)
                 raise
@@ -565,7 +588,8 @@ class Daemon:
         source, simulation = self.config.health.kernel_log, self.source.simulation
         if simulation is None or source == "off" or source.startswith("/"):
             self._kernel_log = KernelLogXids(source, sampler.record_kernel_xid, on_sxid=sampler.record_sxid,
-                                             on_lost=sampler.record_kernel_lost)
+                                             on_lost=sampler.record_kernel_lost, resume=self._kernel_resume(),
+                                             on_position=sampler.note_kernel_position, lock=sampler.lock)
         else:  # simulated GPUs are in no real kernel log: their driver's own
             self._kernel_log = KernelLogXids("simulation", sampler.record_kernel_xid, simulation.kernel_log,
                                              simulation.wake_kernel_log, sampler.record_sxid,

@@ -200,6 +200,8 @@ class WearTracker:
         self.clock_jumped = False  # the wall clock was set (or found behind the ledger) in this process
         self.largest_start_gap = 0.0  # the longest time since a GPU's last sight, counted at this start
         self._clock_unset = False  # the wall clock is outside [2000, 2100): nothing is accounted until it is set
+        self._kernel_position: dict[str, Any] | None = None  # the kernel log's, as far as the records cover it
+        self.taken_kernel_position: dict[str, Any] | None = None  # as of the last take()
 
     @property
     def views(self) -> Mapping[str, WearView]:
@@ -261,6 +263,8 @@ class WearTracker:
                 return
             for status in snap.gpus:
                 self._observe(status, monotonic, wall, jobs.get(status.identity.uuid, []))
+            if snap.kernel_position is not None:  # the XIDs it covers are in the records now
+                self._kernel_position = dict(snap.kernel_position)
             self.jobs.expire(wall)
             self._present = tuple(s.identity.uuid for s in snap.gpus)
             self._views = None  # derived when next asked
@@ -472,9 +476,11 @@ class WearTracker:
 
     def take(self, running_jobs_every: float = 0.0) -> tuple[list[dict[str, Any]], list[Event], list[dict[str, Any]]]:
         """Accumulators (as JSON) of every GPU, the events since the last take and the job
-        records changed since (a running one at most every ``running_jobs_every`` seconds), for a save. Hand
+        records changed since (a running one at most every ``running_jobs_every`` seconds), for a save, and in
+        :attr:`taken_kernel_position` where the kernel log was read to, as far as these records count its XIDs. Hand
         events and jobs back with :meth:`give_back` when the save fails."""
         with self._lock:
+            self.taken_kernel_position = self._kernel_position  # saved with these records, in their transaction
             events, self._events = self._events, []
             # copies, made under the lock: to_json() hands out the live maps, which the next tick goes on changing
             # while the save serializes them (a histogram or an interval newer than the scalars beside it)
