@@ -79,7 +79,9 @@ def test_each_rule_gives_only_its_own_code_and_every_rule_fires_somewhere() -> N
                   "the code's tier": {"act", "watch"}}
     for seed in range(600):
         w, peers = random_gpu(seed)
-        facts = Facts(w, WearConfig(), resistance_trend(w), peers)
+        assert w.last_seen is not None
+        host = (None, w.last_seen, w.last_seen + 1000.0)[seed % 3]
+        facts = Facts(w, WearConfig(), resistance_trend(w), peers, host)
         given = []
         for r in TABLE:
             for severity, code, _ in r.judge(facts):
@@ -91,7 +93,7 @@ def test_each_rule_gives_only_its_own_code_and_every_rule_fires_somewhere() -> N
                 assert severity in severities[r.severity], (r.code, severity)
                 fired.add(r.code)
                 given.append(code)
-        v = verdict(w, WearConfig(), resistance_trend(w), peers=peers)
+        v = verdict(w, WearConfig(), resistance_trend(w), peers=peers, host_last_seen=host)
         assert [x["code"] for x in v["reasons"]] == given
         assert all(x["rule"] == rule(x["code"]) for x in v["reasons"])
     assert fired == {r.code for r in TABLE}, {r.code for r in TABLE} - fired
@@ -543,3 +545,32 @@ def test_a_week_on_an_eight_gpu_box_names_each_fault_on_its_gpu_alone_until_its_
                      for i, g in enumerate(rig.sampler.snapshot.gpus)}
             seen[day] = {i: codes for i, codes in named.items() if codes}
     assert seen == expected
+
+
+def test_a_gpu_the_host_no_longer_sees_is_missing_in_the_ledgers_readers_within_minutes() -> None:
+    """Issue 51: a missing GPU made /healthz answer 503 at once while `report --json` marked it not seen only an
+    hour behind its peers, its health "ok". Now the rule gpu_missing (act) names it once it is three saves and a
+    minute (240 s by default) behind the host's others; 200 s is not; an imported history is never missing."""
+    from gpuwear.report import document
+    from gpuwear.sample import GpuSample
+
+    def cards(behind: float) -> list[GpuWear]:
+        out = []
+        for uuid, end in (("GPU-here", T0 + 600), ("GPU-gone", T0 + 600 - behind)):
+            w = GpuWear(uuid, name="card")
+            for i in range(60):
+                w.add(GpuSample(timestamp=end - 60 + i, monotonic=float(i), temperature_gpu_celsius=50.0),
+                      0.0 if i == 0 else 1.0)
+            out.append(w)
+        return out
+
+    doc = document(cards(250), WearConfig(), {}, "ledger", False)
+    gone = doc["gpus"][1]
+    assert gone["health"]["status"] == "act" and gone["not_seen"]["host_last_seen"] == T0 + 599
+    (reason,) = [r for r in gone["health"]["reasons"] if r["code"] == "gpu_missing"]
+    assert "gpuwear forget GPU-gone" in reason["text"] and reason["rule"] == RULES["gpu_missing"]
+    assert doc["gpus"][0]["health"]["status"] == "ok" and "not_seen" not in doc["gpus"][0]
+    near = document(cards(200), WearConfig(), {}, "ledger", False)["gpus"][1]
+    assert near["health"]["status"] == "ok" and "not_seen" not in near
+    imported = document(cards(250), WearConfig(), {}, "ledger", False, live={"GPU-here"})["gpus"][1]
+    assert "not_seen" not in imported and "gpu_missing" not in {r["code"] for r in imported["health"]["reasons"]}

@@ -38,12 +38,12 @@ EVENTS_SHOWN = 50  # the newest events of each GPU a report lists
 
 
 def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = True,
-                 peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
+                 peers: Mapping[str, list[float]] | None = None, host_last_seen: float | None = None) -> dict[str, Any]:
     """The report of one GPU: measured health first, then stress, then estimate bands. ``live``: the ledger holds
     live history of it (else only imported logs, which say nothing about what the card could report); ``peers``:
     the loaded-hour error rates of the host's other GPUs of its product (health.peer_rates)."""
     est = estimates(w, p)
-    health = verdict(w, p, resistance_trend(w), peers=peers)
+    health = verdict(w, p, resistance_trend(w), peers=peers, host_last_seen=host_last_seen)
     if not live:
         for r in health["reasons"]:
             if r["code"] == "memory_health_unknown":
@@ -135,19 +135,17 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
              simulated: bool, live: set[str] | None = None) -> dict[str, Any]:
     """``live``: the GPUs the ledger holds live history of (None: all of them); they alone are each other's peers
     (an imported history is another host's)."""
+    host_live = [w for w in wears if (live is None or w.uuid in live) and w.last_seen is not None]
     peers = peer_rates({w.uuid: w for w in wears if live is None or w.uuid in live}, p)
-    gpus = [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid))
-            for w in wears]
-    # a GPU of this host not seen for an hour before the others' last sighting: missing (off the bus, out of the
-    # box) or removed; the daemon's /healthz and metrics say it live, the ledger can only say when
-    host = [g["last_seen"] for g in gpus if g["sampled_live"] and g["last_seen"] is not None]
+    # a GPU of this host not seen for three saves while the others were: missing (off the bus, out of the box) or
+    # removed (health's gpu_missing rule); the daemon's /healthz and metrics say it live, the ledger only since when
+    host = max((w.last_seen for w in host_live if w.last_seen is not None), default=None)
+    gpus = [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid),
+                         host if w in host_live else None) for w in wears]
     for g in gpus:
-        if g["sampled_live"] and g["last_seen"] is not None and host and g["last_seen"] < max(host) - NOT_SEEN_SECONDS:
-            g["not_seen"] = {"last_seen": g["last_seen"], "host_last_seen": max(host)}
+        if any(r["code"] == "gpu_missing" for r in g["health"]["reasons"]):
+            g["not_seen"] = {"last_seen": g["last_seen"], "host_last_seen": host}
     return {"ledger": ledger, "simulated": simulated, "gpus": gpus}
-
-
-NOT_SEEN_SECONDS = 3600.0  # a host's GPU last seen this long before its others is reported as not seen since
 
 
 _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not reported by this card"}

@@ -29,12 +29,14 @@ Finding = tuple[str, str, str]  # (severity, code, text)
 class Facts:
     """What the rules judge one GPU on: its record, the parameters, and what the caller had at hand already.
     ``trend``: models.resistance_trend; ``peers``: the loaded-hour error rates of the host's other GPUs of its product
-    (signals.peer_rates)."""
+    (signals.peer_rates); ``host_last_seen``: when the host's GPUs were last seen (a ledger's reader: the daemon
+    names a GPU NVML does not list itself)."""
 
     w: GpuWear
     p: WearConfig
     trend: Mapping[str, Any] | None = None
     peers: Mapping[str, list[float]] = field(default_factory=dict)
+    host_last_seen: float | None = None  # when the host's other GPUs were last seen, where the caller knows it
 
     @property
     def h(self) -> dict[str, Any]:
@@ -358,6 +360,22 @@ def _cooling_degrading(f: Facts) -> Iterator[Finding]:
                "measured: dust or dried thermal paste?")
 
 
+def missing_after(p: WearConfig) -> float:
+    """How long (s) a GPU of the host may go unseen while its others are seen before it is missing: three saves of
+    the ledger and a minute (every GPU the daemon lists is seen at every save)."""
+    return 3 * p.persist_interval_seconds + 60.0
+
+
+def _gpu_missing(f: Facts) -> Iterator[Finding]:
+    host, seen = f.host_last_seen, f.w.last_seen
+    if host is None or seen is None or host - seen < missing_after(f.p):
+        return
+    since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seen))
+    yield ("act", "gpu_missing", f"not seen since {since}, while this host's other GPUs were seen until "
+           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(host))}: off the bus, kept from NVML, or taken out "
+           f"(`gpuwear forget {f.w.uuid}` if on purpose)")
+
+
 def _memory_health_unknown(f: Facts) -> Iterator[Finding]:
     if not f.h.get("ecc_enabled") and not f.h.get("memory_temperature_reported"):
         yield ("unknown", "memory_health_unknown", "this card reports neither ECC counters nor memory temperature: "
@@ -488,6 +506,11 @@ TABLE: tuple[Rule, ...] = (
          "against its last three", "wear.health.resistance_rise_watch_ratio", "watch",
          "the last three days' °C per watt back under the rise", "gpuwear's own rule: "
          "wear.health.resistance_rise_watch_ratio rise of °C per watt", _cooling_degrading, "GpuwearCoolingDegraded"),
+    Rule("gpu_missing", "the GPU's last sight in the ledger against the host's other GPUs'", "the ledger's last "
+         "saves", "unseen for three saves and a minute while the others were seen", "act",
+         "the GPU seen again, or forgotten (gpuwear forget)", "gpuwear's own rule: a GPU of this host the daemon "
+         "no longer sees while it sees the others (the daemon says it live: /healthz and GpuwearGpuMissing)",
+         _gpu_missing, "GpuwearGpuMissing"),
     Rule("memory_health_unknown", "whether the card reports ECC counters or memory temperature", "the GPU's record",
          "neither reported", "unknown", "never on that card: said beside the verdict, never instead of it",
          "what NVML reports of this card: no ECC counters, no memory temperature", _memory_health_unknown),

@@ -19,9 +19,10 @@ def rule(code: str) -> str:
 
 
 def verdict(w: GpuWear, p: WearConfig, trend: Mapping[str, Any] | None,
-            peers: Mapping[str, list[float]] | None = None) -> dict[str, Any]:
+            peers: Mapping[str, list[float]] | None = None, host_last_seen: float | None = None) -> dict[str, Any]:
     """``ok`` / ``watch`` / ``act`` / ``unknown`` with reasons, from measured health first. ``trend``: the card's
-    resistance_trend.
+    resistance_trend. ``host_last_seen``: when the ledger last saw the host's GPUs (a reader of a ledger: a GPU not
+    seen since is missing).
 
     Reason codes are a fixed set (they label a metric); the text explains each in plain words, and ``rule`` says
     which rule it applies and whose (NVIDIA's, or gpuwear's own). ``peers``: the loaded-hour error rates of the
@@ -31,7 +32,7 @@ def verdict(w: GpuWear, p: WearConfig, trend: Mapping[str, Any] | None,
     wear.health.rules sets a rule (by its code in the table) off, or on trial ("log"): what a rule on trial says is
     kept in ``would_have_said``, never in the reasons, the status or an alert (NVSentinel's store-only practice).
     """
-    facts = Facts(w, p, trend, peers or {})
+    facts = Facts(w, p, trend, peers or {}, host_last_seen)
     reasons: list[dict[str, str]] = []
     trial: list[dict[str, str]] = []  # what the rules set to log said: "would have said", outside the verdict
     modes = dict(p.health.rules)
