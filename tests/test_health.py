@@ -34,7 +34,7 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
     w.first_seen, w.last_seen = T0, T0 + r.uniform(0, 40 * DAY)
     h = w.health
     for k in ("remapped_rows_failure", "remapped_rows_pending", "retired_pages_pending", "ecc_enabled",
-              "memory_temperature_reported"):
+              "memory_temperature_reported", "reset_required"):
         if r.random() < 0.2:
             h[k] = r.choice([True, False])
     for k in ("recovery_action", "ecc_uncorrected_volatile", "retired_pages_single_bit", "retired_pages_double_bit",
@@ -574,3 +574,31 @@ def test_a_gpu_the_host_no_longer_sees_is_missing_in_the_ledgers_readers_within_
     assert near["health"]["status"] == "ok" and "not_seen" not in near
     imported = document(cards(250), WearConfig(), {}, "ledger", False, live={"GPU-here"})["gpus"][1]
     assert "not_seen" not in imported and "gpu_missing" not in {r["code"] for r in imported["health"]["reasons"]}
+
+
+def test_a_gpu_nvml_says_needs_a_reset_is_act_until_it_answers_again() -> None:
+    """Issue 51: an NVML answer that the GPU needs a reset (NVML_ERROR_RESET_REQUIRED, which the fake now gives for
+    every read of a GPU after the fault reset_required, as nvml.h describes it) gave no reason. Now reset_required
+    (act) from the first such answer, an incident, until a read answers without it (the GPU reset: "recover")."""
+    from conftest import make_rig
+    from gpuwear.tracker import WearTracker
+
+    faults = [{"at": 20, "gpu": 1, "kind": "reset_required"}, {"at": 200, "gpu": 1, "kind": "recover"}]
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 3600}]}] * 2,
+                    "faults": faults}, slow_interval=5)
+    tracker = WearTracker({}, WearConfig())
+
+    def codes_after(seconds: int) -> list[dict[str, str]]:
+        for _ in range(seconds // 5):
+            rig.run(5, interval=5)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        views = tracker.views
+        return [{r["code"]: r["severity"] for r in views[g.identity.uuid].verdict["reasons"]}
+                for g in rig.sampler.snapshot.gpus]
+
+    assert codes_after(15) == [{}, {}]
+    healthy, failing = codes_after(60)
+    assert healthy == {} and failing == {"reset_required": "act"}, (healthy, failing)
+    assert codes_after(180) == [{}, {}]
+    w = tracker.wear(rig.sampler.snapshot.gpus[1].identity.uuid)
+    assert w is not None and list(w.incidents.values()) == ["reset required"]

@@ -170,6 +170,7 @@ class _Seen:
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
     stalls: int = 0  # the sampler's since-start count of ticks its read was past the deadline, last seen
     stalling: bool = False  # the last tick found it past the deadline (one hang: one stall, however many ticks)
+    reset_required: int = 0  # the sampler's since-start count of reads NVML answered RESET_REQUIRED, last seen
     loaded: bool = False  # the GPU's utilization at the last reading was at or above LOADED_UTILIZATION
     interrupted: bool = False  # a tick without a reading since the last integrated sample
     before: tuple[float, float] | None = None  # (wall, °C) of the last die reading believed
@@ -347,6 +348,7 @@ class WearTracker:
                 self._clock_behind(w, wall)
                 self.clock_jumped = True
         self._xids(w, seen, status, wall)
+        self._reset_required(w, seen, status, wall)
         stalls = status.errors.get("stalled", 0)
         if stalls > seen.stalls and not seen.stalling:  # a read past the deadline: booked to the load it was under
             w.add_stalls(1, seen.loaded, wall)
@@ -456,6 +458,20 @@ class WearTracker:
                 if w is not None:
                     self._release(w, seen, None)
             self._views = None
+
+    def _reset_required(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
+        """NVML answering the GPU's reads NVML_ERROR_RESET_REQUIRED: in its record (health "reset_required") until a
+        read of it answers without, an incident the first time."""
+        answered = status.errors.get("reset_required", 0)
+        if answered > seen.reset_required:
+            if not w.health.get("reset_required"):
+                w.health["reset_required"] = True
+                w.add_incident(wall, "reset required")
+                self._event(w, wall, "health", {"field": "reset_required", "from": False, "to": True})
+        elif w.health.get("reset_required") and status.sample is not None and status.up:
+            w.health["reset_required"] = False
+            self._event(w, wall, "health", {"field": "reset_required", "from": True, "to": False})
+        seen.reset_required = answered
 
     def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
         new = {code: n - seen.xids.get(code, 0) for code, n in status.xids.items() if n > seen.xids.get(code, 0)}

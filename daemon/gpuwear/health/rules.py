@@ -143,6 +143,12 @@ def _recovery_action(f: Facts) -> Iterator[Finding]:
         yield "act", "recovery_action", f"the driver asks to {RECOVERY_ACTIONS.get(action, f'recover ({action})')}"
 
 
+def _reset_required(f: Facts) -> Iterator[Finding]:
+    if f.h.get("reset_required"):
+        yield ("act", "reset_required", "NVML answers that the GPU requires a reset before it can be used again: "
+               "reset it (nvidia-smi -r, or a reboot); one that needs it again needs service")
+
+
 def _uncorrectable_ecc(f: Facts) -> Iterator[Finding]:
     n = f.h.get("ecc_uncorrected_volatile", 0)
     if n > 0:
@@ -411,6 +417,10 @@ TABLE: tuple[Rule, ...] = (
          "act", "the field reads None (0) again",
          "the driver's own request (NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)", _recovery_action,
          "GpuwearRecoveryActionRequired"),
+    Rule("reset_required", "NVML_ERROR_RESET_REQUIRED from the GPU's reads", _LATEST, "its reads answer it",
+         "act", "a read of the GPU answered without it (the GPU reset)",
+         "NVML's own answer: NVML_ERROR_RESET_REQUIRED, 'The GPU requires a reset before it can be used again' "
+         "(nvml.h)", _reset_required),
     Rule("uncorrectable_ecc", "nvmlDeviceGetTotalEccErrors (uncorrected, volatile)", "since the driver loaded",
          "> 0", "act", "a GPU reset or driver reload zeroes the volatile count",
          _MEMORY_ERRORS + ": results computed after an uncorrectable error may be wrong", _uncorrectable_ecc,

@@ -50,6 +50,7 @@ ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
+ERROR_RESET_REQUIRED = 16
 ERROR_LIB_RM_VERSION_MISMATCH = 18
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
 ERROR_UNKNOWN = 999
@@ -66,6 +67,7 @@ _ERROR_STRINGS = {
     ERROR_LIB_RM_VERSION_MISMATCH: b"RM has detected an NVML/RM version mismatch.",
     ERROR_ARGUMENT_VERSION_MISMATCH: b"Version mismatch between passed in structure and the NVML library",
     ERROR_TIMEOUT: b"Timeout", ERROR_GPU_IS_LOST: b"GPU is lost", ERROR_UNKNOWN: b"Unknown Error",
+    ERROR_RESET_REQUIRED: b"GPU requires restart",
 }
 
 # nvmlFieldValue_t field ids and value types
@@ -146,6 +148,11 @@ class _UnsupportedError(Exception):
 
 class _LostError(Exception):
     """Raised inside a fake function to answer NVML_ERROR_GPU_IS_LOST."""
+
+
+class _ResetRequiredError(Exception):
+    """Raised inside a fake function to answer NVML_ERROR_RESET_REQUIRED ("The GPU requires a reset before it can be
+    used again", nvml.h)."""
 
 
 class _InvalidError(Exception):
@@ -232,6 +239,8 @@ class FakeNvmlLibrary:
                 return ERROR_NOT_SUPPORTED
             except _LostError:
                 return ERROR_GPU_IS_LOST
+            except _ResetRequiredError:
+                return ERROR_RESET_REQUIRED
             except _InvalidError:
                 return ERROR_INVALID_ARGUMENT
             except _NoPermissionError:
@@ -302,6 +311,8 @@ class SimulatedDriver:
             time.sleep(hang)
         if gpu.state.lost:
             raise _LostError()
+        if gpu.state.reset_required and not identity:  # it answers what it is, nothing it measures
+            raise _ResetRequiredError()
         if (feature is not None and feature in gpu.state.unsupported) or (gpu.product.tegra and not identity):
             raise _UnsupportedError()
         return gpu

@@ -206,7 +206,7 @@ XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrec
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
                "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
                "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing",
-               "pcie_downgrade", "nvlink_errors", "ecc_bleed")
+               "pcie_downgrade", "nvlink_errors", "ecc_bleed", "reset_required")
 
 
 @dataclass(frozen=True)
@@ -313,6 +313,7 @@ class GpuState:
     pcie_replays: int = 0
     recovery_action: int = 0
     lost: bool = False
+    reset_required: bool = False  # the fault "reset_required": NVML answers RESET_REQUIRED until a "recover"
     hang_seconds: float = 0.0  # the next call blocks this long (wall seconds), once
     unsupported: set[str] = field(default_factory=set)
     garbage: dict[str, float] = field(default_factory=dict)  # field -> value, returned once
@@ -488,8 +489,10 @@ class SimGpu:
         if k == "lost":
             s.lost = True
             self.xid(79)  # "GPU has fallen off the bus"
-        elif k == "recover":
-            s.lost = False
+        elif k == "recover":  # back on the bus, or reset
+            s.lost = s.reset_required = False
+        elif k == "reset_required":
+            s.reset_required = True
         elif k == "xid":
             self.xid(int(prm.get("xid", 79)))
         elif k == "nvlink_errors":  # errors counted on one link (nvmlNvLinkErrorCounter_t), which may go down
