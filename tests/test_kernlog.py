@@ -549,3 +549,49 @@ def test_a_journal_position_is_resumed_and_one_the_journal_no_longer_holds_is_dr
         os.environ["PATH"] = old_path
     assert _kmsg_sequence("6,4242,123456789,-;NVRM: Xid (PCI:0000:37:00): 79, x") == 4242
     assert _kmsg_sequence("NVRM: Xid (PCI:0000:37:00): 79, x") is None and _kmsg_sequence("6,x,1,-;m") is None
+
+
+CORPUS = REPO / "tests" / "fixtures" / "kernel-log" / "corpus.yaml"
+
+
+def _corpus() -> list[dict[str, object]]:
+    import yaml
+
+    entries: list[dict[str, object]] = yaml.safe_load(CORPUS.read_text())
+    assert len(entries) >= 20 and all(e.get("source") for e in entries)
+    assert all(sum(k in e for k in ("xid", "lost", "sxid", "none")) == 1 for e in entries), entries
+    return entries
+
+
+def test_the_corpus_of_real_kernel_log_lines_is_read_as_each_line_says() -> None:
+    """Issue 51, slice 6: lines NVIDIA's drivers write, gathered from public sources (each cited in the fixture),
+    each read as what it is: a GPU's XID (MIG-attributed too), a GPU off the bus, an NVSwitch's SXid (not its
+    continuation lines), or nothing."""
+    from gpuwear.kernlog import parse_lost
+
+    for e in _corpus():
+        message = kmsg_message(str(e["line"]))
+        assert parse_xid(message) == (tuple(e["xid"]) if "xid" in e else None), e  # type: ignore[arg-type]
+        assert parse_lost(message) == e.get("lost"), e
+        assert parse_sxid(message) == (tuple(e["sxid"]) if "sxid" in e else None), e  # type: ignore[arg-type]
+
+
+def test_the_corpus_replayed_through_the_reader_end_to_end(tmp_path: Path) -> None:
+    """The whole corpus, written to a file the reader follows as the daemon does (health.kernel_log: a path), gives
+    the callbacks each line's finding, in order, and nothing else."""
+    entries = _corpus()
+    path = tmp_path / "kern.log"
+    path.write_text("".join(f"{e['line']}\n" for e in entries))
+    found: list[tuple[str, object]] = []
+    follower = KernelLogXids(str(path), lambda bus, code: found.append(("xid", [bus, code])),
+                             on_sxid=lambda switch, code, fatal: found.append(("sxid", [switch, code, fatal])),
+                             on_lost=lambda bus: found.append(("lost", bus)))
+    expected = [(kind, e[kind]) for e in entries for kind in ("xid", "lost", "sxid") if kind in e]
+    try:
+        follower.start()
+        deadline = time.monotonic() + 30
+        while len(found) < len(expected) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        follower.stop()
+    assert found == expected
