@@ -29,6 +29,7 @@ started again goes on after the last entry read (``--after-cursor``), so nothing
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -95,6 +96,7 @@ def parse_sxid(message: str) -> tuple[str, int, bool] | None:
     return bus_key(switch), int(code), severity == "Fatal"
 
 
+@functools.lru_cache(maxsize=256)  # a host's few GPUs, asked for every XID line: a pure function of the text
 def bus_key(pci_bus_id: str) -> str:
     """A PCI bus id as :func:`parse_xid` writes it, from NVML's (``00000000:17:00.0``; older drivers wrote a 4-digit
     domain), to compare the two."""

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -351,7 +351,7 @@ class Sampler:
         if more is not None:
             log.warning("GPU %d (%s): XID %d (%s)%s", gpu.identity.index, gpu.identity.uuid, xid,
                         "NVML event" if source == "nvml" else "kernel log", more)
-        self._publish()
+        self._publish(gpu)
 
     def tick(self) -> Snapshot:
         """Read every GPU once; returns the new snapshot.
@@ -618,7 +618,17 @@ class Sampler:
         gpu.energy_last, gpu.energy_at, gpu.energy_reset_expected = energy, now, False
         gpu.energy_doubt, gpu.energy_doubts = None, 0
 
-    def _publish(self) -> None:
+    def _publish(self, xids_of: _Gpu | None = None) -> None:
+        """A new snapshot of every GPU; with ``xids_of``, the last published with that GPU's XIDs as they are now
+        (an XID counted: an XID storm rebuilt every GPU's status per line)."""
+        old = self._snapshot
+        if xids_of is not None and len(old.gpus) == len(self._gpus):
+            i = next((k for k, g in enumerate(self._gpus) if g is xids_of), -1)
+            if i >= 0 and old.gpus[i].identity is xids_of.identity:
+                status = replace(old.gpus[i], xids=_frozen(xids_of.xids), last_xid=xids_of.last_xid)
+                self._snapshot = Snapshot(gpus=(*old.gpus[:i], status, *old.gpus[i + 1:]), system=old.system,
+                                          ticks=old.ticks, sxids=old.sxids, kernel_position=self._kernel_position)
+                return
         self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,
                                   ticks=self._ticks, sxids=_frozen(self._sxids), kernel_position=self._kernel_position)
 
