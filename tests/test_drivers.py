@@ -24,7 +24,7 @@ from conftest import REPO, make_rig
 from gpuwear.backends.nvml import NvmlBackend, NvmlVersionMismatchError, ProcessInfoCc
 from gpuwear.cli import main
 from gpuwear.clock import ManualClock
-from gpuwear.config import Config
+from gpuwear.config import Config, WearConfig
 from gpuwear.metrics import DaemonInfo
 from gpuwear.service import Daemon, Source, _sampler
 from gpuwear.sim import nvml_symbols
@@ -75,12 +75,14 @@ def scenario_doc(driver: str, kind: str, faults: list[dict[str, Any]] | None = N
 
 
 @contextmanager
-def daemon_over(doc: dict[str, Any], state_dir: Path, slow_interval: float = 10.0) -> Iterator[tuple[Daemon,
-                                                                                                    ManualClock]]:
+def daemon_over(doc: dict[str, Any], state_dir: Path, slow_interval: float = 10.0, seed: int = 1,
+                start: float = 0.0) -> Iterator[tuple[Daemon, ManualClock]]:
     """The daemon in-process over a scenario on a manual clock: ticks are driven by the test (``Daemon._tick``),
-    scrapes read ``daemon.exposition``, health ``daemon.health_problem``."""
-    simulation = parse_scenario(doc, "matrix")
+    scrapes read ``daemon.exposition``, health ``daemon.health_problem``. ``seed``: another seed, other cards (UUIDs)
+    in the same slots; ``start``: seconds the clock is moved on before it starts."""
+    simulation = parse_scenario(doc, "matrix", seed)
     clock = ManualClock()
+    clock.advance(start)
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(state_dir))
     backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
     sampler = _sampler(backend, clock, config)
@@ -303,6 +305,53 @@ def test_a_gpu_of_the_last_run_that_nvml_no_longer_lists_is_reported_missing(tmp
         body = daemon.exposition.render(False).decode()
         assert "\ngpuwear_gpus_missing 0.0\n" in body and "gpuwear_gpu_missing_last_seen_timestamp_seconds{" not in body
         assert "Missing GPU." not in daemon.page().decode()
+
+
+def test_a_new_card_in_a_missing_cards_slot_is_its_replacement_not_a_missing_gpu(tmp_path: Path,
+                                                                                   caplog: pytest.LogCaptureFixture
+                                                                                   ) -> None:
+    """Issue 51, slice 4: a new UUID at the PCI address of a card the ledger holds stayed "missing" (503, the alert)
+    until forgotten. Now it is that card's replacement, said once in the log; the old card a past card, kept in the
+    ledger and in `report` as such, never missing again, even when its slot is empty later."""
+    import logging
+
+    from gpuwear.report import document
+
+    doc = scenario_doc("r610", "datacenter")
+    with daemon_over(doc, tmp_path) as (daemon, clock):
+        run(daemon, clock, 5)
+        old = [g.identity for g in daemon.source.sampler.snapshot.gpus]
+    with caplog.at_level(logging.WARNING, logger="gpuwear.service"), \
+            daemon_over(doc, tmp_path, seed=2, start=3600.0) as (daemon, clock):  # other cards in both slots
+        run(daemon, clock, 5)
+        new = [g.identity for g in daemon.source.sampler.snapshot.gpus]
+        assert {g.uuid for g in new}.isdisjoint(g.uuid for g in old)
+        assert daemon.health_problem() is None and daemon.missing_gpus() == []
+        body = daemon.exposition.render(False).decode()
+        assert "\ngpuwear_gpus_missing 0.0\n" in body
+        daemon.health_problem()
+        said = [r.getMessage() for r in caplog.records if "replaces GPU" in r.getMessage()]
+        assert len(said) == 2 and f"GPU {new[0].uuid} at PCI {old[0].pci_bus_id} replaces GPU {old[0].uuid}" in \
+            said[0] + said[1], said
+        daemon.persist(final=True)
+        assert daemon.ledger is not None
+        wears = daemon.ledger.load(2.0)
+    report = document(list(wears.values()), WearConfig(), {}, "ledger", False)
+    gpus = {g["uuid"]: g for g in report["gpus"]}
+    past = gpus[old[0].uuid]
+    from gpuwear import page
+    from gpuwear.report import text_report
+
+    assert f"PAST CARD: {new[0].uuid} took its slot (PCI {new[0].pci_bus_id})" in text_report(report)
+    assert page.render(report).count("A past card:") == 2
+    assert past["replaced_by"]["uuid"] == new[0].uuid and "not_seen" not in past
+    assert "gpu_missing" not in {r["code"] for r in past["health"]["reasons"]}
+    # its slot empty later: the new card is missing, the past card is not
+    gone = scenario_doc("r610", "datacenter", faults=[{"at": 0, "gpu": 0, "kind": "gpu_missing"}])
+    with daemon_over(gone, tmp_path, seed=2, start=7200.0) as (daemon, clock):
+        run(daemon, clock, 5)
+        problem = daemon.health_problem()
+        assert problem is not None and f"GPU {new[0].uuid}" in problem and old[0].uuid not in problem, problem
 
 
 def test_the_matrix_covers_both_ends_of_the_supported_branches() -> None:

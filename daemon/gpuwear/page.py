@@ -161,6 +161,10 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
            f'<p class="muted">{_e(d["uuid"])}' + (f', serial {_e(d["serial"])}' if d["serial"] else "") + "</p>",
            f'<p><span class="verdict" style="background:{colour}" data-figure="status" data-value="{h["status"]}">'
            f'{status}</span> ']
+    if (by := d.get("replaced_by")) is not None:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(by["first_seen"]))
+        out.insert(2, f'<p class="banner">A past card: <code>{_e(by["uuid"])}</code> took its slot (PCI '
+                      f'{_e(by["pci_bus_id"] or "")}) on {_e(when)}; its history is kept.</p>')
     if (gone := d.get("not_seen")) is not None:
         since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(gone["last_seen"]))
         out.insert(2, f'<p class="banner missing"><strong>Not seen since {_e(since)}</strong>, while this host&#x27;s '

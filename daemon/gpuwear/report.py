@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health import peer_rates, slow_reads_text, verdict
+from gpuwear.kernlog import bus_key
 from gpuwear.ledger import Event, Ledger
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
@@ -136,16 +137,33 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
     """``live``: the GPUs the ledger holds live history of (None: all of them); they alone are each other's peers
     (an imported history is another host's)."""
     host_live = [w for w in wears if (live is None or w.uuid in live) and w.last_seen is not None]
+    replaced = _replaced(host_live)
     peers = peer_rates({w.uuid: w for w in wears if live is None or w.uuid in live}, p)
     # a GPU of this host not seen for three saves while the others were: missing (off the bus, out of the box) or
-    # removed (health's gpu_missing rule); the daemon's /healthz and metrics say it live, the ledger only since when
+    # removed (health's gpu_missing rule); the daemon's /healthz and metrics say it live, the ledger only since when.
+    # One whose slot holds another card seen after it was replaced: a past card, not a missing one
     host = max((w.last_seen for w in host_live if w.last_seen is not None), default=None)
     gpus = [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid),
-                         host if w in host_live else None) for w in wears]
+                         host if w in host_live and w.uuid not in replaced else None) for w in wears]
     for g in gpus:
         if any(r["code"] == "gpu_missing" for r in g["health"]["reasons"]):
             g["not_seen"] = {"last_seen": g["last_seen"], "host_last_seen": host}
+        if (by := replaced.get(g["uuid"])) is not None:
+            g["replaced_by"] = {"uuid": by.uuid, "first_seen": by.first_seen, "pci_bus_id": by.pci_bus_id}
     return {"ledger": ledger, "simulated": simulated, "gpus": gpus}
+
+
+def _replaced(host: list[GpuWear]) -> dict[str, GpuWear]:
+    """The host's past cards: by UUID, the card first seen in its slot (PCI address) after it was last seen there,
+    the latest such."""
+    out: dict[str, GpuWear] = {}
+    for old in host:
+        after = [w for w in host if w is not old and old.pci_bus_id and w.pci_bus_id
+                 and bus_key(w.pci_bus_id) == bus_key(old.pci_bus_id) and w.first_seen is not None
+                 and old.last_seen is not None and w.first_seen >= old.last_seen]
+        if after:
+            out[old.uuid] = max(after, key=lambda w: w.first_seen or 0.0)
+    return out
 
 
 _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not reported by this card"}
@@ -394,6 +412,10 @@ def text_report(doc: dict[str, Any]) -> str:
         serial = f", serial {d['serial']}" if d["serial"] else ""
         out.append(f"{d['name'] or 'unknown GPU'} ({d['uuid']}{serial})")
         h = d["health"]
+        if (by := d.get("replaced_by")) is not None:
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(by["first_seen"]))
+            out.append(f"  PAST CARD: {by['uuid']} took its slot (PCI {by['pci_bus_id']}) on {when}; its history is "
+                       f"kept (gpuwear forget {d['uuid']} to drop it)")
         if (gone := d.get("not_seen")) is not None:
             since, host = (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(gone[k])) for k in ("last_seen",
                                                                                                "host_last_seen"))

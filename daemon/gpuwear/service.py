@@ -38,7 +38,7 @@ from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen, foreign_pids
-from gpuwear.kernlog import KernelLogXids
+from gpuwear.kernlog import KernelLogXids, bus_key
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.metrics import DaemonInfo, LedgerStatus, MissingGpu, Published
 from gpuwear.notify import sd_notify, tell_systemd_recovering
@@ -195,6 +195,7 @@ class Daemon:
         self._history_loaded = False  # the ledger's history is in the tracker (never merged twice)
         self._saved_lead: int | None = None  # the simulated clock's lead last written to the ledger
         self._saved_position: str | None = None  # the kernel log position last written to the ledger (JSON)
+        self._replaced_said: set[str] = set()  # past cards whose replacement was said in the log
         gate = config.wear.cycles.hysteresis_celsius
         wears, imported, running = {}, {}, []
         try:
@@ -393,9 +394,27 @@ class Daemon:
         return lines
 
     def _missing(self, snapshot: Snapshot) -> tuple[MissingGpu, ...]:
+        """The GPUs this host's ledger holds that NVML does not list, but its past cards: one whose PCI address (its
+        slot) held another card first seen after it was last seen there was replaced (said once in the log when
+        that card is listed), not lost."""
         listed = {g.identity.uuid for g in snapshot.gpus}
-        return tuple(MissingGpu(uuid, name, seen, bus) for uuid, (name, seen, bus)
-                     in sorted(self.tracker.known().items()) if uuid not in listed)
+        known = self.tracker.known()
+        missing = []
+        for uuid, (name, seen, bus, _) in sorted(known.items()):
+            if uuid in listed:
+                continue
+            after = sorted((first, other) for other, (_, _, other_bus, first) in known.items()
+                           if other != uuid and bus and other_bus and bus_key(other_bus) == bus_key(bus)
+                           and first is not None and seen is not None and first >= seen)
+            if not after:
+                missing.append(MissingGpu(uuid, name, seen, bus))
+            elif after[-1][1] in listed and uuid not in self._replaced_said:
+                self._replaced_said.add(uuid)
+                log.warning("GPU %s at PCI %s replaces GPU %s (%s, last seen %s) in its slot: the old card's history "
+                            "is kept as a past card (`gpuwear forget %s` to drop it)", after[-1][1], bus, uuid,
+                            printable(name), time.strftime("%Y-%m-%d %H:%M", time.localtime(seen)) if seen else
+                            "never", uuid)
+        return tuple(missing)
 
     def _watchdog(self) -> None:
         """Ping systemd's watchdog while the sampling loop is alive; a stuck loop stops the pings."""

@@ -227,11 +227,11 @@ class WearTracker:
         return tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name, r.namespace, r.pod,
                          r.gpus[uuid].container) for r in running)
 
-    def known(self) -> dict[str, tuple[str, float | None, str | None]]:
+    def known(self) -> dict[str, tuple[str, float | None, str | None, float | None]]:
         """Every GPU this host's history holds (the ledger's and those seen since the start, not the imported
-        ones): UUID -> (name, last seen, Unix s, PCI bus id)."""
+        ones): UUID -> (name, last seen, Unix s, PCI bus id, first seen, Unix s)."""
         with self._lock:
-            return {uuid: (w.name, w.last_seen, w.pci_bus_id) for uuid, w in self._wears.items()}
+            return {uuid: (w.name, w.last_seen, w.pci_bus_id, w.first_seen) for uuid, w in self._wears.items()}
 
     def adopt(self, stored: dict[str, GpuWear], imported: dict[str, GpuWear]) -> None:
         """Merge a ledger opened late into the history kept in memory since the start: the
