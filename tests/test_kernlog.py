@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -255,42 +257,50 @@ def test_a_gpu_off_the_bus_told_three_ways_is_one_xid_79_and_an_unlisted_storm_i
         rig.backend.close()
 
 
-@pytest.mark.slow
-def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path) -> None:
-    """NVML's events never carry XID 79 (the GPU has fallen off the bus): before, gpuwear never counted one."""
-    kern = tmp_path / "kern.log"
-    kern.write_text("")
+@contextmanager
+def _daemon_following(tmp_path: Path, kern: Path, state: Path | None = None) -> Iterator[tuple[str, Path]]:
+    """`gpuwear run --simulate demo` following the kernel-log file ``kern`` (health.kernel_log): its base URL and
+    its log."""
     config = tmp_path / "config.yaml"
     config.write_text(f"health:\n  kernel_log: {kern}\n")
     port = free_port()
     log = tmp_path / "daemon.log"
     with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config),
-                  "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], log, REPO), \
+                  "--listen", f"127.0.0.1:{port}", "--state-dir", str(state or tmp_path / "state")], log, REPO), \
             logs_on_failure(log):
-        body = wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_gpu_info")
+        yield f"http://127.0.0.1:{port}", log
+
+
+@pytest.mark.slow
+def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path) -> None:
+    """NVML's events never carry XID 79 (the GPU has fallen off the bus): before, gpuwear never counted one."""
+    kern = tmp_path / "kern.log"
+    kern.write_text("")
+    with _daemon_following(tmp_path, kern) as (url, log):
+        body = wait_for(f"{url}/metrics", "gpuwear_gpu_info")
         assert 'xid="79"' not in body
         # the demo's H100 is at PCI 00000000:37:00.0
         with kern.open("a") as f:
             f.write("6,4242,123456789,-;NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has "
                     "fallen off the bus.\n")
-        body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
+        body = wait_for(f"{url}/metrics", 'xid="79"')
         line = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_events_total{") and 'xid="79"' in ln)
         assert 'gpu="1"' in line and line.endswith(" 1.0"), line
         # an NVSwitch's SXids (issue 29): counted for the host by severity, never as a GPU's XID
         assert "gpuwear_nvswitch_sxid_events_total{" not in body
-        page = wait_for(f"http://127.0.0.1:{port}/", "</html>")  # rendered, and kept until what it shows changes
+        page = wait_for(f"{url}/", "</html>")  # rendered, and kept until what it shows changes
         assert "NVSwitch" not in page
         with kern.open("a") as f:
             f.write("4,4243,123456790,-;nvidia-nvswitch2: SXid (PCI:0000:0b:00.0): 12028, Non-fatal, Link 32 egress "
                     "non-posted PRIV error (First)\n"
                     "4,4244,123456791,-;nvidia-nvswitch2: SXid (PCI:0000:0b:00.0): 24007, Fatal, Link 30 sourcetrack "
                     "timeout error\n")
-        body = wait_for(f"http://127.0.0.1:{port}/metrics", 'gpuwear_nvswitch_sxid_events_total{severity="fatal"}')
+        body = wait_for(f"{url}/metrics", 'gpuwear_nvswitch_sxid_events_total{severity="fatal"}')
         assert 'gpuwear_nvswitch_sxid_events_total{severity="fatal"} 1.0' in body
         assert 'gpuwear_nvswitch_sxid_events_total{severity="non_fatal"} 1.0' in body
         assert 'xid="12028"' not in body and 'xid="24007"' not in body
         # and on the page, as the host's: the page kept before them is not served again
-        page = wait_for(f"http://127.0.0.1:{port}/", "fatal NVSwitch SXid")
+        page = wait_for(f"{url}/", "fatal NVSwitch SXid")
         fabric = re.findall(r"<strong>NVSwitch fabric.</strong> ([^<]*)</p>", page)
         assert [line.split(" in the kernel log")[0] for line in fabric] == [
             "1 fatal NVSwitch SXid error(s)", "1 non-fatal NVSwitch SXid error(s)"], fabric
@@ -442,21 +452,15 @@ def test_a_kernel_log_the_daemon_cannot_read_is_in_healthz_and_the_metric_until_
     from helpers import fetch
 
     kern = tmp_path / "kern.log"
-    config = tmp_path / "config.yaml"
-    config.write_text(f"health:\n  kernel_log: {kern}\n")
-    port = free_port()
-    log = tmp_path / "daemon.log"
-    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config),
-                  "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], log, REPO), \
-            logs_on_failure(log):
-        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_kernel_log_following 0.0")
-        status, body = fetch(f"http://127.0.0.1:{port}/healthz")
+    with _daemon_following(tmp_path, kern) as (url, log):
+        wait_for(f"{url}/metrics", "gpuwear_kernel_log_following 0.0")
+        status, body = fetch(f"{url}/healthz")
         assert status == 503 and f"the kernel log ({kern}) cannot be read (No such file or directory)" in body, body
         kern.write_text("NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the "
                         "bus.\n")
-        wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_kernel_log_following 1.0")
+        wait_for(f"{url}/metrics", "gpuwear_kernel_log_following 1.0")
         deadline = time.monotonic() + 60
-        while (healthz := fetch(f"http://127.0.0.1:{port}/healthz"))[0] != 200 and time.monotonic() < deadline:
+        while (healthz := fetch(f"{url}/healthz"))[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert healthz[0] == 200, healthz
     assert "kernel log" in log.read_text() and "is read again" in log.read_text()
@@ -472,16 +476,11 @@ def test_the_kernel_log_is_resumed_where_the_last_run_stopped_with_the_counts_it
 
     kern = tmp_path / "kern.log"
     kern.write_text("NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
-    config = tmp_path / "config.yaml"
-    config.write_text(f"health:\n  kernel_log: {kern}\n")
     state = tmp_path / "state"
 
     def run(until: str) -> str:
-        port = free_port()
-        log = tmp_path / "daemon.log"
-        with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config),
-                      "--listen", f"127.0.0.1:{port}", "--state-dir", str(state)], log, REPO), logs_on_failure(log):
-            return wait_for(f"http://127.0.0.1:{port}/metrics", until)  # in the tracker's records: saved at stop
+        with _daemon_following(tmp_path, kern, state) as (url, _):
+            return wait_for(f"{url}/metrics", until)  # in the tracker's records: saved at stop
 
     first = run('code="xid_79"')
     assert 'xid="79"' in first
