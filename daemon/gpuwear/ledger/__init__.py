@@ -20,22 +20,51 @@ What each part promises:
 - :mod:`.export`: one GPU's history as a document another box imports.
 """
 
-from gpuwear.ledger.errors import (
-    LedgerDamagedError,
-    LedgerError,
-    LedgerRefusedError,
-    LedgerTooNewError,
-    StateLockedError,
-    printable,
-)
-from gpuwear.ledger.export import EXPORT_VERSION
-from gpuwear.ledger.lock import PID_FILE, StateLock, private_folder
-from gpuwear.ledger.records import Event
-from gpuwear.ledger.recovery import damaged, environment_error, finish_recovery, recover
-from gpuwear.ledger.schema import FILENAME, SCHEMA_VERSION, ledger_path
-from gpuwear.ledger.store import COMPACT_AFTER, Ledger
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuwear.ledger.errors import (
+        LedgerDamagedError,
+        LedgerError,
+        LedgerRefusedError,
+        LedgerTooNewError,
+        StateLockedError,
+        printable,
+    )
+    from gpuwear.ledger.export import EXPORT_VERSION
+    from gpuwear.ledger.lock import PID_FILE, StateLock, private_folder
+    from gpuwear.ledger.records import Event
+    from gpuwear.ledger.recovery import damaged, environment_error, finish_recovery, recover
+    from gpuwear.ledger.schema import FILENAME, SCHEMA_VERSION, ledger_path
+    from gpuwear.ledger.store import COMPACT_AFTER, Ledger
+
+# Each name's module, loaded when the name is first asked for (PEP 562): the scrape path imports ledger.records'
+# Event (through the tracker) and must not load the store, recovery, export and the rest with it; a daemon loads
+# them when it opens its ledger, a command when it reads one.
+_WHERE = {
+    **dict.fromkeys(("LedgerDamagedError", "LedgerError", "LedgerRefusedError", "LedgerTooNewError",
+                     "StateLockedError", "printable"), "errors"),
+    "EXPORT_VERSION": "export",
+    **dict.fromkeys(("PID_FILE", "StateLock", "private_folder"), "lock"),
+    "Event": "records",
+    **dict.fromkeys(("damaged", "environment_error", "finish_recovery", "recover"), "recovery"),
+    **dict.fromkeys(("FILENAME", "SCHEMA_VERSION", "ledger_path"), "schema"),
+    **dict.fromkeys(("COMPACT_AFTER", "Ledger"), "store"),
+}
 
 __all__ = ["COMPACT_AFTER", "EXPORT_VERSION", "FILENAME", "PID_FILE", "SCHEMA_VERSION", "Event", "Ledger",
            "LedgerDamagedError", "LedgerError", "LedgerRefusedError", "LedgerTooNewError", "StateLock",
            "StateLockedError", "damaged", "environment_error", "finish_recovery", "ledger_path", "printable",
            "private_folder", "recover"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # asked once
+    return value
