@@ -237,6 +237,39 @@ def test_a_gpu_refused_at_start_joins_once_it_answers(tmp_path: Path, caplog: py
         daemon.stop()
 
 
+@pytest.mark.slow
+def test_a_gpu_that_joins_does_not_hold_the_tick_for_the_event_listeners_wait() -> None:
+    """Issue 51: join() stopped the XID listener and started it again on the tick's thread, which waited out the
+    listener's nvmlEventSetWait (up to sampling.event_wait_milliseconds, 5 s): a GPU coming back stalled the ticks.
+    Now join() asks the listener to take the new GPU in when its wait ends: it returns at once (here within 2.5 s
+    of a 5 s wait that had just begun; it took about 5 s before), and the new GPU's XIDs reach the listener."""
+    doc = scenario_doc("r610", "datacenter")
+    doc["faults"] = [{"at": 5, "gpu": 1, "kind": "recover"}, {"at": 20, "gpu": 1, "kind": "xid", "xid": 48}]
+    simulation = parse_scenario(doc, "join")
+    simulation.gpus[1].state.lost = True  # fallen off the bus before gpuwear started
+    clock = ManualClock()
+    backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
+    assert [g.index for g in backend.open()] == [0]
+    seen: list[tuple[int, int]] = []
+    backend.start_events(lambda index, xid: seen.append((index, xid)), 5000)
+    try:
+        deadline = time.monotonic() + 30
+        while "nvmlEventSetWait_v2" not in backend._library.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clock.advance(10.0)  # the GPU answers again
+        began = time.monotonic()
+        joined = backend.join()
+        took = time.monotonic() - began
+        assert [g.index for g in joined] == [1] and took < 2.5, took
+        clock.advance(15.0)  # its XID
+        deadline = time.monotonic() + 30
+        while (1, 48) not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (1, 48) in seen, seen
+    finally:
+        backend.close()
+
+
 def test_pids_of_another_namespace_are_never_looked_up_here(tmp_path: Path) -> None:
     """In a container without the host's PID namespace (or under WSL2) NVML names processes by PIDs that are not
     this process's: a local process bearing the number was named as the job. The time of a GPU with processes is

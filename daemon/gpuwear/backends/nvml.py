@@ -683,6 +683,7 @@ class NvmlBackend:
         self._devices: list[_Device] = []
         self.api: Api | None = None
         self._events_stop = threading.Event()
+        self._events_rebuild = threading.Event()  # join() asks the listener to build its set again, with new GPUs
         self._events_thread: threading.Thread | None = None
         self._on_xid: Callable[[int, int], None] | None = None
         self._wait_ms = 500
@@ -757,29 +758,33 @@ class NvmlBackend:
                   if (d := self._open_device(index)) is not None]
         if joined:
             log.warning("GPU(s) joined: %s", ", ".join(f"{g.index} ({g.uuid})" for g in joined))
-            if self._on_xid is not None and self._events_thread is not None:
-                self._stop_events()
-                self.start_events(self._on_xid, self._wait_ms)
+            # the listener takes them in when its wait ends: stopping it here held the tick up to its wait (5 s)
+            self._events_rebuild.set()
         return joined
 
     def reopen(self) -> list[GpuIdentity]:
         """After the driver came back (reload): initialise NVML again, acquire new handles and
         restart the event listener. Raises :class:`NvmlUnavailableError` while it is still gone."""
-        self._stop_events()
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+        if self._stop_events():
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+        else:  # NVML is reference counted: the new init is one more, the listener's NVML stays whole until it leaves
+            log.warning("the NVML event listener did not leave its wait: NVML is not shut down under it")
         identities = self.open()
         if self._on_xid is not None:
             self.start_events(self._on_xid, self._wait_ms)
         return identities
 
-    def _stop_events(self) -> None:
+    def _stop_events(self) -> bool:
+        """Stop the listener; whether it left NVML (a wait in progress ends first)."""
         self._events_stop.set()
-        if self._events_thread is not None:
-            self._events_thread.join(timeout=self._wait_ms / 1000.0 + 2.0)  # a wait in progress ends first
-            self._events_thread = None
+        thread, self._events_thread = self._events_thread, None
+        if thread is None:
+            return True
+        thread.join(timeout=self._wait_ms / 1000.0 + 2.0)
+        return not thread.is_alive()
 
     CLOSE_WAIT_SECONDS = 0.2  # how long close() waits for the event listener to leave NVML
 
@@ -1075,6 +1080,9 @@ class NvmlBackend:
         backoff = 1.0
         failing = False
         while not stop.is_set():
+            if self._events_rebuild.is_set():  # GPUs joined: into the set now
+                self._events_rebuild.clear()
+                rebuild_at = 0.0
             if event_set is None or time.monotonic() >= rebuild_at:
                 if event_set is not None:
                     self._free(event_set)
