@@ -15,7 +15,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from gpuwear.config import WearConfig
-from gpuwear.health import XID_ACT, peer_rates, verdict
+from gpuwear.health import XID_ACT, verdict
+from gpuwear.health.signals import peer_and_own_rates
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.ledger.records import Event
@@ -108,7 +109,8 @@ class WearView(NamedTuple):
 
 
 def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True,
-         peers: Mapping[str, list[float]] | None = None) -> WearView:
+         peers: Mapping[str, list[float]] | None = None,
+         own: Mapping[str, tuple[float | None, float | None]] | None = None) -> WearView:
     """Build the exported view of one GPU's accumulators (their weighted sums are kept with them from view to view,
     taking what the bins gained: GpuWear.weighted). ``detail`` off (metrics.detail): only what the default metrics
     show, without the time above each temperature, the low and high bands, the memory's cycles and cycle fatigue,
@@ -148,7 +150,7 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
         above_threshold=MappingProxyType(thresholds), cycles=MappingProxyType(cycles),
         fans=tuple((f.on_seconds, round(fan_revolutions(f, p), 1)) for f in w.fans),
         estimates=MappingProxyType(est),
-        verdict=MappingProxyType(verdict(w, p, trend, peers)),
+        verdict=MappingProxyType(verdict(w, p, trend, peers, own=own)),
         thermal_resistance=trend["last_celsius_per_watt"] if trend else None,
         attributed=MappingProxyType({
             kind: (k["seconds"], k["energy_joules"],
@@ -215,11 +217,12 @@ class WearTracker:
                 if views is None:
                     running = self.jobs.running()
                     shown = {uuid: self._shown(uuid) for uuid in self._present}
-                    peers = peer_rates({uuid: self._wears[uuid] for uuid in self._present if uuid in self._wears},
-                                       self._params)  # the host's own GPUs, not imported histories
+                    peers, own = peer_and_own_rates(
+                        {uuid: self._wears[uuid] for uuid in self._present if uuid in self._wears},
+                        self._params)  # the host's own GPUs, not imported histories
                     views = self._views = MappingProxyType({
                         uuid: view(w, self._params, self._jobs_shown(uuid, running.get(uuid, ())), self._detail,
-                                   peers.get(uuid))
+                                   peers.get(uuid), own.get(uuid) if w is self._wears.get(uuid) else None)
                         for uuid, w in shown.items()})
         return views
 

@@ -4,11 +4,11 @@ comes in ``Facts``). The verdict (health.verdict) is their combination, in the t
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from gpuwear.config import WearConfig
@@ -23,43 +23,58 @@ NVLINK_DOWN_HOLD_SECONDS = 300  # links fewer than before for this long are down
 PCIE_DOWNGRADED_HOLD_SECONDS = 600
 
 Finding = tuple[str, str, str]  # (severity, code, text)
+Findings = tuple[Finding, ...]  # what a judge gives: most give one at most
+NONE: Findings = ()
 
 
-@dataclass(frozen=True)
+@functools.lru_cache(maxsize=16)  # the last day changes once a day
+def _window_days(last: int, days: int) -> tuple[str, ...]:
+    """The ISO dates of the ``days`` UTC days to day number ``last``."""
+    return tuple(utc_day(last - i) for i in range(days))
+
+
+@dataclass
 class Facts:
     """What the rules judge one GPU on: its record, the parameters, and what the caller had at hand already.
     ``trend``: models.resistance_trend; ``peers``: the loaded-hour error rates of the host's other GPUs of its product
     (signals.peer_rates); ``host_last_seen``: when the host's GPUs were last seen (a ledger's reader: the daemon
-    names a GPU NVML does not list itself)."""
+    names a GPU NVML does not list itself). Made for one verdict (a view asks for one per GPU at every scrape that
+    follows a tick: plain attributes, made once)."""
 
     w: GpuWear
     p: WearConfig
     trend: Mapping[str, Any] | None = None
     peers: Mapping[str, list[float]] = field(default_factory=dict)
     host_last_seen: float | None = None  # when the host's other GPUs were last seen, where the caller knows it
+    given_recent: Mapping[str, tuple[float | None, float | None]] | None = None  # recent_rates, where given
+    h: dict[str, Any] = field(init=False)  # the record's health readings
+    # the record's health_days summed over its last wear.health.window_days UTC days (to the day of its last
+    # sight): "busy" and "throttled" s, "stalls" [under load, idle], "hot" {°C: s}
+    window: dict[str, Any] = field(init=False)
 
-    @property
-    def h(self) -> dict[str, Any]:
-        return self.w.health
-
-    @cached_property
-    def window(self) -> dict[str, Any]:
-        """The record's health_days summed over its last wear.health.window_days UTC days (to the day of its last
-        sight): "busy" and "throttled" s, "stalls" [under load, idle], "hot" {°C: s}."""
+    def __post_init__(self) -> None:
+        self.h = self.w.health
         out: dict[str, Any] = {"busy": 0.0, "throttled": 0.0, "stalls": [0, 0], "hot": {}}
-        if self.w.last_seen is None:
-            return out
-        last = int(self.w.last_seen // 86400)
-        for i in range(self.p.health.window_days):
-            day = self.w.health_days.get(utc_day(last - i))
+        self.window = out
+        if self.w.last_seen is None or not self.w.health_days:
+            return
+        hot: dict[str, float] = out["hot"]
+        for key in _window_days(int(self.w.last_seen // 86400), self.p.health.window_days):
+            day = self.w.health_days.get(key)
             if day is None:
                 continue
             out["busy"] += day.get("busy", 0.0)
             out["throttled"] += day.get("throttled", 0.0)
-            out["stalls"] = [a + b for a, b in zip(out["stalls"], day.get("stalls", (0, 0)), strict=True)]
+            if "stalls" in day:
+                out["stalls"] = [a + b for a, b in zip(out["stalls"], day["stalls"], strict=True)]
             for t, sec in day.get("hot", {}).items():
-                out["hot"][t] = out["hot"].get(t, 0.0) + sec
-        return out
+                hot[t] = hot.get(t, 0.0) + sec
+
+    def recent(self) -> Mapping[str, tuple[float | None, float | None]]:
+        """The GPU's error rates over its last two UTC days and its baseline before them (signals.recent_rates)."""
+        if self.given_recent is None:
+            self.given_recent = recent_rates(self.w, self.p)
+        return self.given_recent
 
     def hot_seconds(self, celsius: float) -> float:
         """Seconds of the window with the die at or above ``celsius`` (whole-°C bins, as seconds_at_or_above)."""
@@ -96,7 +111,7 @@ class Facts:
         return "" if when is None else f", the last new one on {time.strftime('%Y-%m-%d', time.gmtime(when))}"
 
 
-Judge = Callable[[Facts], Iterator[Finding]]
+Judge = Callable[[Facts], Findings]
 
 
 @dataclass(frozen=True)
@@ -121,39 +136,47 @@ class Rule:
 
 # -- the judges, in the table's order ------------------------------------------------------------------------------
 
-def _row_remap_failure(f: Facts) -> Iterator[Finding]:
+def _row_remap_failure(f: Facts) -> Findings:
     if f.h.get("remapped_rows_failure"):
-        yield "act", "row_remap_failure", "a memory row remap failed: NVIDIA says the GPU needs service (RMA)"
+        return (("act", "row_remap_failure", "a memory row remap failed: NVIDIA says the GPU needs service (RMA)"),)
+    return NONE
 
 
-def _row_remap_pending(f: Facts) -> Iterator[Finding]:
+def _row_remap_pending(f: Facts) -> Findings:
     if f.h.get("remapped_rows_pending"):
-        yield "watch", "row_remap_pending", "a memory row remap is pending: reset the GPU when convenient to apply it"
+        return (("watch", "row_remap_pending",
+                 "a memory row remap is pending: reset the GPU when convenient to apply it"),)
+    return NONE
 
 
-def _page_retirement_pending(f: Facts) -> Iterator[Finding]:
+def _page_retirement_pending(f: Facts) -> Findings:
     if f.h.get("retired_pages_pending"):
-        yield ("watch", "page_retirement_pending",
-               "a memory page retirement is pending: reload the driver or reset the GPU when convenient")
+        return (("watch", "page_retirement_pending",
+                 "a memory page retirement is pending: reload the driver or reset the GPU when convenient"),)
+    return NONE
 
 
-def _recovery_action(f: Facts) -> Iterator[Finding]:
+def _recovery_action(f: Facts) -> Findings:
     action = f.h.get("recovery_action")
     if action:
-        yield "act", "recovery_action", f"the driver asks to {RECOVERY_ACTIONS.get(action, f'recover ({action})')}"
+        return (("act", "recovery_action",
+                 f"the driver asks to {RECOVERY_ACTIONS.get(action, f'recover ({action})')}"),)
+    return NONE
 
 
-def _reset_required(f: Facts) -> Iterator[Finding]:
+def _reset_required(f: Facts) -> Findings:
     if f.h.get("reset_required"):
-        yield ("act", "reset_required", "NVML answers that the GPU requires a reset before it can be used again: "
-               "reset it (nvidia-smi -r, or a reboot); one that needs it again needs service")
+        return (("act", "reset_required", "NVML answers that the GPU requires a reset before it can be used again: "
+                 "reset it (nvidia-smi -r, or a reboot); one that needs it again needs service"),)
+    return NONE
 
 
-def _uncorrectable_ecc(f: Facts) -> Iterator[Finding]:
+def _uncorrectable_ecc(f: Facts) -> Findings:
     n = f.h.get("ecc_uncorrected_volatile", 0)
     if n > 0:
-        yield ("act", "uncorrectable_ecc", f"{n} uncorrectable ECC error(s) since the driver loaded: results computed "
-               "since may be wrong; reset the GPU")
+        return (("act", "uncorrectable_ecc", f"{n} uncorrectable ECC error(s) since the driver loaded: results "
+                 "computed since may be wrong; reset the GPU"),)
+    return NONE
 
 
 def _retired(f: Facts) -> int:
@@ -163,69 +186,75 @@ def _retired(f: Facts) -> int:
 RETIRED_PAGES_LIMIT = 60
 
 
-def _retired_pages_limit(f: Facts) -> Iterator[Finding]:
+def _retired_pages_limit(f: Facts) -> Findings:
     retired = _retired(f)
     if retired >= RETIRED_PAGES_LIMIT:
-        yield ("act", "retired_pages_limit", f"{retired} retired memory pages: at or above 60, NVIDIA's DCGM health "
-               "check reports the GPU as failing; have it checked by its vendor")
+        return (("act", "retired_pages_limit", f"{retired} retired memory pages: at or above 60, NVIDIA's DCGM health "
+                 "check reports the GPU as failing; have it checked by its vendor"),)
+    return NONE
 
 
-def _retired_pages(f: Facts) -> Iterator[Finding]:
+def _retired_pages(f: Facts) -> Findings:
     retired = _retired(f)
     if 0 < retired < RETIRED_PAGES_LIMIT and (last := f.growing("retired_pages_single_bit",
                                                                  "retired_pages_double_bit")) is not None:
-        yield ("watch", "retired_pages", f"{retired} retired memory page(s){last}: normal in small numbers; keep "
-               "watching")
+        return (("watch", "retired_pages", f"{retired} retired memory page(s){last}: normal in small numbers; keep "
+                 "watching"),)
+    return NONE
 
 
-def _pcie_aer(f: Facts) -> Iterator[Finding]:
+def _pcie_aer(f: Facts) -> Findings:
     fatal, nonfatal = f.h.get("pcie_aer_fatal", 0), f.h.get("pcie_aer_nonfatal", 0)
     if fatal > 0 or nonfatal > 0:
-        yield ("watch", "pcie_aer_uncorrectable", f"{fatal + nonfatal} uncorrectable PCIe error(s) since boot "
-               f"({fatal} fatal, {nonfatal} non-fatal), as the kernel counts them at the GPU's PCI function: the link, "
-               "a riser or the slot; reseat the card or try another slot if they grow")
+        return (("watch", "pcie_aer_uncorrectable", f"{fatal + nonfatal} uncorrectable PCIe error(s) since boot "
+                 f"({fatal} fatal, {nonfatal} non-fatal), as the kernel counts them at the GPU's PCI function: the "
+                 "link, a riser or the slot; reseat the card or try another slot if they grow"),)
+    return NONE
 
 
-def _nvlink_down(f: Facts) -> Iterator[Finding]:
+def _nvlink_down(f: Facts) -> Findings:
     h, now = f.h, f.w.last_seen
     active, most = h.get("nvlink_links_active"), h.get("nvlink_links_most")
     if now is None or active is None or most is None:
-        return
+        return NONE
     peers_most = int(max(f.peers.get(LINKS, ()), default=0))
     if active < most and now - h.get("nvlink_links_most_at", now) >= NVLINK_DOWN_HOLD_SECONDS:
-        yield ("act", "nvlink_down", f"{most - active} of the {most} NVLink links it has had active are down "
-               f"({active} active): jobs that talk over NVLink fail or fall back to slower paths; a reset or a reboot "
-               "may bring them back, links that keep dropping need service")
+        return (("act", "nvlink_down", f"{most - active} of the {most} NVLink links it has had active are down "
+                 f"({active} active): jobs that talk over NVLink fail or fall back to slower paths; a reset or a "
+                 "reboot may bring them back, links that keep dropping need service"),)
     elif active < peers_most and now - (f.w.first_seen or now) >= NVLINK_DOWN_HOLD_SECONDS:
-        yield ("act", "nvlink_down", f"{active} NVLink links active where the host's other GPUs of its product have "
-               f"{peers_most}: links down since gpuwear first read it, or never trained; a reset or a reboot may "
-               "bring them back, links that stay down need service")
+        return (("act", "nvlink_down", f"{active} NVLink links active where the host's other GPUs of its product have "
+                 f"{peers_most}: links down since gpuwear first read it, or never trained; a reset or a reboot may "
+                 "bring them back, links that stay down need service"),)
+    return NONE
 
 
-def _nvlink_recoveries(f: Facts) -> Iterator[Finding]:
+def _nvlink_recoveries(f: Facts) -> Findings:
     if f.w.last_seen is not None and f.h.get("nvlink_recovery_errors", 0) > 0:
-        yield ("watch", "nvlink_recoveries", f"{f.h['nvlink_recovery_errors']} NVLink recovery event(s) since the "
-               "driver loaded (a link failed and retrained): watch for links going down")
+        return (("watch", "nvlink_recoveries", f"{f.h['nvlink_recovery_errors']} NVLink recovery event(s) since the "
+                 "driver loaded (a link failed and retrained): watch for links going down"),)
+    return NONE
 
 
-def _pcie_link_downgraded(f: Facts) -> Iterator[Finding]:
+def _pcie_link_downgraded(f: Facts) -> Findings:
     h, now = f.h, f.w.last_seen
     since = h.get("pcie_downgraded_since")
     if now is None or since is None or now - since < PCIE_DOWNGRADED_HOLD_SECONDS:
-        return
+        return NONE
     link = (f"Gen{h.get('pcie_link_generation', '?')} x{h.get('pcie_link_width', '?')}, below the "
             f"Gen{h.get('pcie_link_generation_max', '?')} x{h.get('pcie_link_width_max', '?')} its card and slot "
             "allow")
-    yield ("watch", "pcie_link_downgraded", f"its PCIe link runs at {link}, since "
-           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(since))}: transfers to and from it run slower; "
-           "reseat the card or its riser (a lane that keeps failing is the card's or the slot's)")
+    return (("watch", "pcie_link_downgraded", f"its PCIe link runs at {link}, since "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(since))}: transfers to and from it run slower; "
+             "reseat the card or its riser (a lane that keeps failing is the card's or the slot's)"),)
 
 
-def _remapped_rows(f: Facts) -> Iterator[Finding]:
+def _remapped_rows(f: Facts) -> Findings:
     n = f.h.get("remapped_rows_uncorrected", 0) + f.h.get("remapped_rows_corrected", 0)
     if n > 0 and (last := f.growing("remapped_rows_uncorrected", "remapped_rows_corrected")) is not None:
-        yield ("watch", "remapped_rows", f"{n} memory row(s) remapped{last}: the spare rows did their job; keep "
-               "watching")
+        return (("watch", "remapped_rows", f"{n} memory row(s) remapped{last}: the spare rows did their job; keep "
+                 "watching"),)
+    return NONE
 
 
 def _xid_severity(f: Facts, tier: str, when: float | None) -> str | None:
@@ -236,18 +265,22 @@ def _xid_severity(f: Facts, tier: str, when: float | None) -> str | None:
     return "watch" if days is not None and f.within(when, days) else None
 
 
-def _xids(f: Facts) -> Iterator[Finding]:
+def _xids(f: Facts) -> Findings:
+    found = []
     for code, n in sorted((int(x), n) for x, n in f.w.xids.items()):
         xid = BY_CODE.get(code)
         severity = None if xid is None else _xid_severity(f, xid.tier, f.w.last_event.get(f"xid {code}"))
         if xid is not None and severity is not None:
-            yield severity, f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}"
+            found.append((severity, f"xid_{code}",
+                          f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}"))
+    return tuple(found)
 
 
-def _gpu_lost(f: Facts) -> Iterator[Finding]:
+def _gpu_lost(f: Facts) -> Findings:
     severity = f.incident(f.w.last_event.get("gpu lost")) if f.w.lost_events else None
     if severity is not None:
-        yield severity, "gpu_lost", f"the GPU fell off the bus {f.w.lost_events} time(s){f.ago('gpu lost')}"
+        return ((severity, "gpu_lost", f"the GPU fell off the bus {f.w.lost_events} time(s){f.ago('gpu lost')}"),)
+    return NONE
 
 
 def _bleeding_alone(f: Facts, counter: str, lately: float, before: float | None) -> str | None:
@@ -271,9 +304,9 @@ def _bleeding_against_peers(f: Facts, counter: str, lately: float, theirs: list[
             f"{len(theirs)} peer(s) of the same product over theirs: {per_hour(median)} (median)")
 
 
-def _bleeding_errors(f: Facts) -> Iterator[Finding]:
+def _bleeding_errors(f: Facts) -> Findings:
     bleeding = []  # one reason for every counter that bleeds: a code labels one series of the health metric
-    for counter, (lately, before) in recent_rates(f.w, f.p).items():
+    for counter, (lately, before) in f.recent().items():
         if lately is None or lately < f.p.health.bleeding_floor_per_loaded_hour:
             continue
         theirs = f.peers.get(counter)
@@ -282,88 +315,94 @@ def _bleeding_errors(f: Facts) -> Iterator[Finding]:
         if words:
             bleeding.append(words)
     if bleeding:
-        yield "watch", "bleeding_errors", "; ".join(bleeding) + ": a fault that shows under load; have it tested"
+        return (("watch", "bleeding_errors", "; ".join(bleeding) + ": a fault that shows under load; have it tested"),)
+    return NONE
 
 
-def _stalled_calls(f: Facts) -> Iterator[Finding]:
+def _stalled_calls(f: Facts) -> Findings:
     under, idle = f.window["stalls"]
     if under + idle < f.p.health.stall_watch_count:
-        return
+        return NONE
     only = " only under load, as the calls of a failing GPU hang in the field" if not idle else ""
     slow = slow_reads_text(f.w.slow_reads)
-    yield ("watch", "stalled_calls", f"its NVML reads missed the sampler's deadline {under + idle} times "
-           f"({under} under load, {idle} idle) in its last {f.p.health.window_days} days{only}"
-           + (f"; {slow}" if slow else "") + ": a driver or GPU fault; check the kernel log")
+    return (("watch", "stalled_calls", f"its NVML reads missed the sampler's deadline {under + idle} times "
+             f"({under} under load, {idle} idle) in its last {f.p.health.window_days} days{only}"
+             + (f"; {slow}" if slow else "") + ": a driver or GPU fault; check the kernel log"),)
 
 
-def _repeat_incidents(f: Facts) -> Iterator[Finding]:
+def _repeat_incidents(f: Facts) -> Findings:
     hp = f.p.health
     repeat = repeated_incidents(f.w, hp.repeat_incidents, hp.repeat_window_days * 86400.0)
     if repeat is None:
-        return
+        return NONE
     first, last, whats = repeat
     days = f"{hp.repeat_window_days:g} day(s)"
     first_day, last_day = (time.strftime("%Y-%m-%d", time.gmtime(t)) for t in (first, last))
     span = first_day if first_day == last_day else f"{first_day} to {last_day}"
     severity = f.incident(last)
     if severity is None:
-        return
-    yield (severity, "repeat_incidents",
-           f"needed a reset, a reboot or service {len(whats)} times within {days} ({span}: {', '.join(whats)}): "
-           + ("the repairs are not holding; have it checked by its vendor" if severity == "act" else
-              "in its history; keep watching"))
+        return NONE
+    return ((severity, "repeat_incidents",
+             f"needed a reset, a reboot or service {len(whats)} times within {days} ({span}: {', '.join(whats)}): "
+             + ("the repairs are not holding; have it checked by its vendor" if severity == "act" else
+                "in its history; keep watching")),)
 
 
-def _uncorrectable_ecc_history(f: Facts) -> Iterator[Finding]:
+def _uncorrectable_ecc_history(f: Facts) -> Findings:
     n = f.h.get("ecc_uncorrected_aggregate", 0)
     if n > 0 and not f.h.get("ecc_uncorrected_volatile", 0) > 0:  # said by uncorrectable_ecc while volatile
         last = f.growing("ecc_uncorrected_aggregate")
         if last is not None:
-            yield ("watch", "uncorrectable_ecc_history",
-                   f"{n} uncorrectable ECC error(s) in the card's lifetime record{last}")
+            return (("watch", "uncorrectable_ecc_history",
+                     f"{n} uncorrectable ECC error(s) in the card's lifetime record{last}"),)
+    return NONE
 
 
 def _slowdown(f: Facts) -> float | None:
     return f.w.thresholds.get("slowdown")
 
 
-def _time_above_slowdown(f: Facts) -> Iterator[Finding]:
+def _time_above_slowdown(f: Facts) -> Findings:
     slowdown = _slowdown(f)
     if slowdown is None:
-        return
+        return NONE
     above = f.hot_seconds(slowdown)
     if above >= f.p.health.slowdown_watch_seconds:
-        yield ("watch", "time_above_slowdown", f"{above / 3600:.2f} h at or above the card's own slowdown "
-               f"temperature ({slowdown:g} °C) in its last {f.p.health.window_days} days")
+        return (("watch", "time_above_slowdown", f"{above / 3600:.2f} h at or above the card's own slowdown "
+                 f"temperature ({slowdown:g} °C) in its last {f.p.health.window_days} days"),)
+    return NONE
 
 
-def _close_to_slowdown(f: Facts) -> Iterator[Finding]:
+def _close_to_slowdown(f: Facts) -> Findings:
     slowdown, busy, hp = _slowdown(f), f.window["busy"], f.p.health
     if slowdown is None or busy <= 0:
-        return
+        return NONE
     # headroom: the time just below the slowdown temperature (time above it has its own reason); the window keeps
     # HOT_BELOW_CELSIUS under it
     margin = min(hp.margin_celsius, HOT_BELOW_CELSIUS)
     near = f.hot_seconds(slowdown - margin) - f.hot_seconds(slowdown)
     if near >= hp.margin_watch_ratio * busy:
-        yield ("watch", "close_to_slowdown", f"{100 * min(near / busy, 1):.0f} % of busy time within "
-               f"{margin:g} °C below its slowdown temperature ({slowdown:g} °C) in its last {hp.window_days} days: "
-               "little headroom; a warmer room or dust takes it into slowdown")
+        return (("watch", "close_to_slowdown", f"{100 * min(near / busy, 1):.0f} % of busy time within "
+                 f"{margin:g} °C below its slowdown temperature ({slowdown:g} °C) in its last {hp.window_days} days: "
+                 "little headroom; a warmer room or dust takes it into slowdown"),)
+    return NONE
 
 
-def _thermal_throttling(f: Facts) -> Iterator[Finding]:
+def _thermal_throttling(f: Facts) -> Findings:
     thermal, busy = f.window["throttled"], f.window["busy"]
     if busy > 0 and thermal / busy >= f.p.health.thermal_throttle_watch_ratio:
-        yield ("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time in "
-               f"its last {f.p.health.window_days} days: the card protects itself by slowing down; check cooling "
-               "and airflow")
+        return (("watch", "thermal_throttling", f"thermally throttled {100 * thermal / busy:.1f} % of busy time in "
+                 f"its last {f.p.health.window_days} days: the card protects itself by slowing down; check cooling "
+                 "and airflow"),)
+    return NONE
 
 
-def _cooling_degrading(f: Facts) -> Iterator[Finding]:
+def _cooling_degrading(f: Facts) -> Findings:
     rise = f.trend["rise_ratio"] if f.trend else None
     if rise is not None and rise >= f.p.health.resistance_rise_watch_ratio:
-        yield ("watch", "cooling_degrading", f"the die runs {100 * rise:.0f} % hotter per watt than when first "
-               "measured: dust or dried thermal paste?")
+        return (("watch", "cooling_degrading", f"the die runs {100 * rise:.0f} % hotter per watt than when first "
+                 "measured: dust or dried thermal paste?"),)
+    return NONE
 
 
 def missing_after(p: WearConfig) -> float:
@@ -372,20 +411,21 @@ def missing_after(p: WearConfig) -> float:
     return 3 * p.persist_interval_seconds + 60.0
 
 
-def _gpu_missing(f: Facts) -> Iterator[Finding]:
+def _gpu_missing(f: Facts) -> Findings:
     host, seen = f.host_last_seen, f.w.last_seen
     if host is None or seen is None or host - seen < missing_after(f.p):
-        return
+        return NONE
     since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seen))
-    yield ("act", "gpu_missing", f"not seen since {since}, while this host's other GPUs were seen until "
-           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(host))}: off the bus, kept from NVML, or taken out "
-           f"(`gpuwear forget {f.w.uuid}` if on purpose)")
+    return (("act", "gpu_missing", f"not seen since {since}, while this host's other GPUs were seen until "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(host))}: off the bus, kept from NVML, or taken out "
+             f"(`gpuwear forget {f.w.uuid}` if on purpose)"),)
 
 
-def _memory_health_unknown(f: Facts) -> Iterator[Finding]:
+def _memory_health_unknown(f: Facts) -> Findings:
     if not f.h.get("ecc_enabled") and not f.h.get("memory_temperature_reported"):
-        yield ("unknown", "memory_health_unknown", "this card reports neither ECC counters nor memory temperature: "
-               "its memory health cannot be known")
+        return (("unknown", "memory_health_unknown", "this card reports neither ECC counters nor memory temperature: "
+                 "its memory health cannot be known"),)
+    return NONE
 
 
 # -- the table -----------------------------------------------------------------------------------------------------

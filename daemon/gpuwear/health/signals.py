@@ -86,11 +86,18 @@ def _mine(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | No
 
 
 def peer_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, dict[str, list[float]]]:
+    """:func:`peer_and_own_rates`' peers."""
+    return peer_and_own_rates(wears, p)[0]
+
+
+def peer_and_own_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> tuple[
+        dict[str, dict[str, list[float]]], dict[str, dict[str, tuple[float | None, float | None]]]]:
     """For each GPU (by UUID), the loaded-hour rates over their last two UTC days (recent_rates) of each error
     counter of the other GPUs of the same product (card name) among ``wears``: what the bleeding rule compares the
     GPU's own same window with; and under LINKS, their NVLink links active at their latest reading, what the
     nvlink_down rule compares the GPU's with. Each product's figures are gathered once (the views are made on the
-    scrape path: a pass over every pair of GPUs cost 1.7 ms at 64 GPUs)."""
+    scrape path: a pass over every pair of GPUs cost 1.7 ms at 64 GPUs). With them, each GPU's own recent_rates, for
+    its verdict (computed once a view)."""
     rates = {uuid: (w.name.strip().lower(), _mine(w, p)) for uuid, w in wears.items()}
     groups: dict[tuple[str, str], list[float]] = {}
     for name, theirs in rates.values():
@@ -108,4 +115,4 @@ def peer_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, dict[st
             if others:
                 peers[counter] = others
         out[uuid] = peers
-    return out
+    return out, {uuid: {k: v for k, v in mine.items() if k != LINKS} for uuid, (_, mine) in rates.items()}
