@@ -279,6 +279,8 @@ def test_lifetime_counts_are_watched_while_they_grow() -> None:
 
     found_at_first_sight = _sampled([(0, 3), (6.9, 3)])
     assert set(said(found_at_first_sight)) == set(codes)
+    assert "3 retired memory page(s), found when gpuwear first read it on 2026-09-21" in \
+        said(found_at_first_sight)["retired_pages"]
     assert said(_sampled([(0, 3), (7.1, 3)])) == {}
     grew = _sampled([(0, 3), (20, 4), (26.9, 4)])
     assert grew.last_event["grew retired_pages_single_bit"] == T0 + 20 * DAY

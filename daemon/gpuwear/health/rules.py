@@ -97,18 +97,16 @@ class Facts:
         when = self.w.last_event.get(what)
         return "" if when is None else f", last {time.strftime('%Y-%m-%d', time.gmtime(when))}"
 
-    def grew(self, *counts: str) -> float | None:
-        """When any of the card's lifetime ``counts`` (accumulate.GROWING_COUNTS) last grew, or, for a count that
-        never grew in the record, when gpuwear first read the GPU."""
-        times = [self.w.last_event[f"grew {c}"] for c in counts if f"grew {c}" in self.w.last_event]
-        return max(times) if times else self.w.first_seen
-
     def growing(self, *counts: str) -> str | None:
-        """", the last new one on DAY" while the counts grew within wear.health.growth_watch_days, else None."""
-        when = self.grew(*counts)
+        """While the card's lifetime ``counts`` (accumulate.GROWING_COUNTS) grew within
+        wear.health.growth_watch_days (", the last new one on DAY"), or, for counts that never grew in the record,
+        while gpuwear has read the GPU for less than that (", found when gpuwear first read it on DAY"); else None."""
+        times = [self.w.last_event[f"grew {c}"] for c in counts if f"grew {c}" in self.w.last_event]
+        when, words = (max(times), "the last new one on") if times else (self.w.first_seen,
+                                                                          "found when gpuwear first read it on")
         if not self.within(when, self.p.health.growth_watch_days):
             return None
-        return "" if when is None else f", the last new one on {time.strftime('%Y-%m-%d', time.gmtime(when))}"
+        return "" if when is None else f", {words} {time.strftime('%Y-%m-%d', time.gmtime(when))}"
 
 
 Judge = Callable[[Facts], Findings]
