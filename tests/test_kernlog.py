@@ -3,6 +3,7 @@ its PCI bus id, counted once when NVML reports the same XID, and served by the r
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -619,3 +620,34 @@ def test_a_counted_xid_publishes_what_a_whole_new_snapshot_would() -> None:
         assert sum(sum(g.xids.values()) for g in sampler.snapshot.gpus) > 20
     finally:
         rig.backend.close()
+
+
+@pytest.mark.slow
+def test_a_source_read_again_starts_its_back_off_anew(tmp_path: Path) -> None:
+    """The back-off doubles while a source keeps failing (1 s, 2 s, ...), and starts again at 1 s once it was read:
+    a journalctl that fails twice, then reads an entry and ends, is started again about 1 s later, not 4 s."""
+    import os
+
+    fake = tmp_path / "bin" / "journalctl"
+    fake.parent.mkdir()
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    entry = '{"__CURSOR": "s=c;i=1", "MESSAGE": "NVRM: Xid (PCI:0000:37:00): 13, pid=1, name=x, Graphics Exception"}'
+    fake.write_text(f"#!/bin/sh\ndate +%s.%N >> {calls}\nn=$(wc -l < {calls})\n"
+                    f"if [ \"$n\" -eq 3 ]; then echo '{entry}'; fi\nexit 1\n")
+    fake.chmod(0o755)
+    old_path = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{fake.parent}:{old_path}"
+    follower = KernelLogXids("journal", lambda bus, code: None)
+    try:
+        follower.start()
+        deadline = time.monotonic() + 60
+        while len(calls.read_text().splitlines()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        follower.stop()
+        os.environ["PATH"] = old_path
+    starts = [float(t) for t in calls.read_text().split()]
+    assert len(starts) >= 4, starts
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert 0.8 < gaps[0] and 1.8 < gaps[1] and gaps[2] < 3.0, gaps  # 1 s, 2 s, then 1 s again (4 s before)

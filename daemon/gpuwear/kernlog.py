@@ -246,6 +246,8 @@ class KernelLogXids:
             except Exception as exc:  # a bug here must not end the daemon, nor the reading for good
                 log.exception("kernel log %s: reading stopped", self.source)
                 why = f"{type(exc).__name__}: {exc}"
+            if self._problem is None:  # it was read until now: a new failure starts the back-off again
+                delay = RETRY_FIRST_SECONDS
             if self._problem != why:
                 log.warning("kernel log %s cannot be read (%s): XIDs come from NVML's events alone, which do not "
                             "report XID 79, 119 or 120; trying again in %g s, then less often", self.source, why,
