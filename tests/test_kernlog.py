@@ -651,3 +651,21 @@ def test_a_source_read_again_starts_its_back_off_anew(tmp_path: Path) -> None:
     assert len(starts) >= 4, starts
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert 0.8 < gaps[0] and 1.8 < gaps[1] and gaps[2] < 3.0, gaps  # 1 s, 2 s, then 1 s again (4 s before)
+
+
+def test_the_body_kept_between_ticks_follows_the_kernel_logs_state() -> None:
+    """The exposition keeps one body per published state: the kernel log's state is part of that state, so a source
+    that stops being read between two ticks (the same snapshot) is not served as followed (the body was kept on the
+    snapshot, the views, the ledger's status and the missing GPUs alone)."""
+    from gpuwear.collector import Exposition
+    from gpuwear.metrics import DaemonInfo, Published
+    from gpuwear.sampler import EMPTY
+
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="")
+    state = {"following": True}
+    views: dict[str, object] = {}
+    exposition = Exposition(lambda: Published(EMPTY, views, None, info,  # type: ignore[arg-type]
+                                              kernel_log_following=state["following"]), process=False)
+    assert "gpuwear_kernel_log_following 1.0" in exposition.render(False).decode()
+    state["following"] = False
+    assert "gpuwear_kernel_log_following 0.0" in exposition.render(False).decode()
