@@ -254,6 +254,14 @@ def test_a_gpu_off_the_bus_told_three_ways_is_one_xid_79_and_an_unlisted_storm_i
         said = [r.getMessage() for r in caplog.records if "does not list" in r.getMessage()]
         assert len(said) == 2 and said[1].endswith("; 19999 more of it since it was last said"), said
         assert all(not g.xids or g.identity.index == 1 for g in sampler.snapshot.gpus)
+        # counted for the host, in a series of its own (issue 51), at once
+        assert sampler.snapshot.unlisted_xids == 20_001
+        from gpuwear.collector import encode
+        from gpuwear.metrics import DaemonInfo, Published
+
+        info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="")
+        text = encode(Published(sampler.snapshot, {}, None, info), False).decode()
+        assert "\ngpuwear_xid_unlisted_events_total 20001.0\n" in text
     finally:
         rig.backend.close()
 

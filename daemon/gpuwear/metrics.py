@@ -382,6 +382,10 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
                     "kernel log since start (health.kernel_log), by the driver's severity (fatal, non_fatal): errors "
                     "of the NVLink fabric, which name no GPU; absent until one is seen.", ("severity",),
                     lambda pub: [((severity,), float(n)) for severity, n in sorted(pub.snapshot.sxids.items())]),
+    MetricDef("gpuwear_xid_unlisted_events_total", "counter", "", "XID lines of the kernel log since start for a "
+                    "PCI address NVML does not list here (before NVML opened, or a GPU the driver could not bring "
+                    "up: gpuwear_gpu_not_enumerated): the host's, counted for no GPU; absent until one.", (),
+                    lambda pub: [((), float(pub.snapshot.unlisted_xids))] if pub.snapshot.unlisted_xids else []),
     MetricDef("gpuwear_kernel_log_following", "gauge", "", "1 while the kernel log (health.kernel_log) is being "
                     "followed for XID and SXid lines, 0 while it cannot be read (tried again with back-off; XIDs then "
                     "come from NVML's events alone, which do not report 79, 119 or 120; /healthz says why); absent "

@@ -139,6 +139,9 @@ class Snapshot:
     sxids: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     # where the kernel log was read up to, covering the XIDs counted here (kernlog: its source's position), or None
     kernel_position: Mapping[str, Any] | None = None
+    # XID lines of the kernel log since start for a PCI address NVML does not list here (before NVML opened, or a
+    # GPU it cannot bring up): the host's, no GPU's
+    unlisted_xids: int = 0
 
 
 EMPTY = Snapshot(gpus=(), system=None, ticks=0)
@@ -232,6 +235,7 @@ class Sampler:
         self._sxids: dict[str, int] = {}
         self._sxid_said: dict[int, list[float]] = {}  # SXid -> [when said, lines since]
         self._kernel_position: Mapping[str, Any] | None = None  # note_kernel_position's
+        self._unlisted_xids = 0  # Snapshot.unlisted_xids
         # XIDs of PCI addresses NVML does not list: by address, XID -> [when said, lines since] (said once a minute)
         self._unlisted_said: dict[str, dict[int, list[float]]] = {}
         self.deadline = deadline_seconds  # 0: read the GPUs on the calling thread, no deadline
@@ -292,6 +296,10 @@ class Sampler:
                 said = self._unlisted_said.setdefault(key, {})  # bounded: hostile lines name any address
                 if (more := _to_say(said, xid, self.xid_clock())) is not None:  # a storm: once a minute
                     log.warning("XID %d on PCI %s, a GPU NVML does not list here%s", xid, pci_bus_id, more)  # hex
+                self._unlisted_xids += 1
+                old = self._snapshot
+                self._snapshot = Snapshot(gpus=old.gpus, system=old.system, ticks=old.ticks, sxids=old.sxids,
+                                          kernel_position=self._kernel_position, unlisted_xids=self._unlisted_xids)
                 return
             self._count_xid(gpu, xid, "kernel")
 
@@ -627,10 +635,12 @@ class Sampler:
             if i >= 0 and old.gpus[i].identity is xids_of.identity:
                 status = replace(old.gpus[i], xids=_frozen(xids_of.xids), last_xid=xids_of.last_xid)
                 self._snapshot = Snapshot(gpus=(*old.gpus[:i], status, *old.gpus[i + 1:]), system=old.system,
-                                          ticks=old.ticks, sxids=old.sxids, kernel_position=self._kernel_position)
+                                          ticks=old.ticks, sxids=old.sxids, kernel_position=self._kernel_position,
+                                          unlisted_xids=self._unlisted_xids)
                 return
         self._snapshot = Snapshot(gpus=tuple(g.status() for g in self._gpus), system=self._system,
-                                  ticks=self._ticks, sxids=_frozen(self._sxids), kernel_position=self._kernel_position)
+                                  ticks=self._ticks, sxids=_frozen(self._sxids), kernel_position=self._kernel_position,
+                                  unlisted_xids=self._unlisted_xids)
 
 
 def _to_say(said: dict[int, list[float]], code: int, now: float) -> str | None:
