@@ -604,3 +604,30 @@ def test_a_gpu_nvml_says_needs_a_reset_is_act_until_it_answers_again() -> None:
     assert codes_after(180) == [{}, {}]
     w = tracker.wear(rig.sampler.snapshot.gpus[1].identity.uuid)
     assert w is not None and list(w.incidents.values()) == ["reset required"]
+
+
+def test_a_rule_on_trial_is_recorded_in_the_daemons_log_when_it_begins_to_say_something(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 51, slice 5: a rule set to log is recorded: the daemon's log says once what it would have said, when it
+    begins to say it, while the verdict (and so the metric and the alerts) stays as without it."""
+    import logging
+
+    from conftest import make_rig
+    from gpuwear.tracker import WearTracker
+
+    faults = [{"at": 20, "gpu": 1, "kind": "reset_required"}]
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 3600}]}] * 2,
+                    "faults": faults}, slow_interval=5)
+    tracker = WearTracker({}, _modes(reset_required="log"))
+    with caplog.at_level(logging.INFO, logger="gpuwear.tracker"):
+        for _ in range(20):
+            rig.run(5, interval=5)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+            views = tracker.views
+    said = [r.getMessage() for r in caplog.records if "on trial" in r.getMessage()]
+    uuid = rig.sampler.snapshot.gpus[1].identity.uuid
+    assert said == [f"GPU {uuid}: the rule reset_required, on trial (wear.health.rules), would have said: [act] NVML "
+                    "answers that the GPU requires a reset before it can be used again: reset it (nvidia-smi -r, or a "
+                    "reboot); one that needs it again needs service"], said
+    assert views[uuid].verdict["status"] == "ok" and [r["code"] for r in views[uuid].verdict["would_have_said"]] == [
+        "reset_required"]

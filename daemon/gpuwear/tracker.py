@@ -205,6 +205,7 @@ class WearTracker:
         self._clock_unset = False  # the wall clock is outside [2000, 2100): nothing is accounted until it is set
         self._kernel_position: dict[str, Any] | None = None  # the kernel log's, as far as the records cover it
         self.taken_kernel_position: dict[str, Any] | None = None  # as of the last take()
+        self._trials_said: set[tuple[str, str]] = set()  # (GPU, code) a rule on trial says now, said in the log
 
     @property
     def views(self) -> Mapping[str, WearView]:
@@ -224,7 +225,18 @@ class WearTracker:
                         uuid: view(w, self._params, self._jobs_shown(uuid, running.get(uuid, ())), self._detail,
                                    peers.get(uuid), own.get(uuid) if w is self._wears.get(uuid) else None)
                         for uuid, w in shown.items()})
+                    self._say_trials(views)
         return views
+
+    def _say_trials(self, views: Mapping[str, WearView]) -> None:
+        """What a rule on trial (wear.health.rules: log) would have said, recorded in the daemon's log when it begins
+        to say it (again after it stopped), as NVSentinel's store-only rules record theirs: never in the verdict."""
+        now = {(uuid, r["code"]): r for uuid, v in views.items() for r in v.verdict.get("would_have_said", ())}
+        for (uuid, code), r in now.items():
+            if (uuid, code) not in self._trials_said:
+                log.info("GPU %s: the rule %s, on trial (wear.health.rules), would have said: [%s] %s", uuid, code,
+                         r["severity"], r["text"])
+        self._trials_said = set(now)
 
     def _jobs_shown(self, uuid: str, running: Iterable[JobRecord]) -> tuple[Job, ...]:
         return tuple(Job(r.kind, r.id, r.user if self._user_in_metrics else None, r.name, r.namespace, r.pod,
