@@ -225,9 +225,11 @@ class PodResources:
     def _call(self) -> bytes:
         """The List call, on the channel kept from the last answer or on a new one."""
         if self._list is None:
+            # a subchannel of its own: gRPC's global pool would hand the new channel the old one's subchannel, still
+            # in its reconnect back-off after the kubelet went away, and the ask would fail at once (seen in CI)
             self._channel = self._grpc.insecure_channel(
                 f"unix:{self.path}", options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
-                                              ("grpc.enable_http_proxy", 0)])
+                                              ("grpc.enable_http_proxy", 0), ("grpc.use_local_subchannel_pool", 1)])
             self._list = self._channel.unary_unary(LIST_METHOD, request_serializer=lambda _: b"",
                                                    response_deserializer=bytes)
         return bytes(self._list(b"", timeout=self.timeout_seconds))
