@@ -107,13 +107,18 @@ def bus_key(pci_bus_id: str) -> str:
         return pci_bus_id.strip().upper()
 
 
-def kmsg_message(record: str) -> str:
-    """The message of a /dev/kmsg record (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``); a line that is not
-    one is its own message (a plain log file)."""
+def _kmsg_head(record: str) -> tuple[list[str], str] | None:
+    """The header's fields and the message of a /dev/kmsg record (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``),
+    None for a line that is not one."""
     head, sep, message = record.partition(";")
-    if sep and head.count(",") >= 3 and head.split(",", 1)[0].isdigit():
-        return message
-    return record
+    fields = head.split(",")
+    return (fields, message) if sep and len(fields) >= 4 and fields[0].isdigit() else None
+
+
+def kmsg_message(record: str) -> str:
+    """The message of a /dev/kmsg record; a line that is not one is its own message (a plain log file)."""
+    parsed = _kmsg_head(record)
+    return record if parsed is None else parsed[1]
 
 
 def resolve(source: str, env: Mapping[str, str] | None = None) -> str:
@@ -133,12 +138,9 @@ def _boot_id() -> str | None:
 
 
 def _kmsg_sequence(record: str) -> int | None:
-    """The sequence number of a /dev/kmsg record (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``), else None."""
-    head, sep, _ = record.partition(";")
-    fields = head.split(",")
-    if not sep or len(fields) < 4 or not fields[1].isdigit():
-        return None
-    return int(fields[1])
+    """The sequence number of a /dev/kmsg record, else None."""
+    parsed = _kmsg_head(record)
+    return int(parsed[0][1]) if parsed is not None and parsed[0][1].isdigit() else None
 
 
 def unreadable(source: str, timeout: float = 10.0) -> str | None:

@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.health import peer_rates, slow_reads_text, verdict
-from gpuwear.kernlog import bus_key
+from gpuwear.health import past_cards, peer_rates, slow_reads_text, verdict
 from gpuwear.ledger import Event, Ledger
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
@@ -137,7 +136,9 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
     """``live``: the GPUs the ledger holds live history of (None: all of them); they alone are each other's peers
     (an imported history is another host's)."""
     host_live = [w for w in wears if (live is None or w.uuid in live) and w.last_seen is not None]
-    replaced = _replaced(host_live)
+    by_uuid = {w.uuid: w for w in host_live}
+    replaced = {old: by_uuid[new] for old, new in past_cards(
+        (w.uuid, w.pci_bus_id, w.first_seen, w.last_seen) for w in host_live).items()}
     peers = peer_rates({w.uuid: w for w in wears if live is None or w.uuid in live}, p)
     # a GPU of this host not seen for three saves while the others were: missing (off the bus, out of the box) or
     # removed (health's gpu_missing rule); the daemon's /healthz and metrics say it live, the ledger only since when.
@@ -151,19 +152,6 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
         if (by := replaced.get(g["uuid"])) is not None:
             g["replaced_by"] = {"uuid": by.uuid, "first_seen": by.first_seen, "pci_bus_id": by.pci_bus_id}
     return {"ledger": ledger, "simulated": simulated, "gpus": gpus}
-
-
-def _replaced(host: list[GpuWear]) -> dict[str, GpuWear]:
-    """The host's past cards: by UUID, the card first seen in its slot (PCI address) after it was last seen there,
-    the latest such."""
-    out: dict[str, GpuWear] = {}
-    for old in host:
-        after = [w for w in host if w is not old and old.pci_bus_id and w.pci_bus_id
-                 and bus_key(w.pci_bus_id) == bus_key(old.pci_bus_id) and w.first_seen is not None
-                 and old.last_seen is not None and w.first_seen >= old.last_seen]
-        if after:
-            out[old.uuid] = max(after, key=lambda w: w.first_seen or 0.0)
-    return out
 
 
 _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not reported by this card"}

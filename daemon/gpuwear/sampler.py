@@ -289,8 +289,7 @@ class Sampler:
         """Count an XID line of the kernel log (:mod:`gpuwear.kernlog`: ``pci_bus_id`` as it writes them), on the
         GPU at that bus id; one NVML reported too within :data:`XID_SAME_SECONDS` is counted once."""
         with self._lock:
-            gpu = next((g for g in self._gpus if g.identity.pci_bus_id and bus_key(g.identity.pci_bus_id)
-                        == pci_bus_id), None)
+            gpu = self._gpu_at(pci_bus_id)
             if gpu is None:
                 key = pci_bus_id if pci_bus_id in self._unlisted_said or len(self._unlisted_said) < 64 else "others"
                 said = self._unlisted_said.setdefault(key, {})  # bounded: hostile lines name any address
@@ -321,10 +320,14 @@ class Sampler:
         the GPU at that bus id: the driver may write it without an Xid line; with one (or NVML's event) within
         :data:`XID_SAME_SECONDS`, counted once."""
         with self._lock:
-            gpu = next((g for g in self._gpus if g.identity.pci_bus_id and bus_key(g.identity.pci_bus_id)
-                        == pci_bus_id), None)
+            gpu = self._gpu_at(pci_bus_id)
             if gpu is not None:
                 self._count_xid(gpu, 79, "bus")
+
+    def _gpu_at(self, pci_bus_id: str) -> _Gpu | None:
+        """The GPU read here at a PCI bus id as the kernel log's lines give it (:func:`gpuwear.kernlog.bus_key`)."""
+        return next((g for g in self._gpus if g.identity.pci_bus_id and bus_key(g.identity.pci_bus_id) == pci_bus_id),
+                    None)
 
     def record_sxid(self, switch: str, sxid: int, fatal: bool) -> None:
         """Count an NVSwitch's SXid line of the kernel log (:func:`gpuwear.kernlog.parse_sxid`), for the host: an

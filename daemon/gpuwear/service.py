@@ -33,12 +33,12 @@ from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
 from gpuwear.config import Config, ConfigError, WearConfig, load_config
-from gpuwear.health import mode_problems
+from gpuwear.health import mode_problems, past_cards
 from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
 from gpuwear.jobs.lines import Summariser
 from gpuwear.jobs.resolve import JobWatcher, ProcessResolver, SimulatedJobs, Unseen, foreign_pids
-from gpuwear.kernlog import KernelLogXids, bus_key
+from gpuwear.kernlog import KernelLogXids
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.metrics import DaemonInfo, LedgerStatus, MissingGpu, Published
 from gpuwear.notify import sd_notify, tell_systemd_recovering
@@ -399,19 +399,18 @@ class Daemon:
         that card is listed), not lost."""
         listed = {g.identity.uuid for g in snapshot.gpus}
         known = self.tracker.known()
+        past = past_cards((uuid, bus, first, seen) for uuid, (_, seen, bus, first) in known.items())
         missing = []
         for uuid, (name, seen, bus, _) in sorted(known.items()):
             if uuid in listed:
                 continue
-            after = sorted((first, other) for other, (_, _, other_bus, first) in known.items()
-                           if other != uuid and bus and other_bus and bus_key(other_bus) == bus_key(bus)
-                           and first is not None and seen is not None and first >= seen)
-            if not after:
+            by = past.get(uuid)
+            if by is None:
                 missing.append(MissingGpu(uuid, name, seen, bus))
-            elif after[-1][1] in listed and uuid not in self._replaced_said:
+            elif by in listed and uuid not in self._replaced_said:
                 self._replaced_said.add(uuid)
                 log.warning("GPU %s at PCI %s replaces GPU %s (%s, last seen %s) in its slot: the old card's history "
-                            "is kept as a past card (`gpuwear forget %s` to drop it)", after[-1][1], bus, uuid,
+                            "is kept as a past card (`gpuwear forget %s` to drop it)", by, bus, uuid,
                             printable(name), time.strftime("%Y-%m-%d %H:%M", time.localtime(seen)) if seen else
                             "never", uuid)
         return tuple(missing)

@@ -3,10 +3,11 @@ its peers'), its incidents, its slow NVML reads. Pure functions of a GPU's recor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuwear.config import WearConfig
+from gpuwear.kernlog import bus_key
 from gpuwear.wear.accumulate import GpuWear
 
 ERROR_WORDS = {"ecc_corrected": "corrected ECC errors", "pcie_replays": "PCIe replays",
@@ -60,12 +61,6 @@ def incident_summary(w: GpuWear) -> dict[str, Any]:
             "mean_seconds_between": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None}
 
 
-def error_rates(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | None]]:
-    """Each error counter's lifetime rate per loaded and per idle hour, None below
-    wear.health.bleeding_min_loaded_hours of that side (what `report` shows beside the judged window)."""
-    return w.error_rates(p.health.bleeding_min_loaded_hours * 3600.0)
-
-
 def recent_rates(w: GpuWear, p: WearConfig) -> dict[str, tuple[float | None, float | None]]:
     """Each error counter's rate per loaded hour over the GPU's last two UTC days (RECENT_ERROR_DAYS, to the day of
     its last sight) and over the wear.health.bleeding_baseline_days before them: the window every GPU is judged on,
@@ -116,3 +111,21 @@ def peer_and_own_rates(wears: Mapping[str, GpuWear], p: WearConfig) -> tuple[
                 peers[counter] = others
         out[uuid] = peers
     return out, {uuid: {k: v for k, v in mine.items() if k != LINKS} for uuid, (_, mine) in rates.items()}
+
+
+def past_cards(cards: Iterable[tuple[str, str | None, float | None, float | None]]) -> dict[str, str]:
+    """A host's past cards, from its cards' (UUID, PCI bus id, first seen, last seen; Unix s): by UUID, the card
+    first seen in its slot (PCI address) after it was last seen there, the latest such (the daemon's missing GPUs,
+    the report's)."""
+    by_slot: dict[str, list[tuple[str, float | None, float | None]]] = {}
+    for uuid, bus, first, last in cards:
+        if bus:
+            by_slot.setdefault(bus_key(bus), []).append((uuid, first, last))
+    out: dict[str, str] = {}
+    for slot in by_slot.values():
+        for uuid, _, last in slot:
+            after = [(first, other) for other, first, _ in slot
+                     if other != uuid and first is not None and last is not None and first >= last]
+            if after:
+                out[uuid] = max(after)[1]
+    return out
