@@ -15,7 +15,7 @@ from gpuwear.config import WearConfig
 from gpuwear.health import RULES, TABLE, XID_ACT, XID_WATCH, rule, verdict
 from gpuwear.health.rules import Facts
 from gpuwear.health.runbook import markdown, replaced
-from gpuwear.health.xids import BY_CODE, CATALOG
+from gpuwear.health.xids import BY_CODE, CATALOG, LINE_JUDGED
 from gpuwear.wear.accumulate import GpuWear, utc_day
 from gpuwear.wear.models import resistance_trend
 from helpers import card_by_day
@@ -491,8 +491,8 @@ def test_a_link_down_is_held_until_it_is_back_and_judged_against_peers_from_the_
 
 def test_the_xid_alerts_name_the_catalogs_tiers() -> None:
     """Issue 51: XIDs the catalog resolves by a reset (109, 136, 143, 155, 156, the NVLink5 family 144-150) gave no
-    reason and no alert. GpuwearXidCritical's codes are the catalog's act tier and GpuwearXidWatch's its watch and
-    application tiers, code for code."""
+    reason and no alert. GpuwearXidCritical's codes are the catalog's act tier (but those judged by their line,
+    which GpuwearHealthAct names) and GpuwearXidWatch's its watch and application tiers, code for code."""
     rules = {rule["alert"]: rule for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]
              for rule in group["rules"] if "alert" in rule}
 
@@ -501,7 +501,7 @@ def test_the_xid_alerts_name_the_catalogs_tiers() -> None:
         assert len(found) == 1, found  # both halves of the expression name the same codes
         return {int(c) for c in next(iter(found))}
 
-    assert codes("GpuwearXidCritical") == set(XID_ACT)
+    assert codes("GpuwearXidCritical") == set(XID_ACT) - LINE_JUDGED  # 74: by its line, in GpuwearHealthAct
     assert codes("GpuwearXidWatch") == set(XID_WATCH)
     assert {109, 136, 143, 155, 156, *range(144, 151)} <= set(XID_ACT)
 
@@ -631,3 +631,82 @@ def test_a_rule_on_trial_is_recorded_in_the_daemons_log_when_it_begins_to_say_so
                     "reboot); one that needs it again needs service"], said
     assert views[uuid].verdict["status"] == "ok" and [r["code"] for r in views[uuid].verdict["would_have_said"]] == [
         "reset_required"]
+
+
+NVLINK_LINE = "NVLink: fatal error detected on link {}({})"
+
+
+def test_xid_74_is_judged_by_its_lines_registers_as_nvidias_nvlink_workflow_says() -> None:
+    """Issue 51: XID 74 was act whatever its line said, where NVIDIA's workflow for Hopper reads its registers: some
+    bits can be ignored, some call for service at once, some only when they repeat on the same link. Through the
+    fake's NVML events and its driver's kernel log (NVML tells of each XID 74 too, before or after its line): bits to
+    ignore give nothing; a bit that calls for service, act; a repeat bit once, watch; twice on its link, act; the
+    same ignorable bits on an Ampere GPU, and a line without registers, act as the code's tier."""
+    import time
+
+    from conftest import make_rig
+    from gpuwear.kernlog import KernelLogXids
+    from gpuwear.tracker import WearTracker
+
+    def regs(*r: int) -> str:
+        return ", ".join(hex(v) for v in r)
+
+    lines = {0: [NVLINK_LINE.format(3, regs(0x1, 0, 0, 0, 0x100000, 0, 0))],  # bits the workflow ignores
+             1: [NVLINK_LINE.format(14, regs(0x10000, 0, 0, 0, 0, 0, 0))],  # re-seat, diagnostics: service
+             2: [NVLINK_LINE.format(14, regs(0, 0, 0x10000, 0, 0, 0, 0))],  # "if seen repeatedly": once
+             3: [NVLINK_LINE.format(14, regs(0, 0, 0x10000, 0, 0, 0, 0))] * 2,  # twice on its link
+             4: [NVLINK_LINE.format(3, regs(0x1, 0, 0, 0, 0, 0, 0))],  # on Ampere: the workflow is Hopper's
+             5: ["NVLink: fatal error detected on link 2"]}  # no registers
+    faults = [{"at": 2 + k, "gpu": gpu, "kind": "xid", "xid": 74, "text": text}
+              for gpu, texts in lines.items() for k, text in enumerate(texts)]
+    schedule = [{"kind": "train", "seconds": 3600}]
+    products = ["h100-sxm"] * 4 + ["a100-sxm", "h100-sxm"]
+    rig = make_rig({"gpus": [{"product": p, "schedule": schedule} for p in products], "faults": faults})
+    tracker = WearTracker({}, WearConfig())
+    rig.sampler.start_events(wait_ms=20)
+    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log,
+                           rig.simulation.wake_kernel_log, on_nvlink=rig.sampler.record_kernel_nvlink)
+    kernel.start()
+    try:
+        for _ in range(8):
+            rig.run(1)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        deadline = time.monotonic() + 30  # the event and kernel-log threads, in real time, with the clock held
+        while time.monotonic() < deadline and [sum(g.xid_lines.values()) for g in rig.sampler.snapshot.gpus] != [
+                1, 1, 1, 2, 1, 0]:
+            rig.sampler.tick()
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+            time.sleep(0.01)
+        for _ in range(30):
+            rig.run(1)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    finally:
+        kernel.stop()
+        rig.backend.close()
+    found = [{r["code"]: r["severity"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
+             for g in rig.sampler.snapshot.gpus]
+    assert [g.xids for g in rig.sampler.snapshot.gpus] == [{74: len(t)} for t in lines.values()]
+    assert found == [{}, {"xid_74": "act"}, {"xid_74": "watch"}, {"xid_74": "act"}, {"xid_74": "act"},
+                     {"xid_74": "act"}], found
+    watched = next(r for r in tracker.views[rig.sampler.snapshot.gpus[2].identity.uuid].verdict["reasons"])
+    assert "repeat on the same link" in watched["text"], watched
+
+
+def test_the_nvlink_workflow_step_of_each_register_bit() -> None:
+    """NVIDIA's XID 74 workflow, bit by bit (health.xids.NVLINK_STEPS): the ignorable bits alone give IGNORE; a bit
+    it does not list, or secondary bits seen solo, SERVICE; with a repeat bit, the smallest repeat count."""
+    from gpuwear.health.xids import IGNORE, SERVICE, nvlink_step
+
+    def step(**bits: int) -> str | int:
+        r = [0] * 7
+        for name, value in bits.items():
+            r[int(name[1:])] = value
+        return nvlink_step(tuple(r))
+
+    assert step(r0=1 | 1 << 23 | 1 << 30, r4=1 << 20 | 1 << 29) == IGNORE
+    assert step(r1=0xFFFF, r5=1, r6=1) == SERVICE  # registers the workflow does not read: nothing to go on
+    assert step(r0=1 << 8) == SERVICE and step(r2=1 << 13) == SERVICE and step(r0=1 << 3) == SERVICE  # unlisted
+    assert step(r0=1 << 1) == SERVICE and step(r3=1 << 18) == SERVICE  # secondary, solo
+    assert step(r0=1 << 1 | 1 << 4) == 3 and step(r3=1 << 16, r2=1 << 17) == 2  # secondary beside a repeat
+    assert step(r0=1 << 4, r2=1 << 16) == 2 and step(r4=1 << 28) == 3
+    assert step(r0=1 << 4, r4=1 << 23) == 3  # beside bits to ignore

@@ -575,10 +575,12 @@ def test_the_corpus_of_real_kernel_log_lines_is_read_as_each_line_says() -> None
     """Issue 51, slice 6: lines NVIDIA's drivers write, gathered from public sources (each cited in the fixture),
     each read as what it is: a GPU's XID (MIG-attributed too), a GPU off the bus, an NVSwitch's SXid (not its
     continuation lines), or nothing."""
-    from gpuwear.kernlog import parse_lost
+    from gpuwear.kernlog import parse_lost, parse_nvlink
 
     for e in _corpus():
         message = kmsg_message(str(e["line"]))
+        nvlink = parse_nvlink(message)
+        assert (None if nvlink is None else [nvlink[0], list(nvlink[1])]) == e.get("nvlink"), e
         assert parse_xid(message) == (tuple(e["xid"]) if "xid" in e else None), e  # type: ignore[arg-type]
         assert parse_lost(message) == e.get("lost"), e
         assert parse_sxid(message) == (tuple(e["sxid"]) if "sxid" in e else None), e  # type: ignore[arg-type]
@@ -593,8 +595,9 @@ def test_the_corpus_replayed_through_the_reader_end_to_end(tmp_path: Path) -> No
     found: list[tuple[str, object]] = []
     follower = KernelLogXids(str(path), lambda bus, code: found.append(("xid", [bus, code])),
                              on_sxid=lambda switch, code, fatal: found.append(("sxid", [switch, code, fatal])),
-                             on_lost=lambda bus: found.append(("lost", bus)))
-    expected = [(kind, e[kind]) for e in entries for kind in ("xid", "lost", "sxid") if kind in e]
+                             on_lost=lambda bus: found.append(("lost", bus)),
+                             on_nvlink=lambda bus, link, registers: found.append(("nvlink", [link, list(registers)])))
+    expected = [(kind, e[kind]) for e in entries for kind in ("nvlink", "xid", "lost", "sxid") if kind in e]
     try:
         follower.start()
         deadline = time.monotonic() + 30

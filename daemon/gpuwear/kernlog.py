@@ -78,6 +78,19 @@ def parse_xid(message: str) -> tuple[str, int] | None:
     return bus_key(f"{domain}:{bus}:{device}"), int(code)
 
 
+# XID 74's text: "NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)", the link and
+# seven registers (NVIDIA/NVSentinel's design 022, from the driver's lines); older lines may end at the link
+_NVLINK = re.compile(r"detected on link (\d{1,3}) ?\(((?:0x[0-9A-Fa-f]{1,16}, ?){6}0x[0-9A-Fa-f]{1,16})\)")
+
+
+def parse_nvlink(message: str) -> tuple[int, tuple[int, ...]] | None:
+    """(the link, its seven registers) an XID 74 line gives, else None."""
+    m = _NVLINK.search(message)
+    if m is None:
+        return None
+    return int(m.group(1)), tuple(int(r, 16) for r in m.group(2).replace(" ", "").split(","))
+
+
 def parse_lost(message: str) -> str | None:
     """The GPU's PCI bus id (as :func:`parse_xid` writes it) of the driver's line saying it fell off the bus, else
     None."""
@@ -171,11 +184,13 @@ def unreadable(source: str, timeout: float = 10.0) -> str | None:
 class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
     line, ``on_lost(pci_bus_id)`` for each line of the driver saying a GPU fell off the bus, and
-    ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line. /dev/kmsg and the journal
-    are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's periodic wake-ups are most
-    of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about :data:`POLL_SECONDS`.
-    ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read until stopped, and what
-    wakes its wait."""
+    ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line, and ``on_nvlink(pci_bus_id, link,
+    registers)`` for an XID 74 line that gives them (:func:`parse_nvlink`), just before its ``on_xid``.
+    /dev/kmsg and the journal are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's
+    periodic wake-ups are most of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about
+    :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read
+    until stopped, and what wakes its wait.
+    """
 
     def __init__(self, source: str, on_xid: Callable[[str, int], None],
                  lines: Callable[[threading.Event], Iterator[str]] | None = None,
@@ -184,6 +199,7 @@ class KernelLogXids:
                  on_lost: Callable[[str], None] | None = None,
                  resume: Mapping[str, Any] | None = None,
                  on_position: Callable[[dict[str, Any]], None] | None = None,
+                 on_nvlink: Callable[[str, int, tuple[int, ...]], None] | None = None,
                  lock: AbstractContextManager[Any] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         # a position of this source to go on after (another source's is not)
@@ -195,6 +211,7 @@ class KernelLogXids:
         self._on_xid = on_xid
         self._on_sxid = on_sxid
         self._on_lost = on_lost
+        self._on_nvlink = on_nvlink
         self._given = lines
         self._wake_given = wake
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # stop() writes: /dev/kmsg's wait ends
@@ -274,6 +291,8 @@ class KernelLogXids:
     def _handle(self, message: str) -> None:
         found = parse_xid(message)
         if found is not None:
+            if found[1] == 74 and self._on_nvlink is not None and (nvlink := parse_nvlink(message)) is not None:
+                self._on_nvlink(found[0], *nvlink)  # before its XID: the owner sees the two together
             self._on_xid(*found)
         elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
             self._on_sxid(*switch)

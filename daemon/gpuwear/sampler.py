@@ -126,6 +126,9 @@ class GpuStatus:
     unavailable: Mapping[str, str]  # readings the GPU cannot give now -> why (backends.nvml.REASONS)
     readings: int  # readings (not None) the last read gave; 0: the GPU yields nothing
     last_xid: int | None = None  # the code of the last XID event since start
+    # the kernel log's XID 74 lines with their registers since start, (74, link, registers) -> lines; each explains
+    # one XID 74 event of ``xids`` (its own, or NVML's told of the same); (74, -1, ()): past XID_LINES_KEPT kinds
+    xid_lines: Mapping[tuple[int, int, tuple[int, ...]], int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ class _Gpu:
     recent_xids: dict[tuple[frozenset[str], int], deque[float]] = field(default_factory=dict)
     # by code: when it was last said in the log (monotonic s) and how many came since, not said one by one
     xid_said: dict[int, list[float]] = field(default_factory=dict)
+    xid_lines: Counter[tuple[int, int, tuple[int, ...]]] = field(default_factory=Counter)  # GpuStatus.xid_lines
     energy_offset: float = 0.0
     energy_last: float | None = None
     energy_at: float = 0.0  # monotonic time of energy_last
@@ -188,7 +192,7 @@ class _Gpu:
             last_duration_seconds=self.last_duration, errors=_frozen(self.errors),
             dropped=_frozen(self.dropped), xids=_frozen(self.xids),
             energy_joules_total=self.energy_total, unavailable=_frozen(self.unavailable),
-            readings=max(self.readings, 0), last_xid=self.last_xid,
+            readings=max(self.readings, 0), last_xid=self.last_xid, xid_lines=_frozen(self.xid_lines),
         )
 
 
@@ -197,6 +201,7 @@ XID_SOURCES = ("nvml", "kernel", "bus")  # NVML's events, the kernel log's Xid l
 # for each source, the sets of other sources whose XID it may be the twin of (a set without it)
 _TOLD_BY = {source: [frozenset(c) for n in range(1, len(XID_SOURCES)) for c in itertools.combinations(XID_SOURCES, n)
                      if source not in c] for source in XID_SOURCES}
+XID_LINES_KEPT = 256  # kinds of XID 74 lines (link, registers) kept apart per GPU: hostile lines stay bounded
 XID_RECENT_KEPT = 1024  # XIDs of one code and source kept for that matching: a storm keeps it bounded
 XID_SAY_EVERY_SECONDS = 60.0  # an XID code of a GPU is said in the log once, then at most once a minute with a count
 
@@ -323,6 +328,15 @@ class Sampler:
             gpu = self._gpu_at(pci_bus_id)
             if gpu is not None:
                 self._count_xid(gpu, 79, "bus")
+
+    def record_kernel_nvlink(self, pci_bus_id: str, link: int, registers: tuple[int, ...]) -> None:
+        """Keep an XID 74 line's link and registers (:func:`gpuwear.kernlog.parse_nvlink`), told just before its
+        XID, for the GPU at that bus id (GpuStatus.xid_lines): what NVIDIA's workflow reads to judge it."""
+        with self._lock:
+            gpu = self._gpu_at(pci_bus_id)
+            if gpu is not None:
+                key = (74, link, registers)
+                gpu.xid_lines[key if key in gpu.xid_lines or len(gpu.xid_lines) < XID_LINES_KEPT else (74, -1, ())] += 1
 
     def _gpu_at(self, pci_bus_id: str) -> _Gpu | None:
         """The GPU read here at a PCI bus id as the kernel log's lines give it (:func:`gpuwear.kernlog.bus_key`)."""
@@ -636,7 +650,8 @@ class Sampler:
         if xids_of is not None and len(old.gpus) == len(self._gpus):
             i = next((k for k, g in enumerate(self._gpus) if g is xids_of), -1)
             if i >= 0 and old.gpus[i].identity is xids_of.identity:
-                status = replace(old.gpus[i], xids=_frozen(xids_of.xids), last_xid=xids_of.last_xid)
+                status = replace(old.gpus[i], xids=_frozen(xids_of.xids), last_xid=xids_of.last_xid,
+                                 xid_lines=_frozen(xids_of.xid_lines) if xids_of.xid_lines else old.gpus[i].xid_lines)
                 self._snapshot = Snapshot(gpus=(*old.gpus[:i], status, *old.gpus[i + 1:]), system=old.system,
                                           ticks=old.ticks, sxids=old.sxids, kernel_position=self._kernel_position,
                                           unlisted_xids=self._unlisted_xids)

@@ -607,11 +607,12 @@ class Daemon:
         if simulation is None or source == "off" or source.startswith("/"):
             self._kernel_log = KernelLogXids(source, sampler.record_kernel_xid, on_sxid=sampler.record_sxid,
                                              on_lost=sampler.record_kernel_lost, resume=self._kernel_resume(),
-                                             on_position=sampler.note_kernel_position, lock=sampler.lock)
+                                             on_position=sampler.note_kernel_position, lock=sampler.lock,
+                                             on_nvlink=sampler.record_kernel_nvlink)
         else:  # simulated GPUs are in no real kernel log: their driver's own
             self._kernel_log = KernelLogXids("simulation", sampler.record_kernel_xid, simulation.kernel_log,
                                              simulation.wake_kernel_log, sampler.record_sxid,
-                                             sampler.record_kernel_lost)
+                                             sampler.record_kernel_lost, on_nvlink=sampler.record_kernel_nvlink)
         self._kernel_log.start()
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 from gpuwear.config import WearConfig
 from gpuwear.health import XID_ACT, verdict
 from gpuwear.health.signals import peer_and_own_rates
+from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, nvlink_step
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.ledger.records import Event
@@ -164,12 +166,22 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
     )
 
 
+# NVML told of an XID 74: its kernel-log line, if any, comes within sampler.XID_SAME_SECONDS
+XID_LINE_WAIT_SECONDS = 15.0
+XID_UNEXPLAINED_KEPT = 1024
+
+
 @dataclass
 class _Seen:
     monotonic: float | None = None  # of the last sample integrated
     up: bool = True
     down_since: float | None = None
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
+    xid_lines: Mapping[tuple[int, int, tuple[int, ...]], int] = field(default_factory=dict)  # GpuStatus.xid_lines
+    # monotonic times of XID events of LINE_JUDGED codes no line has explained yet: judged by their tier once
+    # XID_LINE_WAIT_SECONDS pass without one
+    unexplained: deque[float] = field(default_factory=lambda: deque(maxlen=XID_UNEXPLAINED_KEPT))
+    nvlink_repeats: dict[int, deque[float]] = field(default_factory=dict)  # link -> wall times of repeat-step lines
     stalls: int = 0  # the sampler's since-start count of ticks its read was past the deadline, last seen
     stalling: bool = False  # the last tick found it past the deadline (one hang: one stall, however many ticks)
     reset_required: int = 0  # the sampler's since-start count of reads NVML answered RESET_REQUIRED, last seen
@@ -350,7 +362,7 @@ class WearTracker:
             w.health["vgpu_guest"] = True
         seen = self._seen.get(ident.uuid)
         if seen is None:  # first sight in this process: the time since the ledger last saw it is a gap
-            seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids))
+            seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids), xid_lines=status.xid_lines)
             if w.last_seen is not None and wall > w.last_seen:
                 w.gap(wall - w.last_seen)
                 w.start_gap += wall - w.last_seen  # gaps counted at starts: what a clock found ahead can take back
@@ -362,7 +374,7 @@ class WearTracker:
                 self._event(w, wall, "clock_jump", {"seconds": wall - w.last_seen})
                 self._clock_behind(w, wall)
                 self.clock_jumped = True
-        self._xids(w, seen, status, wall)
+        self._xids(w, seen, status, wall, monotonic)
         self._reset_required(w, seen, status, wall)
         stalls = status.errors.get("stalled", 0)
         if stalls > seen.stalls and not seen.stalling:  # a read past the deadline: booked to the load it was under
@@ -488,17 +500,55 @@ class WearTracker:
             self._event(w, wall, "health", {"field": "reset_required", "from": True, "to": False})
         seen.reset_required = answered
 
-    def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
+    def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:
         new = {code: n - seen.xids.get(code, 0) for code, n in status.xids.items() if n > seen.xids.get(code, 0)}
         if new:
-            w.add_xids(new, wall)
+            w.add_xids(new, wall, untimed=LINE_JUDGED)
             for code, n in new.items():
-                if code in XID_ACT:  # the catalog asks for a reset, a reboot or service
+                if code in LINE_JUDGED:  # judged with its line (_xid_lines)
+                    seen.unexplained.extend([monotonic] * min(n, XID_UNEXPLAINED_KEPT))
+                elif code in XID_ACT:  # the catalog asks for a reset, a reboot or service
                     w.add_incident(wall, f"xid {code}")
                 self._event(w, wall, "xid", {"xid": code, "count": n})
                 for _ in range(n):
                     self.jobs.event(w.uuid, f"xid {code}")
             seen.xids = dict(status.xids)
+
+        if status.xid_lines is not seen.xid_lines or seen.unexplained:
+            self._xid_lines(w, seen, status, wall, monotonic)
+
+    def _xid_lines(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:
+        """XID 74 events judged by NVIDIA's NVLink workflow (health.xids.nvlink_step) where their kernel-log line gave
+        the registers of a Hopper GPU; by the code's tier where none came within XID_LINE_WAIT_SECONDS."""
+        hopper = status.identity.architecture == "hopper"
+        for key, n in status.xid_lines.items():
+            lines = n - seen.xid_lines.get(key, 0)
+            if lines <= 0:
+                continue
+            for _ in range(min(lines, len(seen.unexplained))):
+                seen.unexplained.popleft()
+            code, link, registers = key
+            self._xid_step(w, seen, code, link, nvlink_step(registers) if hopper else SERVICE, lines, wall)
+        seen.xid_lines = status.xid_lines
+        while seen.unexplained and monotonic - seen.unexplained[0] > XID_LINE_WAIT_SECONDS:
+            seen.unexplained.popleft()
+            self._xid_step(w, seen, 74, -1, SERVICE, 1, wall)
+
+    @staticmethod
+    def _xid_step(w: GpuWear, seen: _Seen, code: int, link: int, step: str | int, lines: int, wall: float) -> None:
+        """``lines`` XID lines of ``code`` on ``link`` at ``wall`` given ``step``: act (an incident), watched (a
+        repeat step not yet repeated enough on its link within NVLINK_REPEAT_SECONDS) or ignored."""
+        if isinstance(step, int):
+            times = seen.nvlink_repeats.setdefault(link if 0 <= link < 64 else -1, deque(maxlen=8))
+            times.extend([wall] * min(lines, 8))
+            while times and wall - times[0] > NVLINK_REPEAT_SECONDS:
+                times.popleft()
+            step = SERVICE if len(times) >= step else "watch"
+        if step == SERVICE:
+            w.last_event[f"xid {code}"] = wall
+            w.add_incident(wall, f"xid {code}")
+        elif step != IGNORE:
+            w.last_event[f"xid {code} watch"] = wall
 
     def _event(self, w: GpuWear, wall: float, kind: str, detail: dict[str, Any]) -> None:
         # the wall clock can be set back: events stay in order (the ledger's reader relies on it)

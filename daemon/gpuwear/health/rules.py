@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
-from gpuwear.health.xids import BY_CODE
+from gpuwear.health.xids import BY_CODE, LINE_JUDGED, NVLINK_SOURCE, Xid
 from gpuwear.wear.accumulate import HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
@@ -263,10 +263,26 @@ def _xid_severity(f: Facts, tier: str, when: float | None) -> str | None:
     return "watch" if days is not None and f.within(when, days) else None
 
 
+def _line_judged(f: Facts, code: int, n: int, xid: Xid) -> Finding | None:
+    """An XID judged line by line (health.xids.LINE_JUDGED): act as its tier after a line that calls for service,
+    watched after lines whose step waits for a repeat on their link, nothing after lines the workflow ignores."""
+    if (severity := _xid_severity(f, xid.tier, f.w.last_event.get(f"xid {code}"))) is not None \
+            and f"xid {code}" in f.w.last_event:
+        return (severity, f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}")
+    if _xid_severity(f, "watch", when := f.w.last_event.get(f"xid {code} watch")) and when is not None:
+        return ("watch", f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code} watch')}: "
+                "NVIDIA's workflow calls for service if its bits repeat on the same link")
+    return None
+
+
 def _xids(f: Facts) -> Findings:
     found = []
     for code, n in sorted((int(x), n) for x, n in f.w.xids.items()):
         xid = BY_CODE.get(code)
+        if xid is not None and code in LINE_JUDGED:
+            if (finding := _line_judged(f, code, n, xid)) is not None:
+                found.append(finding)
+            continue
         severity = None if xid is None else _xid_severity(f, xid.tier, f.w.last_event.get(f"xid {code}"))
         if xid is not None and severity is not None:
             found.append((severity, f"xid_{code}",
@@ -497,10 +513,13 @@ TABLE: tuple[Rule, ...] = (
          "it grows", "> 0", "watch", _GROWTH, _MEMORY_ERRORS, _remapped_rows),
     Rule("xid_N", "XIDs from NVML's events and the kernel log, by code (health.xids)", "from the code's last "
          "occurrence, in the record's time",
-         "any XID of the catalog's act, watch or app tier", "the code's tier",
-         "act codes: " + _ACT_THEN_WATCH + "; watch codes: wear.health.xid_watch_days (7) after the last; codes "
-         "resolved by restarting the application (13, 31, 94): xid_app_days (1)",
-         _XID_CATALOG, _xids, "GpuwearXidCritical"),
+         "any XID of the catalog's act, watch or app tier; XID 74 on a Hopper GPU by its line's registers: bits "
+         "the workflow ignores give nothing, bits it calls for service on a repeat are watched until repeated on "
+         "their link within 24 h", "the code's tier",
+         "act codes: " + _ACT_THEN_WATCH + "; watch codes, and XID 74 lines waiting for a repeat: "
+         "wear.health.xid_watch_days (7) after the last; codes resolved by restarting the application (13, 31, 94): "
+         "xid_app_days (1)",
+         _XID_CATALOG + "; for XID 74, " + NVLINK_SOURCE, _xids, "GpuwearXidCritical"),
     Rule("gpu_lost", "NVML_ERROR_GPU_IS_LOST from any read", "from its last occurrence, in the record's time", "any",
          "act",
          _ACT_THEN_WATCH, _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"), _gpu_lost,

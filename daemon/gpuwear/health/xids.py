@@ -56,3 +56,42 @@ CATALOG: tuple[Xid, ...] = (
 BY_CODE = {x.code: x for x in CATALOG}
 XID_ACT = {x.code: x.meaning for x in CATALOG if x.tier == "act"}
 XID_WATCH = {x.code: x.meaning for x in CATALOG if x.tier in ("watch", "app")}
+
+# XID 74 (NVLink error) is judged line by line: its line gives the link and seven registers, and NVIDIA's workflow
+# for Hopper-based products says, bit by bit, which can be ignored, which call for service at once and which only
+# when they repeat on the same link. An XID 74 without its line (NVML's event alone, a line without registers) or on
+# another architecture is judged by its tier, as before.
+NVLINK_SOURCE = ("NVIDIA's Xid catalog, WORKFLOW_NVLINK_ERR (XID 74 on Hopper-based products: the first, third, "
+                 "fourth and fifth registers), as quoted in NVIDIA/NVSentinel #364 (2025-11-19) and its design 022")
+LINE_JUDGED = frozenset({74})  # codes whose kernel-log line decides their step
+IGNORE, SECONDARY, SERVICE = "ignore", "secondary", "service"
+# the register (0: the line's first of seven) -> bit -> its step: IGNORE ("can be safely ignored"; "continue
+# operation"), SECONDARY ("sympathetic or secondary errors": follow the other bits' resolution, and seen solo "report
+# a bug"), SERVICE (check the link, re-seat, run diagnostics, report a bug), or a count: SERVICE once seen that many
+# times on the same link ("more than 2 times": 3; "if seen repeatedly": 2), watched until then
+NVLINK_STEPS: dict[int, dict[int, str | int]] = {
+    0: {0: IGNORE, 23: IGNORE, 30: IGNORE, 1: SECONDARY, 20: SECONDARY, 21: SECONDARY, 22: SECONDARY, 4: 3, 5: 3,
+        27: 2, 29: 2, **dict.fromkeys((8, 9, 12, 16, 17, 24, 28), SERVICE)},
+    2: {0: 3, 1: 3, 2: 3, 6: 3, 13: SERVICE, 16: 2, 19: 2, 17: 2, 18: 2},
+    3: dict.fromkeys((16, 17, 18), SECONDARY),
+    4: {**dict.fromkeys((18, 19, 21, 22, 24, 25, 27, 28), 3), **dict.fromkeys((20, 23, 26, 29), IGNORE)},
+}
+NVLINK_REPEAT_SECONDS = 86400.0  # the catalog names no window for a repeat; NVSentinel's rules look back 24 h
+
+
+def nvlink_step(registers: tuple[int, ...]) -> str | int:
+    """The step NVIDIA's XID 74 workflow gives a line's registers (:data:`NVLINK_STEPS`): IGNORE, SERVICE, or the
+    number of times on the same link that calls for service. A bit the workflow does not list is SERVICE ("If bits
+    other than those specifically outlined below are seen, please report a bug"); registers it does not read (the
+    second, sixth and seventh) are not looked at; a line with no bit set is SERVICE (nothing to go on: the code's
+    tier)."""
+    steps = [NVLINK_STEPS[r].get(bit, SERVICE) for r in NVLINK_STEPS if r < len(registers)
+             for bit in range(32) if registers[r] >> bit & 1]
+    steps += [SERVICE for r in NVLINK_STEPS if r < len(registers) and registers[r] >> 32]  # wider than a register
+    acting = [s for s in steps if s != IGNORE]
+    if steps and not acting:
+        return IGNORE
+    repeats = [s for s in acting if isinstance(s, int)]
+    if SERVICE in acting or not repeats:  # no bit to go on, or secondary bits seen solo ("report a bug")
+        return SERVICE
+    return min(repeats)

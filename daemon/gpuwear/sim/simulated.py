@@ -472,12 +472,14 @@ class SimGpu:
         mem_target = self.ambient_celsius + demand * p.r_th_memory
         s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
 
-    def xid(self, code: int) -> None:
+    def xid(self, code: int, text: str | None = None) -> None:
         """An XID as the driver reports it: a line in the kernel log, always; an NVML event too, except for the
-        codes NVML cannot report (79, 119, 120: an NVIDIA maintainer, NVIDIA/DCGM #162)."""
+        codes NVML cannot report (79, 119, 120: an NVIDIA maintainer, NVIDIA/DCGM #162). ``text``: what the line
+        says after its process (by default, the code's words)."""
         domain, bus, device = self.pci_bus_id.split(".")[0].split(":")
         self.kernel_lines.append(f"NVRM: Xid (PCI:{int(domain, 16):04x}:{bus.lower()}:{device.lower()}): {code}, "
-                                 f"pid='<unknown>', name=<unknown>, {XID_WORDS.get(code, 'simulated XID')}.")
+                                 f"pid='<unknown>', name=<unknown>, "
+                                 f"{text if text is not None else XID_WORDS.get(code, 'simulated XID') + '.'}")
         if self.kernel_written is not None:
             self.kernel_written.set()
         if code not in NVML_SILENT_XIDS:
@@ -494,7 +496,7 @@ class SimGpu:
         elif k == "reset_required":
             s.reset_required = True
         elif k == "xid":
-            self.xid(int(prm.get("xid", 79)))
+            self.xid(int(prm.get("xid", 79)), prm.get("text"))
         elif k == "nvlink_errors":  # errors counted on one link (nvmlNvLinkErrorCounter_t), which may go down
             link = int(prm.get("link", 0))
             for counter, key in NVLINK_COUNTERS.items():
@@ -810,6 +812,10 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             counts = {key: int(_number(params[key], f"{where}.{key}", 0, 1e15)) for key in NVLINK_COUNTERS.values()
                       if key in params}
             params = {"link": link, **counts, "down": params.get("down") is True}
+        if spec["kind"] == "xid":
+            params = {"xid": int(_number(params.get("xid", 79), f"{where}.xid", 1, 999))}
+            if isinstance(spec.get("text"), str):  # the line's text after its process, as the driver writes it
+                params["text"] = "".join(c for c in spec["text"] if c.isprintable())[:200]
         if spec["kind"] == "pcie_downgrade":  # the lanes and generation a link can train at
             params = {key: int(_number(params[key], f"{where}.{key}", 1, top))
                       for key, top in (("width", 16), ("generation", 5)) if key in params}

@@ -17,7 +17,7 @@ import datetime
 import functools
 import math
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -699,12 +699,14 @@ class GpuWear:
         else:
             h.pop("pcie_downgraded_since", None)
 
-    def add_xids(self, counts: dict[int, int], wall: float) -> None:
-        """Add XID events (code -> new events) seen at ``wall``."""
+    def add_xids(self, counts: dict[int, int], wall: float, untimed: Collection[int] = ()) -> None:
+        """Add XID events (code -> new events) seen at ``wall``; the last time of each, but of ``untimed`` codes
+        (whose time is kept by the step their line is given: the tracker's)."""
         for code, n in counts.items():
             if n > 0:
                 self.xids[str(code)] = self.xids.get(str(code), 0) + n
-                self.last_event[f"xid {code}"] = wall
+                if code not in untimed:
+                    self.last_event[f"xid {code}"] = wall
 
     def add_incident(self, wall: float, what: str) -> None:
         """An incident that calls for a reset, a reboot or service at ``wall``. One within INCIDENT_EPISODE_SECONDS
