@@ -46,6 +46,10 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
         h.update(nvlink_links_active=r.randint(0, 18), nvlink_links_most=18,
                  nvlink_links_most_at=int(w.last_seen - r.choice([0, 100, 400, 90000])))
     if r.random() < 0.2:
+        h.update(fabric_state=r.choice([1, 2, 3]), fabric_status=r.choice([0, 10]),
+                 fabric_degraded_bandwidth=r.choice([True, False]),
+                 fabric_pending_since=int(w.last_seen - r.choice([0, 700])))
+    if r.random() < 0.2:
         h.update(pcie_downgraded_since=int(w.last_seen - r.choice([0, 100, 700])), pcie_link_width=8,
                  pcie_link_width_max=16)
     for _ in range(r.randint(0, 3)):
@@ -710,3 +714,39 @@ def test_the_nvlink_workflow_step_of_each_register_bit() -> None:
     assert step(r0=1 << 1 | 1 << 4) == 3 and step(r3=1 << 16, r2=1 << 17) == 2  # secondary beside a repeat
     assert step(r0=1 << 4, r2=1 << 16) == 2 and step(r4=1 << 28) == 3
     assert step(r0=1 << 4, r4=1 << 23) == 3  # beside bits to ignore
+
+
+@pytest.mark.parametrize("driver", ["r525", "r570"])
+def test_the_nvswitch_fabric_registration_as_nvml_reports_it(driver: str) -> None:
+    """Issue 51: the fabric state of NVSwitch systems (nvmlDeviceGetGpuFabricInfo, GPUd and DCGM check it) gave no
+    reason. Through the fake on a branch with only the R525 call and one with the R550 V call (its health mask):
+    a registration completed in error is act; one not completed after 10 minutes, or (V call) degraded bandwidth,
+    watch; each on its GPU alone, ending once NVML reports it completed and well; an A100 reads none."""
+    from conftest import make_rig
+    from gpuwear.tracker import WearTracker
+
+    faults = [{"at": 20, "gpu": 1, "kind": "fabric", "state": 3, "status": 10},
+              {"at": 20, "gpu": 2, "kind": "fabric", "state": 2},
+              {"at": 20, "gpu": 3, "kind": "fabric", "degraded": True},
+              *({"at": 1000, "gpu": g, "kind": "fabric"} for g in (1, 2, 3))]
+    train = [{"kind": "train", "seconds": 7200}]
+    rig = make_rig({"driver": driver, "faults": faults,
+                    "gpus": [{"product": p, "schedule": train} for p in ["h100-sxm"] * 4 + ["a100-sxm"]]},
+                   slow_interval=10)
+    tracker = WearTracker({}, WearConfig())
+
+    def codes_at(until: int) -> list[dict[str, str]]:
+        while rig.clock.monotonic() - start < until:
+            rig.run(10, interval=10)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        return [{r["code"]: r["severity"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
+                for g in rig.sampler.snapshot.gpus]
+
+    start = rig.clock.monotonic()
+    assert codes_at(300) == [{}, {"fabric_failed": "act"}, {}, {"fabric_degraded": "watch"} if driver == "r570"
+                             else {}, {}]
+    assert codes_at(700)[2] == {"fabric_degraded": "watch"}
+    assert codes_at(1100) == [{}] * 5
+    states = [g.sample.fabric_state if g.sample else None for g in rig.sampler.snapshot.gpus]
+    assert states == [3, 3, 3, 3, None], states
+    rig.backend.close()

@@ -108,6 +108,12 @@ class GpuSample:
     pcie_link_generation_max: int | None = None
     pcie_link_width: int | None = None
     pcie_link_width_max: int | None = None
+    # nvmlDeviceGetGpuFabricInfo(V): the GPU's registration with an NVSwitch system's NVLink fabric,
+    # NVML_GPU_FABRIC_STATE_* (1 not started, 2 in progress, 3 completed); the status of a completed one (an
+    # nvmlReturn_t, 0: success); the V call's health mask: bandwidth degraded. None: no fabric (or no such call)
+    fabric_state: int | None = None
+    fabric_status: int | None = None
+    fabric_degraded_bandwidth: bool | None = None
     # PCIe errors the kernel's AER driver counted at the GPU's PCI function since boot (slow; Linux sysfs
     # aer_dev_correctable / aer_dev_nonfatal / aer_dev_fatal totals, backends/aer.py): not NVML's
     pcie_aer_correctable: int | None = None
@@ -231,6 +237,8 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "nvlink_replay_errors": (0, 1e15),
     "nvlink_recovery_errors": (0, 1e15),
     "recovery_action": (0, 100),
+    "fabric_state": (1, 3),
+    "fabric_status": (0, 999),
 }
 
 

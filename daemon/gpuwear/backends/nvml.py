@@ -213,6 +213,7 @@ class Api:
     fan_v2: bool  # nvmlDeviceGetFanSpeed_v2 (per fan), else nvmlDeviceGetFanSpeed (fan 0)
     memory_v2: bool  # nvmlDeviceGetMemoryInfo_v2 ("used" without the driver's reserved memory, as nvidia-smi)
     margin: bool  # nvmlDeviceGetMarginTemperature (R570+)
+    fabric: str | None  # nvmlDeviceGetGpuFabricInfoV (R550+, with the health mask), else ...GpuFabricInfo (R525+)
     processes: str  # the newest nvmlDeviceGetComputeRunningProcesses variant exported
     process_layout: type[ctypes.Structure]
     # the versioned calls the library answered ARGUMENT_VERSION_MISMATCH ("temperature_v", "memory_v2"): their
@@ -232,6 +233,8 @@ class Api:
             fan_v2=exports("nvmlDeviceGetFanSpeed_v2"),
             memory_v2=exports("nvmlDeviceGetMemoryInfo_v2") and hasattr(pynvml, "nvmlMemory_v2"),
             margin=exports("nvmlDeviceGetMarginTemperature"),
+            fabric=next((name for name in ("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo")
+                         if exports(name) and hasattr(pynvml, name)), None),
             processes=processes,
             process_layout=process_layout(processes, exports),
         )
@@ -375,6 +378,32 @@ def _remapped_rows(h: Any, api: Api) -> Values:
     corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(h)
     return {"remapped_rows_corrected": corrected, "remapped_rows_uncorrected": uncorrected,
             "remapped_rows_pending": bool(pending), "remapped_rows_failure": bool(failure)}
+
+
+_FABRIC_NONE: Values = {"fabric_state": None, "fabric_status": None, "fabric_degraded_bandwidth": None}
+
+
+def _fabric(h: Any, api: Api) -> Values:
+    """The GPU's registration with the NVLink fabric of an NVSwitch system (nvmlDeviceGetGpuFabricInfoV, else
+    nvmlDeviceGetGpuFabricInfo): its state (NVML_GPU_FABRIC_STATE_*), the status of a completed one (an
+    nvmlReturn_t, "must be checked only if state returns complete"), and, from the V call's health mask, whether its
+    bandwidth is degraded (None where the mask does not say). A library without either call, or a GPU without a
+    fabric (STATE_NOT_SUPPORTED, or NOT_SUPPORTED before Hopper): none of them, and nothing said unavailable."""
+    if api.fabric is None:
+        return _FABRIC_NONE
+    info = pynvml.c_nvmlGpuFabricInfoV_t() if api.fabric.endswith("V") else pynvml.c_nvmlGpuFabricInfo_t()
+    try:
+        getattr(pynvml, api.fabric)(h, ctypes.byref(info))
+    except pynvml.NVMLError_NotSupported:  # before Hopper: no fabric, not a reading the GPU fails to give
+        return _FABRIC_NONE
+    if info.state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+        return _FABRIC_NONE
+    completed = info.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    degraded = (getattr(info, "healthMask", 0) >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+                & pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW)
+    return {"fabric_state": int(info.state), "fabric_status": int(info.status) if completed else None,
+            "fabric_degraded_bandwidth": {pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE: True,
+                                          pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE: False}.get(degraded)}
 
 
 def _pcie_link(h: Any, api: Api) -> Values:
@@ -573,6 +602,7 @@ READERS: tuple[Reader, ...] = (
             "remapped_rows_failure")),
     Reader("pcie_link", True, _pcie_link,
            ("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max")),
+    Reader("fabric", True, _fabric, ("fabric_state", "fabric_status", "fabric_degraded_bandwidth")),
     Reader("nvlink", True, _nvlink,
            ("nvlink_links_active", "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
             "nvlink_recovery_errors", "nvlink_link_states", "nvlink_link_errors")),

@@ -14,13 +14,14 @@ from typing import Any
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
 from gpuwear.health.xids import BY_CODE, LINE_JUDGED, NVLINK_SOURCE, Xid
-from gpuwear.wear.accumulate import HOT_BELOW_CELSIUS, GpuWear, utc_day
+from gpuwear.wear.accumulate import FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
                     4: "drain and reset the GPU"}
 NVLINK_DOWN_HOLD_SECONDS = 300  # links fewer than before for this long are down (they train after a boot)
 PCIE_DOWNGRADED_HOLD_SECONDS = 600
+FABRIC_PENDING_HOLD_SECONDS = 600  # the registration "can take some time" (nvml.h): ten minutes is past it
 
 Finding = tuple[str, str, str]  # (severity, code, text)
 Findings = tuple[Finding, ...]  # what a judge gives: most give one at most
@@ -247,6 +248,27 @@ def _pcie_link_downgraded(f: Facts) -> Findings:
              "reseat the card or its riser (a lane that keeps failing is the card's or the slot's)"),)
 
 
+def _fabric_failed(f: Facts) -> Findings:
+    status = f.h.get("fabric_status")
+    if f.h.get("fabric_state") == FABRIC_COMPLETED and status:
+        return (("act", "fabric_failed", f"its registration with the NVSwitch fabric ended in error (NVML status "
+                 f"{status}): work that spans GPUs over NVLink cannot run on it; check nvidia-fabricmanager's log, "
+                 "then reset the GPU"),)
+    return NONE
+
+
+def _fabric_degraded(f: Facts) -> Findings:
+    h, now = f.h, f.w.last_seen
+    since = h.get("fabric_pending_since")
+    if since is not None and now is not None and now - since >= FABRIC_PENDING_HOLD_SECONDS:
+        return (("watch", "fabric_degraded", "its registration with the NVSwitch fabric has not completed since "
+                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(since))}: is nvidia-fabricmanager running?"),)
+    if h.get("fabric_degraded_bandwidth") is True:
+        return (("watch", "fabric_degraded", "NVML's fabric health mask says its NVLink bandwidth is degraded: a "
+                 "link or NVSwitch port is down or slow; check nvidia-smi nvlink -s and the fabric manager's log"),)
+    return NONE
+
+
 def _remapped_rows(f: Facts) -> Findings:
     n = f.h.get("remapped_rows_uncorrected", 0) + f.h.get("remapped_rows_corrected", 0)
     if n > 0 and (last := f.growing("remapped_rows_uncorrected", "remapped_rows_corrected")) is not None:
@@ -446,6 +468,9 @@ def _memory_health_unknown(f: Facts) -> Findings:
 
 _MEMORY_ERRORS = "NVIDIA, GPU Memory Error Management (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt)"
 _PAGE_RETIREMENT = "NVIDIA, Dynamic Page Retirement (docs.nvidia.com/deploy/dynamic-page-retirement)"
+_FABRIC = ("nvml.h, nvmlGpuFabricInfo_t: on Hopper and newer NVSwitch systems the GPU registers with the NVLink "
+           "fabric as the driver loads; 'status: error status, if any; must be checked only if state returns "
+           "complete' (GPUd and DCGM read it)")
 _XID_CATALOG = "NVIDIA's XID catalog, the resolution it gives for this XID (docs.nvidia.com/deploy/xid-errors)"
 _LATEST = "its latest reading"
 _WINDOW = "its last wear.health.window_days (7) UTC days, to the day of its last sight"
@@ -509,6 +534,14 @@ TABLE: tuple[Rule, ...] = (
          "the lanes, or under load the generation, that the card and its slot allow (nvmlDeviceGetCurrPcieLinkWidth "
          "and Generation against the Max ones)", _pcie_link_downgraded,
          "GpuwearPcieLinkDowngraded", PCIE_DOWNGRADED_HOLD_SECONDS),
+    Rule("fabric_failed", "nvmlDeviceGetGpuFabricInfo(V): state and status", _LATEST,
+         "state completed with a status other than success", "act",
+         "a reading of a completed registration with success (the GPU reset, the fabric manager restarted)",
+         _FABRIC + "; DCGM reads the same as a fabric manager failure (its DcgmFMStatusFailure)", _fabric_failed),
+    Rule("fabric_degraded", "nvmlDeviceGetGpuFabricInfo(V): state, and the V call's health mask", _LATEST,
+         "not completed for 10 minutes, or the mask's degraded-bandwidth field true", "watch",
+         "a reading completed, with the bandwidth not degraded",
+         _FABRIC + "; the health mask's NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW (R550+)", _fabric_degraded),
     Rule("remapped_rows", "nvmlDeviceGetRemappedRows: corrRows + uncRows", "the card's lifetime count, judged while "
          "it grows", "> 0", "watch", _GROWTH, _MEMORY_ERRORS, _remapped_rows),
     Rule("xid_N", "XIDs from NVML's events and the kernel log, by code (health.xids)", "from the code's last "

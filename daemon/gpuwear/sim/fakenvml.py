@@ -123,6 +123,23 @@ class MemoryV2(ctypes.Structure):
                 ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class GpuFabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t (R525+, nvmlDeviceGetGpuFabricInfo)."""
+
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint),
+                ("state", ctypes.c_uint)]
+
+
+class GpuFabricInfoV2(ctypes.Structure):
+    """nvmlGpuFabricInfo_v2_t (R550+, nvmlDeviceGetGpuFabricInfoV): a version first, the health mask last."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int),
+                ("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint)]
+
+
+FABRIC_DEGRADED_BW = {True: 1, False: 2}  # NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE / _FALSE, bits 0-1
+
+
 class TemperatureV1(ctypes.Structure):
     """nvmlTemperature_v1_t (nvmlDeviceGetTemperatureV, 565.57.01+)."""
 
@@ -695,6 +712,32 @@ class SimulatedDriver:
         s = gpu.state
         _out(corr).value, _out(unc).value = s.remapped_corrected, s.remapped_uncorrected
         _out(pending).value, _out(failure).value = int(s.remap_pending), int(s.remap_failure)
+        return SUCCESS
+
+    def _fabric(self, handle: Any) -> tuple[int, int]:
+        """(state, status) of the GPU's registration with the NVLink fabric. Hopper and newer only ("For Hopper or
+        newer fully supported devices", nvml.h); a board without NVSwitch links answers STATE_NOT_SUPPORTED."""
+        gpu = self._gpu(handle, "fabric")
+        if gpu.product.architecture < 9:
+            raise _UnsupportedError()
+        if gpu.product.nvlinks < 18:  # no NVSwitch fabric to register with
+            return 0, SUCCESS
+        return gpu.state.fabric_state, gpu.state.fabric_status if gpu.state.fabric_state == 3 else SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> int:
+        state, status = self._fabric(handle)
+        out = _as(info, GpuFabricInfo)
+        out.state, out.status = state, status
+        return SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        out = _as(info, GpuFabricInfoV2)
+        if out.version != struct_version(GpuFabricInfoV2, 2):
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        state, status = self._fabric(handle)
+        out.state, out.status = state, status
+        gpu = self._gpu(handle, "fabric")
+        out.healthMask = FABRIC_DEGRADED_BW[gpu.state.fabric_degraded] if state == 3 else 0
         return SUCCESS
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any, value: Any) -> int:

@@ -204,7 +204,7 @@ XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrec
              94: "Contained ECC error", 95: "Uncontained ECC error",
              119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!", 120: "GSP task exception"}
 FAULT_KINDS = ("lost", "recover", "xid", "ecc", "not_supported", "hang", "garbage",
-               "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action",
+               "retire_pages", "remap_rows", "pcie_replays", "driver_reload", "recovery_action", "fabric",
                "driver_unload", "driver_load", "mig", "energy_glitch", "driver_upgrade", "gpu_missing",
                "pcie_downgrade", "nvlink_errors", "ecc_bleed", "reset_required")
 
@@ -312,6 +312,11 @@ class GpuState:
     remap_failure: bool = False
     pcie_replays: int = 0
     recovery_action: int = 0
+    # nvmlDeviceGetGpuFabricInfo(V) on an NVSwitch system: NVML_GPU_FABRIC_STATE_* (3: completed), the status of a
+    # completed registration (an nvmlReturn_t), and whether the fabric's health mask says bandwidth is degraded
+    fabric_state: int = 3
+    fabric_status: int = 0
+    fabric_degraded: bool = False
     lost: bool = False
     reset_required: bool = False  # the fault "reset_required": NVML answers RESET_REQUIRED until a "recover"
     hang_seconds: float = 0.0  # the next call blocks this long (wall seconds), once
@@ -533,6 +538,10 @@ class SimGpu:
             s.pcie_replays += int(prm.get("count", 1))
         elif k == "recovery_action":
             s.recovery_action = int(prm.get("action", 1))
+        elif k == "fabric":  # the GPU's registration with the NVLink fabric (fabric manager) as NVML reports it
+            s.fabric_state = int(prm.get("state", 3))
+            s.fabric_status = int(prm.get("status", 0))
+            s.fabric_degraded = bool(prm.get("degraded", False))
         elif k == "mig":  # MIG mode toggled (nvidia-smi -mig 1 / 0 with the GPU idle)
             s.mig_enabled = bool(prm.get("enabled", True)) and self.product.mig_capable
         elif k == "energy_glitch":  # one reading of the counter this many joules back
@@ -812,6 +821,10 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             counts = {key: int(_number(params[key], f"{where}.{key}", 0, 1e15)) for key in NVLINK_COUNTERS.values()
                       if key in params}
             params = {"link": link, **counts, "down": params.get("down") is True}
+        if spec["kind"] == "fabric":
+            params = {"state": int(_number(params.get("state", 3), f"{where}.state", 0, 3)),
+                      "status": int(_number(params.get("status", 0), f"{where}.status", 0, 999)),
+                      "degraded": params.get("degraded") is True}
         if spec["kind"] == "xid":
             params = {"xid": int(_number(params.get("xid", 79), f"{where}.xid", 1, 999))}
             if isinstance(spec.get("text"), str):  # the line's text after its process, as the driver writes it

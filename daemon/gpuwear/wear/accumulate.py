@@ -264,6 +264,8 @@ HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volat
                  "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
                  "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors")
 
+FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+
 # the card's lifetime counts whose growth the verdict judges within a window (health.rules): the time each last grew
 GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bit", "remapped_rows_corrected",
                             "remapped_rows_uncorrected", "ecc_uncorrected_aggregate"})
@@ -674,6 +676,25 @@ class GpuWear:
         if s.temperature_memory_celsius is not None:
             self.health["memory_temperature_reported"] = True
         self._links(s)
+        self._fabric(s)
+
+    def _fabric(self, s: GpuSample) -> None:
+        """The GPU's registration with its NVSwitch fabric at its latest reading (sample.fabric_*), in ``health``:
+        ``fabric_state``; ``fabric_status`` while completed; ``fabric_degraded_bandwidth`` while the health mask says;
+        ``fabric_pending_since``, the start of the current run of readings not yet completed (s)."""
+        if s.fabric_state is None:
+            return
+        h = self.health
+        h["fabric_state"] = s.fabric_state
+        for name in ("fabric_status", "fabric_degraded_bandwidth"):
+            if (value := getattr(s, name)) is not None:
+                h[name] = value
+            else:
+                h.pop(name, None)
+        if s.fabric_state == FABRIC_COMPLETED:
+            h.pop("fabric_pending_since", None)
+        else:
+            h.setdefault("fabric_pending_since", int(s.timestamp))
 
     def _links(self, s: GpuSample) -> None:
         """The links' state at the GPU's latest reading of them (the slow interval), in ``health``:
