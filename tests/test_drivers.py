@@ -24,7 +24,7 @@ from conftest import REPO, make_rig
 from gpuwear.backends.nvml import NvmlBackend, NvmlVersionMismatchError, ProcessInfoCc
 from gpuwear.cli import main
 from gpuwear.clock import ManualClock
-from gpuwear.config import Config, WearConfig
+from gpuwear.config import Config, SamplingConfig, WearConfig
 from gpuwear.metrics import DaemonInfo
 from gpuwear.service import Daemon, Source, _sampler
 from gpuwear.sim import nvml_symbols
@@ -268,6 +268,39 @@ def test_a_gpu_that_joins_does_not_hold_the_tick_for_the_event_listeners_wait() 
         assert (1, 48) in seen, seen
     finally:
         backend.close()
+
+
+def test_a_join_that_hangs_in_nvml_holds_no_tick_past_the_deadline(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 51: join()'s NVML calls (the GPU count, a new GPU's handle and identity) ran on the tick's thread
+    without a deadline: a GPU coming back whose calls hang stalled every GPU's sampling until they returned (or the
+    watchdog). Now they run on a thread of their own: the tick that asks goes on after the deadline (here 0.5 s,
+    where the hang is 3 s), the others are read on time meanwhile, and the GPU joins at the tick after it returns;
+    said once each way."""
+    doc = scenario_doc("r610", "datacenter")
+    doc["faults"] = [{"at": 5, "gpu": 1, "kind": "recover"}, {"at": 5, "gpu": 1, "kind": "hang", "seconds": 3.0}]
+    simulation = parse_scenario(doc, "join")
+    simulation.gpus[1].state.lost = True  # fallen off the bus before gpuwear started
+    clock = ManualClock()
+    config = Config(sampling=SamplingConfig(nvml_deadline_seconds=0.5, slow_interval_seconds=10.0))
+    sampler = _sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
+    sampler.open()
+    longest, ticks = 0.0, 0
+    try:
+        with caplog.at_level("WARNING", logger="gpuwear.sampler"):
+            deadline = time.monotonic() + 30
+            while len(sampler.snapshot.gpus) < 2 and time.monotonic() < deadline:
+                clock.advance(1.0)
+                began = time.monotonic()
+                sampler.tick()
+                longest, ticks = max(longest, time.monotonic() - began), ticks + 1
+                time.sleep(0.05)
+        gpus = sampler.snapshot.gpus
+        assert [g.identity.index for g in gpus] == [0, 1] and gpus[0].sample is not None
+        assert longest < 2.0, longest  # the deadline, not the 3 s hang
+        said = [r.getMessage() for r in caplog.records if "listing of new GPUs" in r.getMessage()]
+        assert len(said) == 2 and "past the 0.5 s deadline" in said[0] and said[1].endswith("returned"), said
+    finally:
+        sampler.close()
 
 
 def test_pids_of_another_namespace_are_never_looked_up_here(tmp_path: Path) -> None:

@@ -60,6 +60,30 @@ class _Batch:
         self.abandoned = False  # the sampler gave up waiting: the thread exits once its read returns
 
 
+class _Call:
+    """A call on a thread of its own, waited for with a deadline: its result, or its exception, once ``done``."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.done = threading.Event()
+        self.said = False  # that it is past the deadline has been logged
+        self._result: Any = None
+        self._failure: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._result = fn()
+            except BaseException as exc:  # raised on the sampler's thread by result()
+                self._failure = exc
+            self.done.set()
+
+        threading.Thread(target=run, name="nvml-join", daemon=True).start()
+
+    def result(self) -> Any:
+        if self._failure is not None:
+            raise self._failure
+        return self._result
+
+
 class _Reader:
     """One thread that reads the GPUs one after the other, so that a tick costs one hand-over between threads
     rather than one per GPU; the sampler waits with a deadline per read, and gives up on a thread stuck in NVML
@@ -253,6 +277,7 @@ class Sampler:
         self.reopen_interval = 5.0  # seconds between tries to get the driver back
         self._active = 0  # the first this many GPUs are the backend's; the rest are gone
         self._reader: _Reader | None = None
+        self._joining: _Call | None = None  # the backend's join() asked on a thread of its own, until it returns
         self._opened = False  # the backend opened once in this process (a mismatch after that is fatal)
         self.waiting: str | None = None  # why there are no GPUs yet: NVML not usable at start, retried
         self._reads = threading.Condition()
@@ -387,8 +412,8 @@ class Sampler:
         now = self.clock.monotonic()
         if self._driver_gone:
             self._reopen()
-        elif now >= self._next_join:  # every slow interval: GPUs refused at start, or new, join
-            self._next_join = now + self.slow_interval
+        elif now >= self._next_join or (self._joining is not None and self._joining.done.is_set()):
+            self._next_join = now + self.slow_interval  # every slow interval: GPUs refused at start, or new, join
             self._join()
         if self._driver_gone:
             pass  # every GPU stays marked by the error that revealed it
@@ -447,8 +472,10 @@ class Sampler:
 
     def _join(self) -> None:
         """GPUs NVML lists that are not read yet (refused at start: lost, a cgroup; or new) join, after the GPUs
-        read now; one that was read before (by UUID) takes its place back."""
-        joined = self.backend.join()
+        read now; one that was read before (by UUID) takes its place back. With a deadline, NVML is asked on a
+        thread of its own: a listing or handle call that hangs holds no tick past the deadline, and its GPUs join
+        at the tick after it returns (no other is asked meanwhile)."""
+        joined = self.backend.join() if self.deadline <= 0 else self._join_within_deadline()
         if not joined:
             return
         with self._lock:
@@ -461,6 +488,23 @@ class Sampler:
                 self._gpus.insert(self._active, gpu or _Gpu(identity))
                 self._active += 1
             self._publish()
+
+    def _join_within_deadline(self) -> list[GpuIdentity] | None:
+        call = self._joining
+        if call is None:
+            call = self._joining = _Call(self.backend.join)
+            call.done.wait(self.deadline)
+        if not call.done.is_set():
+            if not call.said:
+                call.said = True
+                log.warning("NVML's listing of new GPUs (nvmlDeviceGetCount, their handles) is past the %g s "
+                            "deadline: sampling goes on; GPUs it finds join once it returns", self.deadline)
+            return None
+        self._joining = None
+        if call.said:
+            log.warning("NVML's listing of new GPUs returned")
+        joined: list[GpuIdentity] = call.result()
+        return joined
 
     def _slow_due(self, gpu: _Gpu, now: float) -> bool:
         return gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
