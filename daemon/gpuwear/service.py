@@ -246,6 +246,7 @@ class Daemon:
         self._lines_filled: int | None = None  # the key under which every record's lines are kept
         self._lines_verified = False  # the kept lines checked against what was written (verify_lines)
         self._fill_failed = False
+        self._indexing: tuple[float, int] | None = None  # a pass of _index under way: (began, monotonic s; records)
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.recovered is not None,
                                            self.ledger.set_aside if self.ledger is not None else 0)
@@ -530,17 +531,31 @@ class Daemon:
         if status.last_success is False:
             log.warning("the wear ledger %s is saved again", self.ledger_file)
         self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
-        self._fill_lines()
         return True
 
-    FILL_LINES_PER_SAVE = 500  # job records whose lines a save computes, where the ledger keeps none yet
+    FILL_LINES_PER_CHUNK = 500  # job records whose lines one transaction keeps (a save waits for at most one)
 
-    def _fill_lines(self) -> None:
-        """Keep the lines of records saved before lines were kept (or with other wear parameters), a few hundred a
-        save: listings count the rest from the records meanwhile. Derived data: a failure is logged once and retried
-        at the next save, never a failed save."""
-        if self.ledger is None or self._lines_filled == self._summariser.key:
-            return
+    def _index(self) -> None:
+        """Keep the lines of job records that have none under the wear parameters in force (saved by a release
+        before lines were kept, by a migration or a recovery that derives none, or under other parameters before a
+        reload), in one pass right after serving starts: chunk after chunk, each under the persist lock, until none
+        is left; then again after a reload changes the parameters. Listings answer from what is kept meanwhile.
+        Derived data: a failure is logged once and tried again a save interval later, never a failed save."""
+        while not self._stopped.is_set():
+            with self._persist_lock:
+                state = self._fill_lines()
+            if state == "more":
+                continue
+            with self._timers:  # notified on stop and reload
+                if not self._stopped.is_set() and (state == "later" or self._lines_filled == self._summariser.key):
+                    self._timers.wait(self._intervals(self.config)[1] if state == "later" else None)
+
+    def _fill_lines(self) -> str:
+        """One chunk of :meth:`_index`: "more" (records left), "done" or "later" (no ledger, or it failed)."""
+        if self._lines_filled == self._summariser.key:
+            return "done"
+        if self.ledger is None or self._stopped.is_set():  # stopping: the final save, then the ledger closes
+            return "later"
         try:
             if not self._lines_verified:  # once a start, off the start's path: a pass over every kept line
                 dropped = self.ledger.verify_lines()
@@ -548,14 +563,30 @@ class Daemon:
                 if dropped:
                     log.warning("ledger %s: the kept lines of %d job record(s) failed their check; they are counted "
                                 "from the records and kept again", self.ledger_file, dropped)
-            if self.ledger.fill_lines(self._summariser, self.FILL_LINES_PER_SAVE) < self.FILL_LINES_PER_SAVE:
-                self._lines_filled = self._summariser.key
+            began = time.monotonic()
+            kept = self.ledger.fill_lines(self._summariser, self.FILL_LINES_PER_CHUNK)
             self._fill_failed = False
         except (sqlite3.Error, LedgerError) as exc:
             if not self._fill_failed:
-                log.warning("ledger %s: saved, but the lines of older job records could not be kept yet (%s)",
+                log.warning("ledger %s: the lines of older job records cannot be kept yet (%s); tried again later",
                             self.ledger_file, exc)
             self._fill_failed = True
+            return "later"
+        indexing = self._indexing
+        if kept and indexing is None:
+            log.info("ledger %s: indexing the job records kept without their lines (after an upgrade, a recovery "
+                     "or new wear parameters); listings count them once indexed", self.ledger_file)
+            indexing = (began, 0)
+        if indexing is not None:
+            self._indexing = indexing = (indexing[0], indexing[1] + kept)
+        if kept < self.FILL_LINES_PER_CHUNK:
+            self._lines_filled = self._summariser.key
+            if indexing is not None:
+                log.info("ledger %s: %d job record(s) indexed in %.1f s", self.ledger_file, indexing[1],
+                         time.monotonic() - indexing[0])
+            self._indexing = None
+            return "done"
+        return "more"
 
     def _forget_before(self, days: float) -> float | None:
         """The Unix time before which records go (retention of ``days``; None: keep them). No retention on a clock
@@ -622,6 +653,7 @@ class Daemon:
         loops: list[tuple[str, Callable[[], float], Callable[[], object]]] = [
             ("sampling", lambda: self._intervals(self.config)[0], self._tick),
             ("persist", lambda: self._intervals(self.config)[1], self.persist)]
+        threading.Thread(target=self._index, name="index", daemon=True).start()
         if self._watchdog_interval is not None:
             watchdog_interval = self._watchdog_interval
             loops.append(("watchdog", lambda: watchdog_interval, self._watchdog))
