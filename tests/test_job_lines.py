@@ -330,3 +330,42 @@ def test_a_listing_of_every_job_holds_one_job_at_a_time_not_all(tmp_path: Path, 
     for shown in ("--all", "--json"):  # bytes per job listed: a job's document is about 5 kB (17 kB as JSON)
         per_job = (peaks[(1200, shown)] - peaks[(300, shown)]) / 900
         assert per_job < 1500, (shown, per_job, peaks)
+
+
+def test_a_listing_while_older_records_are_indexed_says_so_and_reads_none_of_them(tmp_path: Path) -> None:
+    """Issue 52: on a ledger just upgraded (records without kept lines), every listing counted each such record from
+    itself: `jobs` 29-36 s and the page 44-84 s on a 3-year ledger until the daemon had kept them all. Past
+    COUNTED_FROM_RECORDS_MAX (here 20) a listing now reads none of them: its totals are what is kept, it says how
+    many are left out (the text, the JSON, the page), and shows no share of partial totals; under it, or once
+    indexed, the listing is the plain count's, byte for byte."""
+    from gpuwear import page
+
+    p = WearConfig()
+    ledger = Ledger.open(tmp_path / "ledger.sqlite")
+    ledger.save([], [], jobs=_records(random.Random(21), 30, running=0))  # saved without their lines
+    gpus = ledger.load(p.cycles.hysteresis_celsius)
+
+    class Counting:  # the ledger, counting the records a listing reads to count them from themselves
+        read = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(ledger, name)
+
+        def unsummarised(self, *args: Any, **kwargs: Any) -> Any:
+            for rec in ledger.unsummarised(*args, **kwargs):
+                Counting.read += 1
+                yield rec
+
+    counting: Any = Counting()
+    doc = jobreport.ledger_document(counting, gpus, p, None, shown=5, counted_max=20)
+    assert Counting.read == 0 and doc["not_indexed"] == 30 and doc["jobs_in_window"] == 0
+    assert [s["share"]["thermal_aging"] for job in doc["jobs"] for s in job["gpus"]] == [None] * sum(
+        len(job["gpus"]) for job in doc["jobs"]) and len(doc["jobs"]) == 5
+    text = jobreport.text(doc, {})
+    assert "30 job record(s) in this window are still being indexed" in text, text
+    assert "30 job record(s) are still being indexed" in page._jobs(UUIDS[0], doc)
+    assert ledger.fill_lines(Summariser(p), 12) == 12  # 18 left: under the bound, counted from themselves
+    doc = jobreport.ledger_document(counting, gpus, p, None, shown=5, counted_max=20)
+    assert Counting.read == 18 and doc["not_indexed"] == 0
+    assert json.dumps(doc) == json.dumps(jobreport.document(ledger.periods(None), gpus, p, None, None, 5))
+    ledger.close()

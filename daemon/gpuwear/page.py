@@ -144,6 +144,10 @@ def _references(d: dict[str, Any], key: str, per_day: str, label: str) -> str:
 def _jobs(uuid: str, jobs: dict[str, Any] | None) -> str:
     if jobs is None:
         return ""
+    if jobs.get("not_indexed"):
+        return (f'<h3>Jobs</h3><p class="muted">{int(jobs["not_indexed"])} job record(s) are still being indexed '
+                "(after an upgrade or a recovery, the daemon keeps their lines right after it starts): who caused "
+                "its heat aging shows once they are in.</p>")
     merged = {name: 100 * share for name, share in jobs["thermal_aging_share_by_name"].get(uuid, {}).items()
               if share}
     if not merged:

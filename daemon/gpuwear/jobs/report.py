@@ -64,6 +64,12 @@ def _slice(g: dict[str, Any], p: WearConfig, gpu: GpuWear | None) -> dict[str, A
     }
 
 
+# records without kept lines a listing counts from themselves (running jobs, the newest saves): past it, the daemon
+# is indexing them (after an upgrade, a recovery or new wear parameters) and the listing says so rather than read
+# each (45,000 records: about a minute)
+COUNTED_FROM_RECORDS_MAX = 2000
+
+
 class _Tally:
     """A listing's totals and shares, added up in whole units (:mod:`gpuwear.jobs.lines`): the same sums whichever
     order the lines come in, from the records or from the ledger's kept lines."""
@@ -74,6 +80,7 @@ class _Tally:
         self.by_name: dict[str, dict[str, int]] = {}  # uuid: {line name: aging}
         self.records = 0
         self.hottest: tuple[Any, ...] | None = None  # (peak, start, record, -slice, uuid, title)
+        self.not_indexed = 0  # records in the window left out of the totals: their lines are not kept yet
 
     def add(self, uuid: str, name: str, observed: int, energy: int, aging: int, fatigue: int) -> None:
         t = self.totals.setdefault(uuid, [0, 0, 0, 0])
@@ -110,9 +117,13 @@ class _Tally:
         return found
 
     def share(self, job: dict[str, Any]) -> dict[str, Any]:
-        """The job with each of its lines' shares of its GPU's totals (the totals added up first)."""
+        """The job with each of its lines' shares of its GPU's totals (the totals added up first); none while
+        records are left out of the totals (``not_indexed``)."""
         for s in job["gpus"]:
-            t = self.totals[s["uuid"]]
+            t = self.totals.get(s["uuid"])
+            if t is None or self.not_indexed:
+                s["share"] = dict.fromkeys(("observed_time", "energy", "thermal_aging", "cycle_fatigue"))
+                continue
             s["share"] = {
                 "observed_time": _ratio(units(s["observed_seconds"], MILLI), t[0]),
                 "energy": _ratio(units(s["energy_joules"], MILLI), t[1]),
@@ -129,7 +140,8 @@ class _Tally:
         shares = {uuid: {name: _ratio(v, self.totals[uuid][2]) for name, v in sorted(names.items())}
                   for uuid, names in sorted(self.by_name.items())}
         hottest = self.hottest
-        return {"since": since, "jobs": jobs, "jobs_in_window": self.records, "totals": totals,
+        return {"since": since, "jobs": jobs, "jobs_in_window": self.records, "not_indexed": self.not_indexed,
+                "totals": totals,
                 "hottest": None if hottest is None else {"record": hottest[2], "uuid": hottest[4],
                                                          "max_celsius": hottest[0]},
                 "hottest_label": None if hottest is None else hottest[5],
@@ -167,22 +179,25 @@ def document(records: Iterable[dict[str, Any]], gpus: dict[str, GpuWear], p: Wea
 
 
 def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
-                    gpu: str | None = None, shown: int | None = None, by_label: bool = True) -> dict[str, Any]:
+                    gpu: str | None = None, shown: int | None = None, by_label: bool = True,
+                    counted_max: int = COUNTED_FROM_RECORDS_MAX) -> dict[str, Any]:
     """:func:`document` of a ledger's job records and imports in the window, at the cost of what it shows: the
     totals, shares and hottest from the lines the ledger keeps (:meth:`Ledger.line_sums`, summed by SQLite), the
     records without kept lines counted from themselves, and only the ``shown`` newest records read whole.
     ``by_label``: the text's share by label (a key per job: the page does without, None)."""
     with ledger.reading():
-        head, jobs = ledger_listing(ledger, gpus, p, since, gpu, by_label)
+        head, jobs = ledger_listing(ledger, gpus, p, since, gpu, by_label, counted_max)
         head["jobs"] = list(itertools.islice(jobs, shown))
     return head
 
 
 def ledger_listing(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
-                   gpu: str | None = None, by_label: bool = True) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+                   gpu: str | None = None, by_label: bool = True, counted_max: int = COUNTED_FROM_RECORDS_MAX,
+                   ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """:func:`ledger_document` as a stream, for a listing of every job (a busy box's 90 days hold 45,000): the
     document with its ``jobs`` empty, and the jobs newest first, each read whole when the iterator reaches it and
-    dropped by the caller once written. Call it, and walk the jobs, inside one ``ledger.reading()``."""
+    dropped by the caller once written. Call it, and walk the jobs, inside one ``ledger.reading()``. More than
+    ``counted_max`` records without kept lines are not read: the document says how many (``not_indexed``)."""
     key = lines_key(p)
     tally = _Tally(by_label)
     sums = ledger.line_sums(key, since, gpu, by_label)
@@ -193,8 +208,12 @@ def ledger_listing(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, sinc
     tally.records = sums.records
     if sums.hottest is not None:
         tally.candidate(*sums.hottest)
-    for rec in ledger.unsummarised(key, since, sums.records if gpu is None else None):
-        tally.record(rec, p, gpu)
+    kept = sums.records if gpu is None else None
+    if (left := ledger.unsummarised_count(key, since, kept)) > counted_max:
+        tally.not_indexed = left  # being indexed (after an upgrade or a recovery): said, not read record by record
+    else:
+        for rec in ledger.unsummarised(key, since, kept):
+            tally.record(rec, p, gpu)
     imports = ledger.import_periods(since)
     for rec in imports:
         tally.record(rec, p, gpu)
@@ -237,9 +256,13 @@ def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: d
                limit: int | None = None) -> Iterator[str]:
     """:func:`text` a line at a time (no newline), ``jobs`` read as they come: ``head`` is the document (its own
     jobs not read), ``jobs`` the jobs newest first (:func:`ledger_listing`)."""
-    if not head["jobs_in_window"]:
+    if not head["jobs_in_window"] and not head.get("not_indexed"):
         yield "No job, idle period or import recorded in this window."
         return
+    if head.get("not_indexed"):
+        yield from [f"{head['not_indexed']} job record(s) in this window are still being indexed (the daemon keeps",
+                    "their lines right after it starts, after an upgrade or a recovery): they are left out of the",
+                    "totals, and no share is shown until they are in; run this again in a minute.", ""]
     yield from ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
                 "idle lines are the time between jobs, unattributed lines the time a GPU's processes could not be",
                 "read (the line says why) and imported lines the history read from logs, so each GPU's lines add",

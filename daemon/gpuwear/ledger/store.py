@@ -486,17 +486,24 @@ class Ledger:
         only records that ended (a running job's lines are kept once it ends)."""
         if not self._has("job_lines"):
             return self._jobs_where("(? = 0 OR end IS NOT NULL)", (int(ended),), since)
-        window = (_since(since),)
-        every = self._db.execute("SELECT count(*) FROM jobs WHERE end IS NULL OR end >= ?", window).fetchone()[0]
-        if kept is None:
-            kept = self._db.execute("SELECT count(*) FROM job_lines WHERE key = ? AND (end IS NULL OR end >= ?) AND "
-                                    "slice = 0", (key, *window)).fetchone()[0]
-        if every == kept:  # each record's line 0 is kept (lines come whole with their record): none to count
-            return iter(())
+        if not self.unsummarised_count(key, since, kept):  # each record's line 0 is kept (lines come whole with
+            return iter(())  # their record): none to count
         # (a running job's record: counted from itself, once or twice per GPU; the lookup below finds it)
         # "+l.key": the lookup by record (the primary key), never a scan of the key's lines for each record
         return self._jobs_where("(? = 0 OR end IS NOT NULL) AND NOT EXISTS (SELECT 1 FROM job_lines l WHERE "
                                 "l.record = jobs.record AND +l.key = ?)", (int(ended), key), since)
+
+    def unsummarised_count(self, key: int, since: float | None = None, kept: int | None = None) -> int:
+        """How many job records in the window :meth:`unsummarised` gives (running or ended), from two counts: never
+        a read of the records. ``kept`` as there."""
+        window = (_since(since),)
+        every = self._db.execute("SELECT count(*) FROM jobs WHERE end IS NULL OR end >= ?", window).fetchone()[0]
+        if not self._has("job_lines"):
+            return int(every)
+        if kept is None:
+            kept = self._db.execute("SELECT count(*) FROM job_lines WHERE key = ? AND (end IS NULL OR end >= ?) AND "
+                                    "slice = 0", (key, *window)).fetchone()[0]
+        return max(0, int(every) - int(kept))
 
     def fill_lines(self, summarise: Summariser, limit: int) -> int:
         """Keep the lines of up to ``limit`` ended job records that have none under ``summarise.key``, newest first,
