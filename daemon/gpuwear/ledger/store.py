@@ -364,7 +364,8 @@ class Ledger:
     def forget(self, uuid: str) -> dict[str, int]:
         """Remove every record of one GPU in one transaction: its live record, its imports, its events and its share of
         each job (a job left with no GPU goes). The wear log is folded into the records first: its rows name GPUs.
-        Returns what was removed, by kind; LedgerError when the ledger holds nothing of that GPU."""
+        Returns what was removed, by kind; LedgerError when the ledger holds nothing of that GPU. The job records read
+        are that GPU's (by the lines kept) and those without kept lines, not every one."""
         docs = _read_docs(self._db)
         imports = self._db.execute("SELECT count(*) FROM imports WHERE uuid = ?", (uuid,)).fetchone()[0]
         if uuid not in docs and not imports:
@@ -379,7 +380,7 @@ class Ledger:
             db.execute("DELETE FROM gpus WHERE uuid = ?", (uuid,))
             db.execute("DELETE FROM imports WHERE uuid = ?", (uuid,))
             removed["events"] = db.execute("DELETE FROM events WHERE uuid = ?", (uuid,)).rowcount
-            for record, data in db.execute("SELECT record, data FROM jobs").fetchall():
+            for record, data in db.execute(self._jobs_of_sql(), (uuid,) if self._has("job_lines") else ()).fetchall():
                 job = _json_object(_job_text(data, f"job {record!r}"), f"job {record!r}")
                 gpus = [g for g in job.get("gpus", []) if g.get("uuid") != uuid]
                 if len(gpus) == len(job.get("gpus", [])):
@@ -394,6 +395,15 @@ class Ledger:
                     db.execute("DELETE FROM jobs WHERE record = ?", (record,))
         self._saved = None  # what is committed changed under the save cache
         return removed
+
+    def _jobs_of_sql(self) -> str:
+        """The job records :meth:`forget` reads for one GPU (its UUID the one parameter): those whose kept lines name
+        it, and those without lines (a running job, one not indexed yet): a record's lines come whole, so one with
+        lines and none of that GPU's does not hold it. A ledger without lines: every record."""
+        if not self._has("job_lines"):
+            return "SELECT record, data FROM jobs"
+        return ("SELECT record, data FROM jobs WHERE record IN (SELECT record FROM job_lines WHERE uuid = ?) OR "
+                "NOT EXISTS (SELECT 1 FROM job_lines l WHERE l.record = jobs.record)")
 
     def load_all(self, gate_celsius: float, live: dict[str, GpuWear] | None = None) -> dict[str, GpuWear]:
         """Live and imported history merged, by UUID (what a report shows); ``live``: :meth:`load`'s answer, where
