@@ -202,6 +202,26 @@ class MarginTemperature(ctypes.Structure):
 MARGIN_TEMPERATURE_V1 = ctypes.sizeof(MarginTemperature) | 1 << 24
 
 
+class GpuFabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t (R525+): declared here (bindings before nvidia-ml-py 12.535 lack it)."""
+
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint),
+                ("state", ctypes.c_uint)]
+
+
+class GpuFabricInfoV2(ctypes.Structure):
+    """nvmlGpuFabricInfo_v2_t (R550+, nvmlDeviceGetGpuFabricInfoV): a version first, the health mask last."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint)]
+
+
+GPU_FABRIC_INFO_V2 = ctypes.sizeof(GpuFabricInfoV2) | 2 << 24
+FABRIC_STATE_NOT_SUPPORTED, FABRIC_STATE_COMPLETED = 0, 3  # NVML_GPU_FABRIC_STATE_*
+# the health mask's NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW field (bits 0-1): TRUE 1, FALSE 2, NOT_SUPPORTED 0
+FABRIC_DEGRADED_BW = {1: True, 2: False}
+
+
 @dataclass(frozen=True)
 class Api:
     """What the loaded libnvidia-ml offers, resolved once at open: the newest variant of each function that has
@@ -234,7 +254,7 @@ class Api:
             memory_v2=exports("nvmlDeviceGetMemoryInfo_v2") and hasattr(pynvml, "nvmlMemory_v2"),
             margin=exports("nvmlDeviceGetMarginTemperature"),
             fabric=next((name for name in ("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo")
-                         if exports(name) and hasattr(pynvml, name)), None),
+                         if exports(name)), None),
             processes=processes,
             process_layout=process_layout(processes, exports),
         )
@@ -391,19 +411,18 @@ def _fabric(h: Any, api: Api) -> Values:
     fabric (STATE_NOT_SUPPORTED, or NOT_SUPPORTED before Hopper): none of them, and nothing said unavailable."""
     if api.fabric is None:
         return _FABRIC_NONE
-    info = pynvml.c_nvmlGpuFabricInfoV_t() if api.fabric.endswith("V") else pynvml.c_nvmlGpuFabricInfo_t()
+    info: GpuFabricInfo | GpuFabricInfoV2 = GpuFabricInfoV2(version=GPU_FABRIC_INFO_V2) \
+        if api.fabric.endswith("V") else GpuFabricInfo()
     try:
-        getattr(pynvml, api.fabric)(h, ctypes.byref(info))
+        pynvml._nvmlCheckReturn(pynvml._nvmlGetFunctionPointer(api.fabric)(h, ctypes.byref(info)))
     except pynvml.NVMLError_NotSupported:  # before Hopper: no fabric, not a reading the GPU fails to give
         return _FABRIC_NONE
-    if info.state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+    if info.state == FABRIC_STATE_NOT_SUPPORTED:
         return _FABRIC_NONE
-    completed = info.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
-    degraded = (getattr(info, "healthMask", 0) >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
-                & pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW)
+    completed = info.state == FABRIC_STATE_COMPLETED
+    mask = info.healthMask if isinstance(info, GpuFabricInfoV2) else 0
     return {"fabric_state": int(info.state), "fabric_status": int(info.status) if completed else None,
-            "fabric_degraded_bandwidth": {pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE: True,
-                                          pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE: False}.get(degraded)}
+            "fabric_degraded_bandwidth": FABRIC_DEGRADED_BW.get(mask & 0x3)}
 
 
 def _pcie_link(h: Any, api: Api) -> Values:
