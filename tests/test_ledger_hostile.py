@@ -279,6 +279,13 @@ def test_a_ledger_of_a_newer_gpuwear_is_refused_and_kept(tmp_path: Path) -> None
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1 and "upgrade gpuwear" in result.stderr.splitlines()[-1]
     assert not list(path.parent.glob("*.damaged-*"))  # never recovered: a downgrade discards nothing
+    # the readers refuse it too, and leave nothing beside it (issue 52: SQLite's empty -wal and -shm of their read)
+    before = sorted(p.name for p in path.parent.iterdir())
+    for command in (["report"], ["jobs"], ["report", "--html", str(tmp_path / "report.html")]):
+        result = subprocess.run([sys.executable, "-m", "gpuwear", *command, "--simulated", "--state-dir", str(state)],
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode != 0 and "upgrade gpuwear" in result.stderr, (command, result.stderr)
+        assert sorted(p.name for p in path.parent.iterdir()) == before, command
 
 
 # -- files that are ours -------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import sqlite3
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -245,18 +245,24 @@ class Ledger:
         """Open an existing ledger for reading (while the daemon may be writing it)."""
         if not path.exists():
             raise LedgerError(f"no ledger at {path}: has the daemon run with this state directory?")
+        companions = [Path(f"{path}{suffix}") for suffix in ("-wal", "-shm")]
+        absent = [c for c in companions if not c.exists()]  # SQLite makes them to read a WAL file, even read-only
+        db = None
         try:
             db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)
             db.text_factory = _text
             db.execute("PRAGMA cache_size=-256")  # as the daemon's own: the page at / reads through one of these
             version = _schema_version(db)
-        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            if version is None or version > SCHEMA_VERSION:
+                raise (LedgerTooNewError(_too_new(path, db, version)) if version is not None else
+                       LedgerError(f"{path}: not a gpuwear ledger this version can read (no schema version)"))
+        except (sqlite3.DatabaseError, UnicodeDecodeError, LedgerError) as exc:
+            if db is not None:
+                db.close()
+            _remove_empty_wal(absent)  # a refused file is left as it was found, without companions of ours
+            if isinstance(exc, LedgerError):
+                raise
             raise LedgerError(f"{path}: not a readable gpuwear ledger ({exc})") from None
-        if version is None or version > SCHEMA_VERSION:
-            message = (_too_new(path, db, version) if version is not None else
-                       f"{path}: not a gpuwear ledger this version can read (no schema version)")
-            db.close()
-            raise LedgerTooNewError(message) if version is not None else LedgerError(message)
         # no pass over the whole history: each read proves what it reads (checksums, validation)
         return cls(path, db)
 
@@ -747,6 +753,16 @@ class _FoundFiles:
 
     def drop(self) -> None:
         self.copy.unlink(missing_ok=True)
+
+
+def _remove_empty_wal(made: list[Path]) -> None:
+    """Remove the -wal and -shm files a read-only open made (``made``: those absent before it), where it made both
+    and the -wal holds nothing: no writer has come to use them."""
+    if len(made) < 2 or any(c.name.endswith("-wal") and c.exists() and c.stat().st_size for c in made):
+        return
+    for c in made:
+        with suppress(FileNotFoundError):
+            c.unlink()
 
 
 def _since(since: float | None) -> float:
