@@ -845,3 +845,40 @@ def test_a_shared_directory_is_refused_and_left_as_it_was(tmp_path: Path, mode: 
                         "--state-dir", str(shared)], capture_output=True, text=True)
     assert r.returncode == 1 and "shared directory" in r.stderr and "Traceback" not in r.stderr
     assert stat.S_IMODE(shared.stat().st_mode) == mode
+
+
+@pytest.mark.slow
+def test_a_ledger_another_process_holds_locked_is_said_at_once_and_opened_at_a_later_save(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 52: a ledger locked by another process (a sqlite3 shell in a transaction, a backup) held the daemon's
+    start for SQLite's busy timeout (10 s at each statement that met it) before anything was served. Now the start
+    waits at most a second, says why, samples and serves; the ledger is opened at a later save, once free, its
+    history merged. Here the lock is let go 8 s after the daemon is made: the start has given up on it by then (it
+    waited 10 s and opened it, before)."""
+    import threading
+
+    from gpuwear.ledger import ledger_path
+    from gpuwear.service import Daemon, open_source
+
+    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+    path = ledger_path(config, "demo")
+    path.parent.mkdir(parents=True, mode=0o700)
+    Ledger.open(path).close()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(8.0, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        with caplog.at_level("ERROR", logger="gpuwear.service"):
+            daemon = Daemon(config, open_source(config, "demo", 1.0, False))
+        try:
+            assert daemon.ledger is None
+            assert any("cannot open the wear ledger" in r.getMessage() and "locked" in r.getMessage()
+                       for r in caplog.records), [r.getMessage() for r in caplog.records]
+            release.join()
+            assert daemon.persist() and daemon.ledger is not None  # free: opened at the save
+        finally:
+            daemon.stop()
+    finally:
+        release.cancel()
+        holder.close()

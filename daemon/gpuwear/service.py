@@ -117,6 +117,7 @@ def _sampler(backend: NvmlBackend, clock: Clock, config: Config, simulated: bool
 
 
 DRIVER_RETRY_SECONDS = 2.0
+START_BUSY_SECONDS = 1.0  # how long the start waits for a lock another process holds on the ledger
 
 
 def _open_waiting(sampler: Sampler, wait_seconds: float, override: float | None = None) -> None:
@@ -200,7 +201,9 @@ class Daemon:
         wears, imported, running = {}, {}, []
         try:
             self._lock = StateLock.acquire(self.ledger_file.parent)
-            self.ledger = Ledger.open(self.ledger_file, tell_systemd_recovering)
+            # a lock another process holds (a sqlite3 shell, a backup) is said at once: sampling and serving start,
+            # and the ledger is opened again at the next save
+            self.ledger = Ledger.open(self.ledger_file, tell_systemd_recovering, busy_seconds=START_BUSY_SECONDS)
             wears, imported = self.ledger.load(gate), self.ledger.load_imported(gate)
             running = [JobRecord.from_json(d) for d in self.ledger.jobs(running_only=True)]
             self._history_loaded = True

@@ -64,6 +64,7 @@ from gpuwear.wear.schema import SchemaError, check_event, check_import, check_jo
 log = logging.getLogger(__name__)
 
 
+BUSY_SECONDS = 10.0  # how long a write waits for a lock another process holds on the ledger (SQLite's busy timeout)
 COMPACT_AFTER = 60  # saves logged before one rewrites every GPU's whole record and empties the log
 
 
@@ -134,18 +135,21 @@ class Ledger:
     # -- opening ------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path, recovering: Callable[[], object] | None = None) -> Ledger:
+    def open(cls, path: Path, recovering: Callable[[], object] | None = None, busy_seconds: float = BUSY_SECONDS,
+             ) -> Ledger:
         """Open or create the ledger, every record validated. A record (or a value of a GPU's record) that fails
         validation is set aside (the ``set_aside`` table) and the rest kept; a file SQLite cannot read whole is
         recovered (:func:`recover`: what can still be read, in a new ledger; the damaged file kept beside it),
-        ``recovering`` called first (the daemon tells systemd it needs longer to start).
+        ``recovering`` called first (the daemon tells systemd it needs longer to start). ``busy_seconds``: how long
+        the open waits for a lock another process holds (later writes wait BUSY_SECONDS).
         Raises :class:`LedgerRefusedError` for a file that is not to be written (:class:`LedgerTooNewError`: a
         ledger of a newer gpuwear; trouble that is not damage SQLite reports), LedgerError for a symbolic link,
         OSError / sqlite3.Error when the directory or the disk stands in the way."""
         private_folder(path.parent)
         finish_recovery(path)  # one a kill interrupted
         _private_file(path)
-        db, recovered, bad = cls._open_examined(path, recovering)
+        db, recovered, bad = cls._open_examined(path, recovering, busy_seconds)
+        db.execute(f"PRAGMA busy_timeout={round(BUSY_SECONDS * 1000)}")
         db.execute("PRAGMA wal_autocheckpoint=1000")
         if bad:
             what, why = bad[0].what, bad[0].reason
@@ -156,7 +160,7 @@ class Ledger:
         return cls(path, db, recovered, len(bad))
 
     @classmethod
-    def _open_examined(cls, path: Path, recovering: Callable[[], object] | None,
+    def _open_examined(cls, path: Path, recovering: Callable[[], object] | None, busy_seconds: float,
                        ) -> tuple[sqlite3.Connection, Path | None, list[Any]]:
         """The read-write connection of a ledger examined, migrated and audited, recovered first where damaged:
         (connection, where the damaged file was kept or None, the records set aside)."""
@@ -165,7 +169,7 @@ class Ledger:
             found = _FoundFiles(path)
             try:
                 with closing(found.guard()):
-                    db = cls._connect(path)
+                    db = cls._connect(path, busy_seconds)
                     try:
                         docs, bad, unstamped = _audit(db)
                         # damage the audit's reads did not meet (an index page) may answer these writes: recovered
@@ -194,10 +198,10 @@ class Ledger:
         return db, recovered, bad
 
     @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
+    def _connect(path: Path, busy_seconds: float = BUSY_SECONDS) -> sqlite3.Connection:
         if path.exists() and path.stat().st_size:
             _examine(path)
-        db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(path, timeout=busy_seconds, isolation_level=None, check_same_thread=False)
         db.text_factory = _text
         try:
             version = _schema_version(db)
