@@ -944,7 +944,20 @@ def test_a_gpu_record_or_import_changed_on_disk_is_caught_and_costs_no_lifetime(
     finally:
         again.close()
     assert main(["report", "--json", "--state-dir", str(state)]) == 0
-    assert capsys.readouterr().err == ""
+    out, err = capsys.readouterr()
+    assert err == ""
+    # and said afterwards (issue 52: the card's changed record was kept with its changed value, and no reader said
+    # so once the daemon's open had set its bytes aside)
+    from gpuwear import page
+
+    assert "<strong>Set aside.</strong> 1 record(s) or value(s) of this GPU" in page.render(json.loads(out))
+    (gpu,) = json.loads(out)["gpus"]
+    assert gpu["set_aside"]["count"] == 1 and gpu["set_aside"]["newest"]["why"].endswith("its bytes changed since it "
+                                                                                          "was written"), gpu
+    assert main(["report", "--state-dir", str(state)]) == 0
+    text = capsys.readouterr().out
+    assert "SET ASIDE: 1 record(s) or value(s) of this GPU failed their check at a daemon start" in text, text
+    assert "its values were checked one by one and kept, the bytes as found set aside" in text, text
 
 
 def test_records_from_before_schema_7_are_stamped_once_and_read_back_whole(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwear.report import duration, plain_words, risk_seen, roughly
+from gpuwear.report import duration, plain_words, risk_seen, roughly, set_aside_words
 from gpuwear.wear.models import WORD_PROFILES
 
 _STATUS = {"ok": ("OK", "#1b7f3b"), "watch": ("WATCH", "#b45309"), "act": ("ACT", "#b91c1c"),
@@ -169,6 +169,8 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(by["first_seen"]))
         out.insert(2, f'<p class="banner">A past card: <code>{_e(by["uuid"])}</code> took its slot (PCI '
                       f'{_e(by["pci_bus_id"] or "")}) on {_e(when)}; its history is kept.</p>')
+    if (aside := set_aside_words(d)) is not None:
+        out.insert(2, f'<p class="banner"><strong>Set aside.</strong> {_e(aside)}.</p>')
     if (gone := d.get("not_seen")) is not None:
         since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(gone["last_seen"]))
         out.insert(2, f'<p class="banner missing"><strong>Not seen since {_e(since)}</strong>, while this host&#x27;s '

@@ -12,6 +12,8 @@ from typing import Any
 from gpuwear.config import WearConfig
 from gpuwear.health import past_cards, peer_rates, slow_reads_text, verdict
 from gpuwear.ledger import Event, Ledger
+from gpuwear.ledger.errors import printable
+from gpuwear.ledger.records import CHANGED
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
 from gpuwear.wear.schema import READING_GROUPS
@@ -126,6 +128,10 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
     events = {uuid: ledger.events(uuid, last=EVENTS_SHOWN) for uuid in wears}
     selected = [w for uuid, w in sorted(wears.items()) if gpu is None or uuid == gpu]
     doc = document(selected, p, events, where, simulated, set(live))
+    for g in doc["gpus"]:
+        count, newest = ledger.set_aside_of(g["uuid"])
+        if newest is not None:
+            g["set_aside"] = {"count": count, "newest": {"wall": newest[0], "what": newest[1], "why": newest[2]}}
     if not with_jobs:
         return doc, None
     return doc, jobreport.ledger_document(ledger, live, p, None, gpu, shown=0, by_label=False)
@@ -389,6 +395,19 @@ def _band_text(e: dict[str, Any], unit: str) -> str:
     return f"{lo:.3g} to {hi:.3g} {unit} (central {e['central']:.3g})"
 
 
+def set_aside_words(d: dict[str, Any]) -> str | None:
+    """What a daemon's open set aside of a GPU (report documents' ``set_aside``), in words; None: nothing."""
+    aside = d.get("set_aside")
+    if not aside:
+        return None
+    newest = aside["newest"]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(newest["wall"]))
+    kept = (": its values were checked one by one and kept, the bytes as found set aside" if newest["why"].endswith(
+        CHANGED) and newest["what"] == f"GPU {d['uuid']!r}" else ", not counted")
+    return (f"{aside['count']} record(s) or value(s) of this GPU failed their check at a daemon start, the newest on "
+            f"{when} ({printable(newest['why'])[:200]}){kept}; kept in the ledger's set_aside table")
+
+
 def text_report(doc: dict[str, Any]) -> str:
     """The human report: the verdict and its reasons first, then stress, then estimates."""
     out: list[str] = []
@@ -410,6 +429,8 @@ def text_report(doc: dict[str, Any]) -> str:
             out.append(f"  NOT SEEN since {since}, while this host's other GPUs were seen until {host}: missing (off "
                        f"the bus? the daemon's /healthz names it while it runs) or taken out (gpuwear forget "
                        f"{d['uuid']})")
+        if (aside := set_aside_words(d)) is not None:
+            out.append(f"  SET ASIDE: {aside}")
         shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
         out.append(f"  Health: {h['status'].upper()}" + (": nothing it reports asks for action" if not shown else ""))
         for r in shown:

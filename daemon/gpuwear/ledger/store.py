@@ -592,6 +592,17 @@ class Ledger:
             self._left_out_rows.add(row)
             self.left_out.append(printable(why)[:300])
 
+    def set_aside_of(self, uuid: str) -> tuple[int, tuple[float, str, str] | None]:
+        """How many records, or values of its record, of one GPU an open set aside (the ``set_aside`` table: its
+        record, events, imports), and the newest of them: (wall, what, why)."""
+        if not self._has("set_aside"):
+            return 0, None
+        name = f"GPU {uuid!r}"
+        count = self._db.execute("SELECT count(*) FROM set_aside WHERE instr(what, ?)", (name,)).fetchone()[0]
+        newest = self._db.execute("SELECT wall, what, reason FROM set_aside WHERE instr(what, ?) ORDER BY wall DESC "
+                                  "LIMIT 1", (name,)).fetchone() if count else None
+        return int(count), None if newest is None else (float(newest[0]), str(newest[1]), str(newest[2]))
+
     def left_out_note(self) -> str | None:
         """What the reads so far left out, in one line for the person reading (None: nothing)."""
         if not self.left_out:
