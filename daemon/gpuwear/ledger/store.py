@@ -194,7 +194,9 @@ class Ledger:
                                              "is") from exc
                 if recovering is not None:
                     recovering()
-                recovered = recover(path, exc)
+                log.warning("ledger %s is damaged (%s): copying what SQLite can still read into a new ledger (two "
+                            "passes; progress every %g s)", path, printable(str(exc))[:300], RECOVERY_SAY_SECONDS)
+                recovered = recover(path, exc, _RecoveryProgress(path).said)
         return db, recovered, bad
 
     @staticmethod
@@ -768,6 +770,23 @@ class _FoundFiles:
 
     def drop(self) -> None:
         self.copy.unlink(missing_ok=True)
+
+
+RECOVERY_SAY_SECONDS = 10.0  # a recovery under way says how far it got this often
+
+
+class _RecoveryProgress:
+    """A recovery's progress in the log: the rows its pass holds, at most once every RECOVERY_SAY_SECONDS."""
+
+    def __init__(self, path: Path, every: float = RECOVERY_SAY_SECONDS) -> None:
+        self.path, self.every, self.began, self.last = path, every, time.monotonic(), time.monotonic()
+
+    def said(self, rows: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            log.warning("ledger %s: recovering, %d rows copied in this pass after %.0f s", self.path, rows,
+                        now - self.began)
 
 
 def _remove_empty_wal(made: list[Path]) -> None:
