@@ -148,7 +148,8 @@ def test_a_recovery_says_it_begins_and_how_far_it_got(tmp_path: Path, caplog: py
     progress = _RecoveryProgress(path, every=0.0)
     with caplog.at_level("WARNING", logger="gpuwear.ledger"):
         progress.said(1234)
-    assert [r.getMessage() for r in caplog.records][0].startswith(f"ledger {path}: recovering, 1234 rows copied")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"ledger {path}: recovering, 1234 rows copied"), line
 
 
 @pytest.mark.slow
