@@ -217,6 +217,7 @@ def test_a_schema_7_ledger_gains_the_table_and_its_indexes_as_a_new_one_has_them
     ledger.close()
 
 
+@pytest.mark.slow
 def test_the_daemon_indexes_older_records_in_one_pass_as_it_starts_serving(tmp_path: Path,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     """Issue 52: the lines of records an older release, a migration or a recovery left without them were kept 500 a

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
@@ -158,12 +158,43 @@ _JOB_LINES = _statements(_SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS job_l
                                  _SCHEMA.index("CREATE TABLE IF NOT EXISTS wear_log")])
 # tables computed from others (recovery leaves them empty: a line is computed again from its record)
 DERIVED = frozenset({"job_lines", "line_totals"})
+# line_totals' rows, added up afresh from job_lines
+LINE_RECOUNT = ("SELECT key, uuid, line, count(*), sum(slice = 0), sum(observed), sum(energy), sum(aging), "
+                "sum(fatigue) FROM job_lines GROUP BY key, uuid, line")
+
+
+def add_missing_tables(db: sqlite3.Connection, missing: Iterable[str]) -> None:
+    """Create the tables of this gpuwear a file lacks (and their indexes and triggers), in one transaction; a
+    line_totals made here is added up from the lines the file keeps (a ledger of e27b638, schema 8, kept lines
+    before their totals)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _statements(_SCHEMA):
+            db.execute(statement)
+        if "line_totals" in missing:
+            db.execute(f"INSERT INTO line_totals {LINE_RECOUNT}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _has_table(db: sqlite3.Connection, table: str) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
 
 
 def _add_column(db: sqlite3.Connection, table: str, column: str, declared: str) -> None:
-    """ALTER TABLE ... ADD COLUMN unless the file's table has it already (a migration runs safely twice)."""
-    if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+    """ALTER TABLE ... ADD COLUMN unless the file's table has it already (a migration runs safely twice), or the file
+    has no such table (a ledger of 797f9a4, schema 1, has no jobs table: made whole once migrated)."""
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    if columns and column not in columns:
         db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declared}")
+
+
+def _wear_log(db: sqlite3.Connection) -> None:
+    db.execute("CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL)")
+    # the first schema 1 (797f9a4) kept no figures of an import apart: its rows are set aside, said
+    _add_column(db, "imports", "wear", "TEXT NOT NULL DEFAULT ''")
 
 
 def _checksums_and_set_aside(db: sqlite3.Connection) -> None:
@@ -179,14 +210,15 @@ def _record_checksums(db: sqlite3.Connection) -> None:
 
 # Schema migrations, from version N to N + 1: each driven by what the file holds, safe to run again.
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
-    1: lambda db: db.execute("CREATE TABLE IF NOT EXISTS wear_log (id INTEGER PRIMARY KEY, deltas BLOB NOT NULL)"),
+    1: _wear_log,
     2: lambda db: None,  # nothing to change: records without "seen" are read as before
     3: lambda db: None,  # nothing to change: records without "index" are read as before
     4: _checksums_and_set_aside,
     5: _checksums_and_set_aside,  # a schema 5 written before the checksums (d941c07) has none
     6: _record_checksums,
-    7: lambda db: [db.execute(statement) for statement in _JOB_LINES],  # empty: the daemon fills it from the
-    # records (readers count the rest from the records meanwhile)
+    7: lambda db: [db.execute(statement) for statement in _JOB_LINES] if _has_table(db, "jobs") else None,  # empty:
+    # the daemon fills it from the records (readers count the rest meanwhile); a file without jobs (schema 1) gets
+    # them whole once migrated (add_missing_tables)
     8: lambda db: None,  # nothing to change: records without "incidents" are read as before
     9: lambda db: None,  # nothing to change: records without "error_counts" are read as before
     10: lambda db: None,  # nothing to change: records without "error_days" are read as before

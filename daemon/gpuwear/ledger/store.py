@@ -50,12 +50,15 @@ from gpuwear.ledger.recovery import _examine, damaged, environment_error, finish
 from gpuwear.ledger.schema import (
     _MIGRATIONS,
     _SCHEMA,
+    DERIVED,
+    LINE_RECOUNT,
     PAGE_SIZE,
     SCHEMA_VERSION,
     _schema_version,
     _tables,
     _too_new,
     _transaction,
+    add_missing_tables,
 )
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
 from gpuwear.wear.accumulate import GpuWear
@@ -87,8 +90,6 @@ class LineSums(NamedTuple):
 
 
 _LINE_COLUMNS = "record, slice, uuid, kind, line, title, observed, energy, aging, fatigue, peak, start, end, key"
-# line_totals' columns, from job_lines grouped by key, uuid and line
-_TOTALS = ("key, uuid, line, count(*), sum(slice = 0), sum(observed), sum(energy), sum(aging), sum(fatigue)")
 
 
 def _with_crc(stored: str | bytes) -> tuple[str | bytes, int]:
@@ -224,6 +225,7 @@ class Ledger:
             if version is None:
                 db.executescript(_SCHEMA)
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            found_at = version  # the file's schema as found
             while version is not None and version < SCHEMA_VERSION:
                 if version not in _MIGRATIONS:
                     raise LedgerRefusedError(f"{path}: no migration from ledger schema {version}")
@@ -233,10 +235,13 @@ class Ledger:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
                 db.execute("COMMIT")
             present = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if missing := sorted(set(_tables()) - present):  # dropped: nothing of them is left to lose
-                db.executescript(_SCHEMA)
-                log.error("ledger %s had no %s table: created empty, the rest of the history kept", path,
-                          ", ".join(missing))
+            if missing := sorted(set(_tables()) - present):  # dropped, or a derived table of a later release
+                add_missing_tables(db, missing)
+                if found_at is not None and found_at < SCHEMA_VERSION:  # an older release's file: tables it never had
+                    log.info("ledger %s (schema %d) migrated: %s table(s) added", path, found_at, ", ".join(missing))
+                elif lost := [m for m in missing if m not in DERIVED]:  # nothing of them is left to lose
+                    log.error("ledger %s had no %s table: created empty, the rest of the history kept", path,
+                              ", ".join(lost))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', ?)", (__version__,))
             if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # a ledger from before: once, rewritten whole
                 db.execute("PRAGMA auto_vacuum=INCREMENTAL")
@@ -560,7 +565,7 @@ class Ledger:
             with self._transaction() as db:
                 db.executemany("DELETE FROM job_lines WHERE record = ?", [(record,) for record in bad])
         if self._has("line_totals"):  # and the totals the triggers keep, against the lines added up afresh
-            recount = f"SELECT {_TOTALS} FROM job_lines GROUP BY key, uuid, line"
+            recount = LINE_RECOUNT
             if sorted(self._db.execute(recount)) != sorted(self._db.execute("SELECT * FROM line_totals")):
                 with self._transaction() as db:
                     db.execute("DELETE FROM line_totals")

@@ -196,6 +196,11 @@ _KNOWN = {"schema", "uuid", "name", "serial", "pci_bus_id", "index", "first_seen
           "energy_joules", "fans", "thermal", "gate_celsius", *_SECONDS_FIELDS, *_MAPS}
 
 
+# the idle baseline's figures; and the state of its runs that the first releases (797f9a4) kept in the record, read
+# and dropped since (GpuWear.from_json ignores them)
+_THERMAL_KEYS = ("idle_celsius", "idle_watts", "idle_run", "load_run", "last_celsius")
+
+
 def check_wear(doc: Any, where: str = "", schema: int = 1) -> Any:
     """Validate one GPU's accumulators; returns ``doc`` unchanged, raises :class:`SchemaError`."""
     mapping(doc, where, lambda k: k in _KNOWN, limit=len(_KNOWN))
@@ -226,11 +231,11 @@ def check_wear(doc: Any, where: str = "", schema: int = 1) -> Any:
         raise SchemaError(_join(where, "fans"), f"expected a list of at most {MAX_FANS} fans")
     for i, fan in enumerate(fans):
         _fan(fan, _join(_join(where, "fans"), i))
-    thermal = mapping(doc.get("thermal", {}), _join(where, "thermal"),
-                      lambda k: k in ("idle_celsius", "idle_watts"))
-    for key in ("idle_celsius", "idle_watts"):
+    thermal = mapping(doc.get("thermal", {}), _join(where, "thermal"), lambda k: k in _THERMAL_KEYS)
+    for key in _THERMAL_KEYS:
         if thermal.get(key) is not None:
-            number(thermal[key], _join(_join(where, "thermal"), key), -100.0, 1e5)
+            number(thermal[key], _join(_join(where, "thermal"), key), *((0.0, 1e10) if key.endswith("_run") else
+                                                                         (-100.0, 1e5)))
     number(doc.get("gate_celsius", 2.0), _join(where, "gate_celsius"), 0.0, 100.0)
     for start, end in doc.get("covered", {}).items():  # observed intervals: ordered, inside the record's span
         if end < float(start) or (first is not None and float(start) < first - 1.0) \
