@@ -258,3 +258,39 @@ def test_the_ledger_page_cache_is_bounded_to_256_kib(tmp_path: Path) -> None:
         assert ledger._db.execute("PRAGMA cache_size").fetchone()[0] == -256
     finally:
         ledger.close()
+
+
+@pytest.mark.slow
+def test_a_daemon_loads_recovery_export_imports_report_and_page_only_when_asked(tmp_path: Path) -> None:
+    """Issue 52, item 3: a running daemon loaded the ledger's recovery (400 lines, for a damaged file) and export at
+    start though it rarely uses them. Now a daemon made, saving and serving /metrics loads neither, nor the
+    imports, the report or the page; a damaged ledger's open loads recovery."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, sqlite3
+from pathlib import Path
+from gpuwear.config import Config
+from gpuwear.service import Daemon, open_source
+config = Config(listen="127.0.0.1:0", state_dir={str(tmp_path)!r})
+daemon = Daemon(config, open_source(config, "demo", 1.0, False))
+daemon._tick(); assert daemon.persist(); daemon.exposition.render(False)
+mods = sorted(m for m in sys.modules if m.startswith(("gpuwear.ledger.recovery", "gpuwear.ledger.export",
+                                                      "gpuwear.imports", "gpuwear.report", "gpuwear.page")))
+print(mods)
+daemon.stop()
+path = Path(daemon.ledger_file)
+data = bytearray(path.read_bytes())
+data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+path.write_bytes(bytes(data))
+from gpuwear.ledger import Ledger
+try:
+    Ledger.open(path).close()
+except Exception:
+    pass
+print("gpuwear.ledger.recovery" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded, recovery = out.stdout.splitlines()[-2:]
+    assert loaded == "[]" and recovery == "True", out.stdout

@@ -26,6 +26,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gpuwear.ledger.damage import damaged, environment_error, finish_recovery
     from gpuwear.ledger.errors import (
         LedgerDamagedError,
         LedgerError,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from gpuwear.ledger.export import EXPORT_VERSION
     from gpuwear.ledger.lock import PID_FILE, StateLock, private_folder
     from gpuwear.ledger.records import Event
-    from gpuwear.ledger.recovery import damaged, environment_error, finish_recovery, recover
+    from gpuwear.ledger.recovery import recover
     from gpuwear.ledger.schema import FILENAME, SCHEMA_VERSION, ledger_path
     from gpuwear.ledger.store import COMPACT_AFTER, Ledger
 
@@ -50,7 +51,8 @@ _WHERE = {
     "EXPORT_VERSION": "export",
     **dict.fromkeys(("PID_FILE", "StateLock", "private_folder"), "lock"),
     "Event": "records",
-    **dict.fromkeys(("damaged", "environment_error", "finish_recovery", "recover"), "recovery"),
+    **dict.fromkeys(("damaged", "environment_error", "finish_recovery"), "damage"),
+    "recover": "recovery",
     **dict.fromkeys(("FILENAME", "SCHEMA_VERSION", "ledger_path"), "schema"),
     **dict.fromkeys(("COMPACT_AFTER", "Ledger"), "store"),
 }

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from gpuwear import __version__
-from gpuwear.ledger import export, retention
+from gpuwear.ledger import retention
+from gpuwear.ledger.damage import _examine, damaged, environment_error, finish_recovery
 from gpuwear.ledger.errors import LedgerError, LedgerRefusedError, LedgerTooNewError, _text, printable
 from gpuwear.ledger.integrity import _audit, _set_aside
 from gpuwear.ledger.lock import _private_file, private_folder
@@ -46,7 +47,6 @@ from gpuwear.ledger.records import (
     _wear,
     changed,
 )
-from gpuwear.ledger.recovery import _examine, damaged, environment_error, finish_recovery, recover
 from gpuwear.ledger.schema import (
     _MIGRATIONS,
     _SCHEMA,
@@ -197,6 +197,8 @@ class Ledger:
                     recovering()
                 log.warning("ledger %s is damaged (%s): copying what SQLite can still read into a new ledger (two "
                             "passes; progress every %g s)", path, printable(str(exc))[:300], RECOVERY_SAY_SECONDS)
+                from gpuwear.ledger.recovery import recover  # loaded for damage only
+
                 recovered = recover(path, exc, _RecoveryProgress(path).said)
         return db, recovered, bad
 
@@ -376,6 +378,8 @@ class Ledger:
     def export(self, uuid: str, simulated: bool = False) -> dict[str, Any]:
         """One GPU's history as a document another box's ledger can import (:func:`gpuwear.ledger.export.document`);
         LedgerError when the ledger holds nothing of it."""
+        from gpuwear.ledger import export  # the export command's alone
+
         return export.document(self._db, self.path, uuid, self.events(uuid), simulated)
 
     def forget(self, uuid: str) -> dict[str, int]:
