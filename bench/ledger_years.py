@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -218,6 +219,41 @@ def measure(work: Path, name: str, scenario: Path, gpus: dict[str, dict[str, Any
     stop(proc)
     out["first_metrics_damaged_s"] = first
     out["damaged_recovered"] = float(b"gpuwear_ledger_moved_aside 1.0" in body)
+    out.update(upgraded(work, name, state, scenario))
+    return out
+
+
+def upgraded(work: Path, name: str, state: Path, scenario: Path) -> dict[str, float]:
+    """The same ledger as an upgrade or a recovery leaves it (every job record without its kept lines, as a
+    migration to schema 8 or a recovery makes it), as a user meets it in the minutes after the new version's first
+    start: start → first /metrics, `jobs` and `report --html` and the page right after, and start → every record
+    indexed (the daemon's pass; `jobs --json` says how many are left)."""
+    copy_state = work / f"{name}-upgraded"
+    shutil.copytree(state, copy_state)
+    copy = copy_state / "simulated" / scenario.stem / "ledger.sqlite"
+    with sqlite3.connect(copy) as db:
+        db.execute("DELETE FROM job_lines")
+    out: dict[str, float] = {}
+    began = time.monotonic()
+    proc, port, first = start_daemon(copy_state, scenario, 60.0)
+    try:
+        out["upgraded_first_metrics_s"] = first
+        for label, args in (("upgraded_jobs_s", ["jobs"]),
+                            ("upgraded_report_html_s", ["report", "--html", str(work / "u.html")])):
+            out[label], _ = timed(gpuwear(*args, "--simulated", scenario.stem, "--state-dir", str(copy_state)))
+        started = time.perf_counter()
+        status, _ = get(f"http://127.0.0.1:{port}/")
+        out["upgraded_page_s"] = time.perf_counter() - started if status == 200 else float("nan")
+        out["upgraded_indexed_s"] = float("nan")
+        while time.monotonic() - began < 600:
+            listing = subprocess.run(gpuwear("jobs", "--json", "--limit", "1", "--simulated", scenario.stem,
+                                             "--state-dir", str(copy_state)), capture_output=True, check=True)
+            if json.loads(listing.stdout).get("not_indexed", 1) == 0:
+                out["upgraded_indexed_s"] = time.monotonic() - began
+                break
+            time.sleep(0.5)
+    finally:
+        stop(proc)
     return out
 
 
@@ -237,7 +273,12 @@ LABELS = {"ledger_mib": "ledger file (MiB)", "first_metrics_s": "start → first
           "jobs_all_peak_mib": "`jobs --all` peak RSS (MiB)",
           "scrape_during_page_s": "a scrape issued while the page renders (s)",
           "first_metrics_damaged_s": "start → first /metrics, 30 bytes flipped (recovery) (s)",
-          "damaged_recovered": "recovered (1: yes)"}
+          "damaged_recovered": "recovered (1: yes)",
+          "upgraded_first_metrics_s": "lines removed (an upgrade or a recovery): start → first /metrics (s)",
+          "upgraded_jobs_s": "lines removed: `jobs` right after the start (s)",
+          "upgraded_report_html_s": "lines removed: `report --html` right after the start (s)",
+          "upgraded_page_s": "lines removed: the page right after the start (s)",
+          "upgraded_indexed_s": "lines removed: start → every job record indexed (s)"}
 
 
 def main() -> int:
