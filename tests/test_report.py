@@ -476,6 +476,42 @@ def test_a_command_without_a_real_ledger_points_at_the_simulated_ones(tmp_path: 
     assert "no ledger at" in run.stderr and "--simulated" not in run.stderr, run.stderr
 
 
+@pytest.mark.slow
+def test_the_readmes_first_command_then_report_and_jobs_without_flags(tmp_path: Path) -> None:
+    """Issue 53: `gpuwear report` and `gpuwear jobs` right after the README's first command (`gpuwear run
+    --simulate-if-no-gpu`, here with a free port and a temporary home) exited 1, "add --simulated demo": the first
+    thing a user types after the daemon failed. They now read the one simulated ledger there is, saying so."""
+    import os
+    import signal
+
+    from helpers import logs_on_failure, wait_for
+
+    env_home = tmp_path / "home"
+    env_home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"} | {"HOME": str(env_home)}
+    port = free_port()
+    log = tmp_path / "daemon.log"
+    with logs_on_failure(log):
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "gpuwear", "run", "--simulate-if-no-gpu", "--listen",
+                                     f"127.0.0.1:{port}"], stdout=out, stderr=out, env=env, cwd=tmp_path)
+        try:
+            wait_for(f"http://127.0.0.1:{port}/metrics", "gpuwear_temperature_celsius")
+        finally:
+            proc.send_signal(signal.SIGTERM)  # its final save
+            assert proc.wait(timeout=30) == 0
+    assert (env_home / ".local/state/gpuwear/simulated/demo/ledger.sqlite").exists()
+    for command in (["report"], ["jobs"]):
+        run = subprocess.run([sys.executable, "-m", "gpuwear", *command], capture_output=True, text=True,
+                             timeout=120, check=False, env=env, cwd=tmp_path)
+        assert run.returncode == 0, (command, run.stderr)
+        assert "reading the simulated GPUs' (gpuwear run --simulate demo" in run.stderr, run.stderr
+        assert run.stdout.strip(), command
+    report_text = subprocess.run([sys.executable, "-m", "gpuwear", "report"], capture_output=True, text=True,
+                                 timeout=120, check=True, env=env, cwd=tmp_path).stdout
+    assert report_text.startswith("SIMULATED GPUs"), report_text[:200]
+
+
 def test_the_report_names_a_gpu_of_the_host_not_seen_since_the_others(tmp_path: Path) -> None:
     """Issue 29: a GPU that fell off the bus, or was taken out, simply stopped in the report, which showed its last
     figures as any other card's. Now a GPU of this host (not an imported history) last seen an hour or more before

@@ -289,6 +289,7 @@ def _report(args: argparse.Namespace) -> int:
     from gpuwear.report import documents, text_report
 
     config = _ledger_config(args)
+    _read_simulated_where_alone(args, config)
     path = ledger_path(config, args.simulated)
     try:
         ledger = _open_read_only(path, args.simulated)
@@ -321,6 +322,20 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_simulated_where_alone(args: argparse.Namespace, config: Config) -> None:
+    """The README's first command runs --simulate-if-no-gpu: on a machine without a GPU its ledger is the simulated
+    demo's. A reader asked for the real GPUs' ledger where there is none and one simulated ledger reads that one,
+    saying so (``args.simulated`` set); with several, :func:`_open_read_only` names them."""
+    real = ledger_path(config, None)
+    if args.simulated is not None or real.exists():
+        return
+    found = sorted(p.parent.name for p in (real.parent / "simulated").glob("*/ledger.sqlite"))
+    if len(found) == 1:
+        args.simulated = found[0]
+        _say(f"no ledger of real GPUs in {real.parent}: reading the simulated GPUs' (gpuwear run --simulate "
+             f"{found[0]}; --simulated NAME reads another)")
+
+
 def _open_read_only(path: Path, simulated: str | None) -> Ledger:
     """The ledger a command reads; where the real one does not exist but simulated GPUs' do (the README's first
     command runs --simulate-if-no-gpu), the refusal says how to read those."""
@@ -347,6 +362,7 @@ def _jobs(args: argparse.Namespace) -> int:
             since = time.time() - jobreport.parse_duration(args.since)
         except ValueError as exc:
             return _fail(f"--since: {exc}", EXIT_USAGE)
+    _read_simulated_where_alone(args, config)
     path = ledger_path(config, args.simulated)
     if args.limit is not None and args.limit < 1:
         return _fail(f"--limit: expected a number of jobs, 1 or more, got {args.limit}", EXIT_USAGE)
