@@ -347,6 +347,7 @@ def test_a_second_daemon_on_one_state_directory_refuses_at_once(
                             capture_output=True, text=True, timeout=60, check=False)
     assert second.returncode == 1 and time.monotonic() - start < 15
     assert f"locked by another gpuwear (PID {proc.pid})" in second.stderr.splitlines()[-1]
+    assert "--state-dir DIR" in second.stderr.splitlines()[-1]  # issue 53: the way to run a second one
 
 
 @pytest.mark.slow

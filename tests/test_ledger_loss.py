@@ -503,9 +503,11 @@ def test_export_never_replaces_the_ledger_a_link_or_a_foreign_file(tmp_path: Pat
     assert path.read_bytes() == before and target.read_text() == "not an export\n"
     assert observed(path) == 3600
     out = tmp_path / "card.json"
-    for _ in range(2):  # a new file, then an earlier export replaced
+    for replaced in (False, True):  # a new file, then an earlier export replaced: said (issue 53: nothing was)
         assert main(["export", UUID, "--output", str(out), "--state-dir", str(state)]) == 0
         assert json.loads(out.read_text())["uuid"] == UUID
+        said = capsys.readouterr().out.strip()
+        assert said == f"wrote GPU {UUID}'s history to {out}" + (", replacing the file there" if replaced else "")
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 

@@ -460,11 +460,14 @@ def _export(args: argparse.Namespace) -> int:
         _say(left_out)
     text = json.dumps(doc, indent=1)
     if args.output:
+        replaced = Path(args.output).exists()
         try:
             write_export(Path(args.output), text + "\n", config.resolved_state_dir())
         except (ExportRefusedError, OSError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             return _fail(f"export --output {printable(args.output)}: {printable(why)}; nothing written", EXIT_FAILURE)
+        print(f"wrote GPU {uuid}'s history to {printable(args.output)}" + (", replacing the file there" if replaced
+                                                                              else ""))
     else:
         print(text)
     return 0

@@ -37,7 +37,8 @@ class StateLock:
             holder = _read_pid(folder / PID_FILE)
             raise StateLockedError(f"the state directory {folder} is locked by another gpuwear"
                                    + (f" (PID {holder})" if holder else "")
-                                   + ": only one process may write its ledger") from None
+                                   + ": only one process may write its ledger (another daemon needs a state "
+                                     "directory of its own: --state-dir DIR, or state_dir in its config)") from None
         except BaseException:
             os.close(fd)
             raise
