@@ -57,6 +57,7 @@ def test_doctor_finds_the_port_taken_and_a_bad_ledger(tmp_path: Path) -> None:
     assert "127.0.0.1" in bad and "ss -ltnp" in bad["127.0.0.1"]
 
 
+@pytest.mark.slow  # it starts a daemon (issue 53: it was not marked)
 def test_doctor_notes_a_running_gpuwear_on_its_port_but_does_not_count_it(tmp_path: Path) -> None:
     """The README's first command runs the daemon on 127.0.0.1:9941; a doctor run beside it counted that port as a
     thing to fix. A port held by a gpuwear daemon is a remark; one held by anything else stays a thing to fix."""
