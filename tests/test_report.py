@@ -541,3 +541,15 @@ def test_the_report_names_a_gpu_of_the_host_not_seen_since_the_others(tmp_path: 
     assert html.count("Not seen since 2027-01-15") == 1 and "gpuwear forget GPU-gone" in html
     # an imported history (another host's) is never said missing
     assert "not_seen" not in document(cards, WearConfig(), {}, "ledger", False, live={"GPU-here"})["gpus"][1]
+
+
+def test_a_band_that_is_one_value_reads_as_one_value() -> None:
+    """Issue 53: a band whose ends read the same printed as a range ("4 min to 4 min"), in the page and the report.
+    One value now, with both parameter sets named; a real band as before."""
+    from gpuwear.report import between, duration, range_text, roughly
+
+    same = {"smallest": 0.0667, "largest": 0.0668, "smallest_with": "Ea 0.3 eV", "largest_with": "Ea 0.7 eV"}
+    hours = lambda h: duration(h * 3600)  # noqa: E731
+    assert range_text(same, hours) == "4 min with Ea 0.3 eV and with Ea 0.7 eV"
+    assert range_text({**same, "largest": 0.5}, hours) == "4 min with Ea 0.3 eV to 30 min with Ea 0.7 eV"
+    assert between(2.0, 2.01) == roughly(2.0) and between(1.0, 3.0) == f"{roughly(1.0)} to {roughly(3.0)}"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwear.report import duration, plain_words, risk_seen, roughly, set_aside_words
+from gpuwear.report import between, duration, plain_words, range_text, risk_seen, roughly, set_aside_words
 from gpuwear.wear.models import WORD_PROFILES
 
 _STATUS = {"ok": ("OK", "#1b7f3b"), "watch": ("WATCH", "#b45309"), "act": ("ACT", "#b91c1c"),
@@ -66,7 +66,7 @@ def _bars(rows: Sequence[Bar], unit: str, width: int = 360) -> str:
     for i, (label, value, mine, band) in enumerate(rows):
         y = 4 + 26 * i
         w = max(1.0, room * value / top) if value > 0 else 0.0
-        shown = roughly(value) if band is None else f"{roughly(value)} ({roughly(band[0])} to {roughly(band[1])})"
+        shown = roughly(value) if band is None else f"{roughly(value)} ({between(band[0], band[1])})"
         out.append(f'<text x="0" y="{y + 16}">{_e(label)}</text>'
                    f'<rect x="{label_w}" y="{y + 4}" width="{w:.1f}" height="16" '
                    f'fill="{"#2563eb" if mine else "#9ca3af"}"><title>{_e(shown)}</title></rect>')
@@ -195,16 +195,13 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
     out.append('<div class="cards"><div class="card"><h3>Heat aging (Arrhenius)</h3>'
                f'<div class="big">{_figure("thermal_aging_central_hours", a["central"], duration(a["central"] * 3600))}'
                f'</div><p class="muted">at a steady {a["reference_celsius"]:g} °C; '
-               f'{_e(duration(a["range"]["smallest"] * 3600))} with {_e(a["range"]["smallest_with"])} to '
-               f'{_e(duration(a["range"]["largest"] * 3600))} with {_e(a["range"]["largest_with"])}</p>'
+               f'{_e(range_text(a["range"], lambda hours: duration(hours * 3600)))}</p>'
                + _references(d, "thermal_aging_equivalent_hours", "thermal_aging_hours_per_day",
                              "equivalent hours at 60 °C") + "</div>")
     out.append('<div class="card"><h3>Thermal cycling (Coffin-Manson)</h3>'
                f'<div class="big">{_figure("cycle_fatigue_central", c["central"], roughly(c["central"]))} cycles</div>'
                f'<p class="muted">full {c["reference_range_celsius"]:g} °C cycles peaking at '
-               f'{c["reference_peak_celsius"]:g} °C; {_e(roughly(c["range"]["smallest"]))} with '
-               f'{_e(c["range"]["smallest_with"])} to {_e(roughly(c["range"]["largest"]))} with '
-               f'{_e(c["range"]["largest_with"])}</p>'
+               f'{c["reference_peak_celsius"]:g} °C; {_e(range_text(c["range"], roughly))}</p>'
                + _references(d, "cycle_fatigue_equivalent_cycles", "cycle_fatigue_cycles_per_day",
                              "equivalent cycles") + "</div></div>")
     for sensor, label in (("gpu", "Die"), ("memory", "Memory")):

@@ -6,7 +6,7 @@ The JSON keys are a contract (see README): add keys, never rename or remove them
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuwear.config import WearConfig
@@ -198,8 +198,17 @@ def _span(hours: float) -> str:
     return duration(hours * 3600)
 
 
-def _range_text(r: dict[str, Any], show: Any) -> str:
-    """'smallest (with ...) to largest (with ...)'."""
+def between(low: Any, high: Any, show: Callable[[Any], str] | None = None) -> str:
+    """'LOW to HIGH' as ``show`` writes them (:func:`roughly` by default); one value where both read the same: a
+    band that is one value is not '4 min to 4 min'."""
+    a, b = (show or roughly)(low), (show or roughly)(high)
+    return a if a == b else f"{a} to {b}"
+
+
+def range_text(r: dict[str, Any], show: Any) -> str:
+    """'smallest (with ...) to largest (with ...)'; one value, with both parameter sets, where they read the same."""
+    if show(r["smallest"]) == show(r["largest"]):
+        return f"{show(r['smallest'])} with {r['smallest_with']} and with {r['largest_with']}"
     return f"{show(r['smallest'])} with {r['smallest_with']} to {show(r['largest'])} with {r['largest_with']}"
 
 
@@ -241,7 +250,7 @@ def _gaming_days(days: dict[str, float] | None, verb: str) -> str:
         return ""
     if days["largest"] < 0.1:
         return f", less than a tenth of what a day of gaming 4 h a day {'does' if verb == 'do' else 'makes'}"
-    band = f"{roughly(days['smallest'])} to {roughly(days['largest'])}"
+    band = between(days["smallest"], days["largest"])
     return f", about what {roughly(days['central'])} days of gaming 4 h a day {verb} ({band} days)"
 
 
@@ -260,7 +269,7 @@ def _larger_stress(d: dict[str, Any]) -> str:
         larger, low, high = "heat aging", 1 / max(ratios), 1 / min(ratios)
     else:
         return ""
-    return f" Measured against gaming, {larger} is the larger stress here ({roughly(low)} to {roughly(high)} times " \
+    return f" Measured against gaming, {larger} is the larger stress here ({between(low, high)} times " \
            "the other, across the models' parameters)."
 
 
@@ -274,11 +283,11 @@ def plain_words(d: dict[str, Any]) -> str:
     gaming = d["profile_equivalent_days"]["gaming_4h_day"]
     heat_days = _gaming_days(gaming["thermal_aging"], "do")
     text = (f"{health} Heat aged its chip about as much as {_span(a['central'])} at a steady "
-            f"{a['reference_celsius']:g} °C would (central estimate; {_span(a['range']['smallest'])} to "
-            f"{_span(a['range']['largest'])} across the model's parameters){heat_days}"
+            f"{a['reference_celsius']:g} °C would (central estimate; "
+            f"{between(a['range']['smallest'], a['range']['largest'], _span)} across the model's parameters){heat_days}"
             f"; its temperature swings were worth about {roughly(c['central'])} equivalent full "
             f"{c['reference_peak_celsius'] - c['reference_range_celsius']:g} → {c['reference_peak_celsius']:g} °C "
-            f"cycles (central estimate; {roughly(c['range']['smallest'])} to {roughly(c['range']['largest'])})"
+            f"cycles (central estimate; {between(c['range']['smallest'], c['range']['largest'])})"
             f"{_gaming_days(gaming['cycle_fatigue'], 'make')}.")
     text += _larger_stress(d)
     first = d["first_seen"]
@@ -324,8 +333,8 @@ def _change_words(d: dict[str, Any]) -> str:
         return ""
     f = h["heat_aging_factor"]
     return (f" What would change this: {h['by_celsius']:g} °C hotter than its usual {h['usual_celsius']:g} °C, heat "
-            f"aging runs about {roughly(f['central'])} times as fast (central estimate; {roughly(f['low'])} to "
-            f"{roughly(f['high'])} across the model's parameters), and larger or hotter swings raise the cycling "
+            f"aging runs about {roughly(f['central'])} times as fast (central estimate; {between(f['low'], f['high'])} "
+            "across the model's parameters), and larger or hotter swings raise the cycling "
             "figure; a health reason would matter more than either.")
 
 
@@ -369,10 +378,10 @@ def _wear_lines(d: dict[str, Any]) -> list[str]:
     comparison = d["comparison"]
     out = ["  Wear (estimates from named models, not a remaining life):",
            f"    Heat aging (Arrhenius): about {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
-           f"(central estimate; {_range_text(a['range'], _span)})",
+           f"(central estimate; {range_text(a['range'], _span)})",
            f"    Thermal cycling (Coffin-Manson): about {roughly(c['central'])} equivalent full "
            f"{c['reference_range_celsius']:g} °C cycles peaking at {c['reference_peak_celsius']:g} °C (central "
-           f"estimate; {_range_text(c['range'], roughly)})"]
+           f"estimate; {range_text(c['range'], roughly)})"]
     if comparison["compared"]:
         for mechanism, key in (("heat aging", "observed_thermal_aging_ratio"),
                                ("cycling", "observed_cycle_fatigue_ratio")):
@@ -392,7 +401,7 @@ def _wear_lines(d: dict[str, Any]) -> list[str]:
 
 def _band_text(e: dict[str, Any], unit: str) -> str:
     lo, hi = min(e["low"], e["central"], e["high"]), max(e["low"], e["central"], e["high"])
-    return f"{lo:.3g} to {hi:.3g} {unit} (central {e['central']:.3g})"
+    return f"{between(lo, hi, lambda v: f'{v:.3g}')} {unit} (central {e['central']:.3g})"
 
 
 def set_aside_words(d: dict[str, Any]) -> str | None:
