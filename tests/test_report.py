@@ -553,3 +553,21 @@ def test_a_band_that_is_one_value_reads_as_one_value() -> None:
     assert range_text(same, hours) == "4 min with Ea 0.3 eV and with Ea 0.7 eV"
     assert range_text({**same, "largest": 0.5}, hours) == "4 min with Ea 0.3 eV to 30 min with Ea 0.7 eV"
     assert between(2.0, 2.01) == roughly(2.0) and between(1.0, 3.0) == f"{roughly(1.0)} to {roughly(3.0)}"
+
+
+def test_one_log_imported_under_a_second_name_is_refused(tmp_path: Path) -> None:
+    """Issue 53: the same log imported with `--gpu A`, then `--gpu B`, made two cards of one history without a word.
+    The second name is refused in one line naming the first; the same name again is the usual re-import (its rows
+    already imported are skipped)."""
+    trace = Path(__file__).parent / "fixtures" / "traces" / "rtx6000ada_burst-then-idle_1s_llm-gpu-stress.csv"
+    first = gpuwear("import", "nvidia-smi", str(trace), "--gpu", "GPU-aaaa-0001", "--timezone", "UTC",
+                    "--state-dir", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    second = gpuwear("import", "nvidia-smi", str(trace), "--gpu", "GPU-bbbb-0002", "--timezone", "UTC",
+                     "--state-dir", str(tmp_path), check=False)
+    assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert "was imported as GPU GPU-aaaa-0001 already" in second.stderr, second.stderr
+    again = gpuwear("import", "nvidia-smi", str(trace), "--gpu", "GPU-aaaa-0001", "--timezone", "UTC",
+                    "--state-dir", str(tmp_path))
+    assert again.returncode == 0 and "skipped" in again.stdout, again.stdout
+    assert [g["uuid"] for g in report(tmp_path)["gpus"]] == ["GPU-aaaa-0001"]

@@ -643,6 +643,18 @@ def _cards_under(gpu: str, files: list[str], ledger: Ledger, config: Config, col
 CARD_ROWS = 1000  # rows of each log whose card name is compared before an import under --gpu
 
 
+def _imported_as_another(gpu: str, files: list[str], ledger: Ledger) -> str | None:
+    """Why importing ``files`` as GPU ``gpu`` is refused: one of them was imported as another GPU already (by the
+    name given then, or the same file), which would make one card's history two cards'; None otherwise."""
+    for name in files:
+        names = {name, str(Path(name).resolve())}
+        others = sorted(ledger.imported_as(names) - {gpu})
+        if others:
+            return (f"--gpu {gpu}: {name} was imported as GPU {others[0]} already: one log is one card's history, "
+                    f"never two; import it as {others[0]}, or `gpuwear forget {others[0]}` first")
+    return None
+
+
 def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
     import zoneinfo
 
@@ -687,6 +699,9 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
         ledger.close()
         return _fail(f"--gpu {gpu}: {cards}: logs of different cards are never merged; import each card's logs "
                      "with its own --gpu", EXIT_USAGE)
+    if gpu is not None and (twice := _imported_as_another(gpu, args.files, ledger)):
+        ledger.close()
+        return _fail(twice, EXIT_USAGE)
     zone = f"{args.timezone} (--timezone)" if args.timezone else \
         f"this machine's zone, {datetime.datetime.now().astimezone().tzname()} (--timezone names another)"
     failed = 0

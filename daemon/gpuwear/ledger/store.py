@@ -603,6 +603,15 @@ class Ledger:
             self._left_out_rows.add(row)
             self.left_out.append(printable(why)[:300])
 
+    def imported_as(self, sources: Iterable[str]) -> set[str]:
+        """The GPUs whose imports came from any of ``sources`` (the file names an import was given)."""
+        names = sorted(set(sources))
+        if not names:
+            return set()
+        marks = ", ".join("?" * len(names))
+        return {uuid for (uuid,) in self._db.execute(f"SELECT DISTINCT uuid FROM imports WHERE source IN ({marks})",
+                                                     names)}
+
     def set_aside_of(self, uuid: str) -> tuple[int, tuple[float, str, str] | None]:
         """How many records, or values of its record, of one GPU an open set aside (the ``set_aside`` table: its
         record, events, imports), and the newest of them: (wall, what, why)."""
