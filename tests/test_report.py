@@ -571,3 +571,11 @@ def test_one_log_imported_under_a_second_name_is_refused(tmp_path: Path) -> None
                     "--state-dir", str(tmp_path))
     assert again.returncode == 0 and "skipped" in again.stdout, again.stdout
     assert [g["uuid"] for g in report(tmp_path)["gpus"]] == ["GPU-aaaa-0001"]
+
+
+def test_a_span_under_a_minute_reads_in_seconds() -> None:
+    """Issue 53: the RTX 6000 Ada log's one-minute burst, 13.6 s busy, read "busy 0 min"."""
+    from gpuwear.report import duration
+
+    assert [duration(s) for s in (0.0, 0.4, 13.6, 59.4, 60.0, 3000.0, 7200.0, 3 * 86400.0)] == [
+        "0 s", "0.4 s", "14 s", "59 s", "1 min", "50 min", "2.0 h", "3.0 days"]

@@ -167,12 +167,16 @@ _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not repor
 
 
 def duration(seconds: float) -> str:
+    """A time span in words: days past 48 h, hours past one, minutes past one, else seconds (a one-minute burst of a
+    log read "busy 0 min", issue 53)."""
     h = seconds / 3600
     if h >= 48:
         return f"{h / 24:.1f} days"
     if h >= 1:
         return f"{h:.1f} h"
-    return f"{seconds / 60:.0f} min"
+    if seconds >= 59.5:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds >= 1 or seconds == 0 else f"{seconds:.2g} s"
 
 
 def _percentile(hist: dict[str, float], q: float) -> int | None:
