@@ -571,6 +571,11 @@ def test_one_log_imported_under_a_second_name_is_refused(tmp_path: Path) -> None
                     "--state-dir", str(tmp_path))
     assert again.returncode == 0 and "skipped" in again.stdout, again.stdout
     assert [g["uuid"] for g in report(tmp_path)["gpus"]] == ["GPU-aaaa-0001"]
+    # a card the ledger does not know is named by its UUID: an index, or any text, is refused (it was taken as one)
+    for spec in ("3", "my-card"):
+        named = gpuwear("import", "nvidia-smi", str(trace), "--gpu", spec, "--timezone", "UTC", "--state-dir",
+                        str(tmp_path / "other"), check=False)
+        assert named.returncode == 2 and "give its UUID (nvidia-smi -L: GPU-...)" in named.stderr, named.stderr
 
 
 def test_a_span_under_a_minute_reads_in_seconds() -> None:

@@ -688,10 +688,10 @@ def _import_locked(args: argparse.Namespace, config: Config, path: Path) -> int:
         try:
             gpu = select_gpu(gpu, ledger.load_all(config.wear.cycles.hysteresis_celsius))
         except NoSuchGpuError as exc:
-            if gpu.strip().isdigit():  # an index names a card the daemon has seen; a new one needs its UUID
+            if not gpu.startswith("GPU-"):  # an index, or any text: a card the ledger does not know needs its UUID
                 ledger.close()
-                return _fail(f"{exc}; for a card the ledger does not know yet, give its UUID (nvidia-smi -L)",
-                             EXIT_USAGE)
+                return _fail(f"{exc}; for a card the ledger does not know yet, give its UUID (nvidia-smi -L: "
+                             "GPU-...)", EXIT_USAGE)
         except ValueError as exc:
             ledger.close()
             return _fail(str(exc), EXIT_USAGE)
