@@ -586,6 +586,53 @@ def test_an_energy_counter_glitch_is_dropped_not_counted_twice(back_joules: floa
         rig.backend.close()
 
 
+def test_a_slow_call_inside_a_read_does_not_make_the_energy_counter_implausible() -> None:
+    """Issue 53: the README's --speed 600 logged "dropped energy_joules=..., implausible next to the counter's last
+    value" for healthy simulated cards on a busy machine: the counter was judged against the time since the last
+    tick's start, while a read delayed inside the tick (the machine busy; at x600, 75 ms is 45 simulated seconds)
+    reads it later. It is now judged from the previous read's start to this read's end. Here a call in GPU 0's read
+    takes 120 simulated seconds: nothing dropped, and its energy counted, not lost."""
+    from conftest import StepTimer
+    from gpuwear.backends.nvml import GpuLostError, NvmlDriverError, NvmlUnavailableError
+    from gpuwear.sampler import Sampler
+
+    class Jumping(ManualClock):  # a clock that leaps once, at a chosen call: a slow call
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls, self.leap_at, self.leap = 0, -1, 0.0
+
+        def monotonic(self) -> float:
+            self.calls += 1
+            if self.calls == self.leap_at:
+                self.advance(self.leap)
+            return super().monotonic()
+
+    simulation = parse_scenario(scenario_doc(NEWEST, "datacenter"), "slow-call")
+    clock = Jumping()
+    backend = NvmlBackend(FakeNvmlLibrary(simulation, clock))
+    sampler = Sampler(backend, clock, 30.0, (GpuLostError,), timer=StepTimer(), driver_errors=(NvmlDriverError,),
+                      unavailable_errors=(NvmlUnavailableError,), fatal_errors=(NvmlVersionMismatchError,))
+    sampler.open()
+    try:
+        for _ in range(40):
+            clock.advance(1.0)
+            sampler.tick()
+        before = sampler.snapshot.gpus[0].energy_joules_total
+        clock.calls, clock.leap_at, clock.leap = 0, 3, 120.0  # the tick's start, GPU 0's read begins, then its call
+        clock.advance(1.0)
+        sampler.tick()
+        for _ in range(5):
+            clock.advance(1.0)
+            sampler.tick()
+        after = sampler.snapshot.gpus[0]
+        assert not after.dropped.get("energy_joules"), after.dropped
+        watts = simulation.gpus[0].state.power_watts
+        assert before is not None and after.energy_joules_total is not None
+        assert after.energy_joules_total - before > 0.5 * watts * 120  # the leap's energy counted
+    finally:
+        backend.close()
+
+
 def test_a_driver_reload_is_still_a_reset_of_the_counter() -> None:
     rig = make_rig(scenario_doc(NEWEST, "datacenter", faults=[{"at": 100.5, "gpu": 0, "kind": "driver_reload"}]))
     try:

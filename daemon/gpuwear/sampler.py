@@ -44,7 +44,9 @@ class Backend(Protocol):
     def start_events(self, on_xid: Callable[[int, int], None], wait_ms: int = 500) -> None: ...
 
 
-Read = tuple[Any, BaseException | None, float]  # (reading or None, the lost/driver error or None, wall seconds)
+# (reading or None, the lost/driver error or None, wall seconds, the clock's monotonic time as the read began and
+# as it ended)
+Read = tuple[Any, BaseException | None, float, float, float]
 
 
 class _Batch:
@@ -509,14 +511,15 @@ class Sampler:
     def _slow_due(self, gpu: _Gpu, now: float) -> bool:
         return gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
 
-    def _fetch(self, i: int, slow: bool) -> tuple[Any, BaseException | None, float]:
-        """One backend read and its wall duration; a lost GPU is returned, not raised."""
-        start = self.timer()
+    def _fetch(self, i: int, slow: bool) -> Read:
+        """One backend read, its wall duration and when it began and ended on the clock; a lost GPU is returned, not
+        raised."""
+        began, start = self.clock.monotonic(), self.timer()
         try:
             reading, error = self.backend.read(i, slow), None
         except self.lost_errors + self.driver_errors as exc:
             reading, error = None, exc
-        return reading, error, self.timer() - start
+        return reading, error, self.timer() - start, began, self.clock.monotonic()
 
     def _reopen(self) -> None:
         """Try to get the GPUs back after the driver went away (every ``reopen_interval``); history
@@ -566,7 +569,7 @@ class Sampler:
         self.backend.close()
 
     def _apply(self, gpu: _Gpu, now: float, slow: bool, reading: Any, error: BaseException | None,
-               duration: float) -> None:
+               duration: float, began: float | None = None, ended: float | None = None) -> None:
         if error is not None:
             driver = isinstance(error, self.driver_errors)
             with self._lock:
@@ -591,7 +594,10 @@ class Sampler:
                        f"({shutdown if shutdown is not None else DEFAULT_SHUTDOWN_CELSIUS:g} °C) and its margin")
             values["temperature_gpu_celsius"] = None
         energy = values.get("energy_joules")
-        if energy is not None and not self._energy(gpu, energy, now, values):
+        # the counter is judged by the times its reads began and ended, not the tick's start: a tick's later reads,
+        # and a slow call inside one, come later (at x600 a read 75 ms into a loaded tick: 45 simulated seconds)
+        if energy is not None and not self._energy(gpu, energy, now if began is None else began, values,
+                                                   now if ended is None else ended):
             self._drop(gpu, "energy_joules", energy, "implausible next to the counter's last value")
             values["energy_joules"] = None
         if slow:  # a slow read holds every field; fast reads reuse its slow ones
@@ -643,8 +649,10 @@ class Sampler:
     CONFIRMING_READINGS = 2  # a counter that went back is believed once the next reading continues from it
     REBASING_READINGS = 3  # a counter that jumped forward, once this many readings continue from the jump
 
-    def _energy(self, gpu: _Gpu, energy: float, now: float, values: dict[str, Any]) -> bool:
-        """Whether to keep an energy counter reading, continuing ``energy_offset`` across real resets.
+    def _energy(self, gpu: _Gpu, energy: float, now: float, values: dict[str, Any], ended: float | None = None,
+                ) -> bool:
+        """Whether to keep an energy counter reading, continuing ``energy_offset`` across real resets. ``now``: when
+        its read began (kept as the reading's time), ``ended``: when it ended.
 
         Since the last kept reading the counter may move forward by what the card can draw (twice its power limit
         over the time since, and a little); anything else is doubted and dropped. A reset is believed at once
@@ -654,8 +662,10 @@ class Sampler:
         integrated from power by the accumulators, so lifetime energy loses nothing either way."""
         limit = values.get("power_limit_watts") or gpu.slow_values.get("power_limit_watts") or self.MAX_POWER_WATTS
 
+        until = now if ended is None else ended  # this read's end: the counter moved at most until then
+
         def continues(frm: float, at: float) -> bool:
-            return frm <= energy <= frm + 2.0 * limit * max(0.0, now - at) + self.ENERGY_SLACK_JOULES
+            return frm <= energy <= frm + 2.0 * limit * max(0.0, until - at) + self.ENERGY_SLACK_JOULES
 
         last = gpu.energy_last
         if last is None or gpu.energy_reset_expected or continues(last, gpu.energy_at):
