@@ -178,9 +178,9 @@ class _Seen:
     down_since: float | None = None
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
     xid_lines: Mapping[tuple[int, int, tuple[int, ...]], int] = field(default_factory=dict)  # GpuStatus.xid_lines
-    # monotonic times of XID events of LINE_JUDGED codes no line has explained yet: judged by their tier once
-    # XID_LINE_WAIT_SECONDS pass without one
-    unexplained: deque[float] = field(default_factory=lambda: deque(maxlen=XID_UNEXPLAINED_KEPT))
+    # by LINE_JUDGED code, the monotonic times of its XID events no line has explained yet: judged by their tier
+    # once XID_LINE_WAIT_SECONDS pass without one
+    unexplained: dict[int, deque[float]] = field(default_factory=dict)
     nvlink_repeats: dict[int, deque[float]] = field(default_factory=dict)  # link -> wall times of repeat-step lines
     stalls: int = 0  # the sampler's since-start count of ticks its read was past the deadline, last seen
     stalling: bool = False  # the last tick found it past the deadline (one hang: one stall, however many ticks)
@@ -506,7 +506,8 @@ class WearTracker:
             w.add_xids(new, wall, untimed=LINE_JUDGED)
             for code, n in new.items():
                 if code in LINE_JUDGED:  # judged with its line (_xid_lines)
-                    seen.unexplained.extend([monotonic] * min(n, XID_UNEXPLAINED_KEPT))
+                    waiting = seen.unexplained.setdefault(code, deque(maxlen=XID_UNEXPLAINED_KEPT))
+                    waiting.extend([monotonic] * min(n, XID_UNEXPLAINED_KEPT))
                 elif code in XID_ACT:  # the catalog asks for a reset, a reboot or service
                     w.add_incident(wall, f"xid {code}")
                 self._event(w, wall, "xid", {"xid": code, "count": n})
@@ -514,7 +515,7 @@ class WearTracker:
                     self.jobs.event(w.uuid, f"xid {code}")
             seen.xids = dict(status.xids)
 
-        if status.xid_lines is not seen.xid_lines or seen.unexplained:
+        if status.xid_lines is not seen.xid_lines or any(seen.unexplained.values()):
             self._xid_lines(w, seen, status, wall, monotonic)
 
     def _xid_lines(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:
@@ -525,14 +526,16 @@ class WearTracker:
             lines = n - seen.xid_lines.get(key, 0)
             if lines <= 0:
                 continue
-            for _ in range(min(lines, len(seen.unexplained))):
-                seen.unexplained.popleft()
             code, link, registers = key
+            waiting = seen.unexplained.get(code, deque())
+            for _ in range(min(lines, len(waiting))):
+                waiting.popleft()
             self._xid_step(w, seen, code, link, nvlink_step(registers) if hopper else SERVICE, lines, wall)
         seen.xid_lines = status.xid_lines
-        while seen.unexplained and monotonic - seen.unexplained[0] > XID_LINE_WAIT_SECONDS:
-            seen.unexplained.popleft()
-            self._xid_step(w, seen, 74, -1, SERVICE, 1, wall)
+        for code, waiting in seen.unexplained.items():
+            while waiting and monotonic - waiting[0] > XID_LINE_WAIT_SECONDS:
+                waiting.popleft()
+                self._xid_step(w, seen, code, -1, SERVICE, 1, wall)
 
     @staticmethod
     def _xid_step(w: GpuWear, seen: _Seen, code: int, link: int, step: str | int, lines: int, wall: float) -> None:
