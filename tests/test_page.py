@@ -51,6 +51,10 @@ def browser() -> Iterator[Any]:
         b.quit()
 
 
+JARGON = ("central estimate", "arrhenius", "coffin", "manson", " ea ", "ev)", "peak term", "equivalent", "parameter",
+          "norris", "miner")
+
+
 def _look(browser: Any, url: str, name: str) -> dict[str, Any]:
     """The page at each width: screenshot, console errors, what the first screen shows, the figures."""
     from selenium.webdriver.common.by import By
@@ -66,9 +70,13 @@ def _look(browser: Any, url: str, name: str) -> dict[str, Any]:
         inner = browser.execute_script("return window.innerHeight")
         first = browser.find_element(By.CSS_SELECTOR, "section.gpu")
         verdict = first.find_element(By.CSS_SELECTOR, "[data-figure=status]")
-        answer = first.find_element(By.CSS_SELECTOR, "p.answer")
+        # the answer in one sentence (issue 53), above the badge, in words without the models' jargon; the badge
+        answer = first.find_element(By.CSS_SELECTOR, "[data-figure=answer]")
         assert verdict.location["y"] < inner, f"{width_name}: the verdict is below the first screen"
-        assert answer.location["y"] < inner, f"{width_name}: the answer is below the first screen"
+        assert answer.location["y"] + answer.size["height"] <= inner, f"{width_name}: the answer is not on the first " \
+            "screen"
+        assert answer.location["y"] < verdict.location["y"], f"{width_name}: the answer comes after the badge"
+        assert not [j for j in JARGON if j in answer.text.lower()], answer.text
         overflow = browser.execute_script("return document.documentElement.scrollWidth > window.innerWidth")
         assert not overflow, f"{width_name}: the page is wider than the screen"
         # chart text at least 11 px as drawn (its font size times the SVG's scale on this screen)

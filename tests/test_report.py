@@ -584,3 +584,39 @@ def test_a_span_under_a_minute_reads_in_seconds() -> None:
 
     assert [duration(s) for s in (0.0, 0.4, 13.6, 59.4, 60.0, 3000.0, 7200.0, 3 * 86400.0)] == [
         "0 s", "0.4 s", "14 s", "59 s", "1 min", "50 min", "2.0 h", "3.0 days"]
+
+
+JARGON = ("central estimate", "arrhenius", "coffin", "manson", " ea ", "ev)", "peak term", "equivalent", "parameter",
+          "norris", "miner")
+
+
+@pytest.mark.parametrize(("celsius", "level"), [(35, "light"), (45, "light"), (75, "heavy"), (95, "concern")])
+def test_the_answer_in_one_plain_sentence_by_its_stated_rule(celsius: int, level: str) -> None:
+    """Issue 53: the answer to "is deep learning wearing this card?" was sentences two and three of a paragraph full
+    of model words, and a comparison rather than a judgement. Each card's report now opens with one sentence: its wear
+    in days of gaming 4 h a day, and a level by a stated rule (report.ANSWER_RULE: light up to gaming's wear a day,
+    a concern past a 24/7 stress test's heat across the models' parameters, heavy use between), free of the models'
+    jargon; in the JSON, the words and the page. A week held at each temperature here."""
+    from gpuwear import page
+    from gpuwear.config import WearConfig
+    from gpuwear.report import document, text_report
+    from gpuwear.wear.accumulate import GpuWear
+
+    w = GpuWear("GPU-held", name="card", first_seen=1.8e9, last_seen=1.8e9 + 7 * 86400)
+    w.observed_seconds = 7 * 86400.0
+    w.temperature_seconds = {"gpu": {str(celsius): 7 * 86400.0}}
+    doc = document([w], WearConfig(), {}, "ledger", False)
+    (gpu,) = doc["gpus"]
+    answer = gpu["answer"]
+    assert answer["level"] == level, answer
+    sentence = answer["sentence"]
+    assert sentence.startswith("Over the 7.0 days observed, it was worn about as much as "), sentence
+    assert "days of gaming 4 h a day" in sentence, sentence
+    assert not [j for j in JARGON if j in sentence.lower()], sentence
+    assert "gpuwear's rule" in answer["rule"] and "§7" in answer["rule"]
+    assert text_report(doc).splitlines()[1] == f"  {sentence}"
+    assert f'data-figure="answer" data-value="{level}">' in page.render(doc)
+    short = GpuWear("GPU-new", name="card", first_seen=1.8e9, last_seen=1.8e9 + 600)
+    short.observed_seconds = 600.0
+    (young,) = document([short], WearConfig(), {}, "ledger", False)["gpus"]
+    assert young["answer"]["level"] == "unknown" and "too little to say yet" in young["answer"]["sentence"]

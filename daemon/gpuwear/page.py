@@ -37,6 +37,7 @@ padding:.75rem}.big{font-size:1.6rem;font-weight:700}
 svg{width:100%;max-width:34rem;height:auto;display:block}svg text{font:14px system-ui,sans-serif;fill:#374151}
 table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.2rem .4rem;border-bottom:1px solid #eee}
 .banner{background:#fef3c7;border:1px solid #f59e0b;padding:.5rem;border-radius:.25rem}
+.oneline{font-size:1.15rem;font-weight:600;margin:.4rem 0}
 """
 
 
@@ -163,6 +164,8 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
     a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
     out = [f'<section class="gpu" id="{_e(d["uuid"])}"><h2>{_e(d["name"] or "unknown GPU")}</h2>',
            f'<p class="muted">{_e(d["uuid"])}' + (f', serial {_e(d["serial"])}' if d["serial"] else "") + "</p>",
+           f'<p class="oneline" data-figure="answer" data-value="{_e(d["answer"]["level"])}">'
+           f'{_e(d["answer"]["sentence"])}</p>',
            f'<p><span class="verdict" style="background:{colour}" data-figure="status" data-value="{h["status"]}">'
            f'{status}</span> ']
     if (by := d.get("replaced_by")) is not None:

@@ -15,7 +15,7 @@ from gpuwear.ledger import Event, Ledger
 from gpuwear.ledger.errors import printable
 from gpuwear.ledger.records import CHANGED
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
+from gpuwear.wear.models import MIN_COMPARISON_SECONDS, WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
 from gpuwear.wear.schema import READING_GROUPS
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
@@ -85,7 +85,40 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         "limits": limits(w),
         "hotter": hotter(w, p),
         "events": [{"wall": e.wall, "kind": e.kind, **e.detail} for e in events[-EVENTS_SHOWN:]],
-    }
+    } | {"answer": answer(w.observed_seconds, est["profile_equivalent_days"])}
+
+
+ANSWER_RULE = ("gpuwear's rule, not a maker's: its wear a day against the reference profiles (docs/wear-model.md "
+               "§7): at most 4 h of gaming a day's, light; heat aging past a 24/7 stress test's across the models' "
+               "parameters, a concern; between, heavy use")
+
+
+def answer(observed_seconds: float, equivalents: dict[str, Any]) -> dict[str, Any]:
+    """Is deep learning wearing this card? One plain sentence, by :data:`ANSWER_RULE`: the larger of its heat aging
+    and its thermal cycling in days of gaming 4 h a day (wear.models.profile_equivalents), that a day against the
+    days it was observed, and the level ("light", "heavy", "concern"; "unknown" under
+    wear.models.MIN_COMPARISON_SECONDS observed)."""
+    days = observed_seconds / 86400.0
+    gaming = equivalents["gaming_4h_day"]
+    stress = equivalents["stress_24_7"]["thermal_aging"]
+    figures = [f for f in (gaming["thermal_aging"], gaming["cycle_fatigue"]) if f is not None]
+    if observed_seconds < MIN_COMPARISON_SECONDS or not figures:
+        return {"level": "unknown", "rule": ANSWER_RULE,
+                "sentence": f"Observed for {duration(observed_seconds)} so far: too little to say yet how it is "
+                            "being worn."}
+    top = max(figures, key=lambda f: f["central"])
+    if stress is not None and stress["smallest"] > days:
+        level, words = "concern", ("more heat wear a day than a 24/7 stress test at 85 °C, a concern: check its "
+                                   "cooling and airflow")
+    elif top["central"] <= days:
+        level, words = "light", "no more wear a day than 4 h of gaming a day, well within everyday use"
+    else:
+        level, words = "heavy", ("more wear a day than 4 h of gaming a day but less than a 24/7 stress test, the wear "
+                                 "of heavy use a card is built for")
+    band = between(top["smallest"], top["largest"])
+    return {"level": level, "rule": ANSWER_RULE, "gaming_days": top,
+            "sentence": f"Over the {duration(observed_seconds)} observed, it was worn about as much as "
+                        f"{roughly(top['central'])} days of gaming 4 h a day would wear it ({band} days): {words}."}
 
 
 HOTTER_CELSIUS = 10.0  # "what would change the answer": the heat aging rate this much above the card's usual
@@ -431,6 +464,7 @@ def text_report(doc: dict[str, Any]) -> str:
     for d in doc["gpus"]:
         serial = f", serial {d['serial']}" if d["serial"] else ""
         out.append(f"{d['name'] or 'unknown GPU'} ({d['uuid']}{serial})")
+        out.append(f"  {d['answer']['sentence']}")
         h = d["health"]
         if (by := d.get("replaced_by")) is not None:
             when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(by["first_seen"]))
