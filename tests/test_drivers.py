@@ -270,6 +270,7 @@ def test_a_gpu_that_joins_does_not_hold_the_tick_for_the_event_listeners_wait() 
         backend.close()
 
 
+@pytest.mark.slow
 def test_a_join_that_hangs_in_nvml_holds_no_tick_past_the_deadline(caplog: pytest.LogCaptureFixture) -> None:
     """Issue 51: join()'s NVML calls (the GPU count, a new GPU's handle and identity) ran on the tick's thread
     without a deadline: a GPU coming back whose calls hang stalled every GPU's sampling until they returned (or the
@@ -298,6 +299,42 @@ def test_a_join_that_hangs_in_nvml_holds_no_tick_past_the_deadline(caplog: pytes
         assert [g.identity.index for g in gpus] == [0, 1] and gpus[0].sample is not None
         assert longest < 2.0, longest  # the deadline, not the 3 s hang
         said = [r.getMessage() for r in caplog.records if "listing of new GPUs" in r.getMessage()]
+        assert len(said) == 2 and "past the 0.5 s deadline" in said[0] and said[1].endswith("returned"), said
+    finally:
+        sampler.close()
+
+
+@pytest.mark.slow
+def test_a_reopen_that_hangs_in_nvml_holds_no_tick_past_the_deadline(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 51: after a driver reload, NVML's re-initialisation (nvmlInit, the GPUs' handles and identities) ran on
+    the tick's thread without a deadline: a call that hangs there held the tick, and the watchdog's ping with it. It
+    now runs on a thread of its own: no tick waits past the deadline (0.5 s, where the hang is 3 s), and the GPUs come
+    back at the tick after it returns; said once each way."""
+    doc = scenario_doc("r610", "datacenter")
+    doc["faults"] = [{"at": 5, "kind": "driver_unload"}, {"at": 9, "kind": "driver_load"},
+                     {"at": 9, "gpu": 1, "kind": "hang", "seconds": 3.0}]
+    simulation = parse_scenario(doc, "reopen")
+    clock = ManualClock()
+    config = Config(sampling=SamplingConfig(nvml_deadline_seconds=0.5, slow_interval_seconds=10.0))
+    sampler = _sampler(NvmlBackend(FakeNvmlLibrary(simulation, clock)), clock, config)
+    sampler.open()
+    sampler.reopen_interval = 0.0
+    longest = 0.0
+    try:
+        with caplog.at_level("WARNING", logger="gpuwear.sampler"):
+            for _ in range(8):  # the driver goes at 5 s
+                clock.advance(1.0)
+                sampler.tick()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(g.sample for g in sampler.snapshot.gpus):
+                clock.advance(1.0)
+                began = time.monotonic()
+                sampler.tick()
+                longest = max(longest, time.monotonic() - began)
+                time.sleep(0.05)
+        assert all(g.sample is not None for g in sampler.snapshot.gpus), sampler.snapshot.gpus
+        assert longest < 2.0, longest  # the deadline, not the 3 s hang
+        said = [r.getMessage() for r in caplog.records if "re-initialisation" in r.getMessage()]
         assert len(said) == 2 and "past the 0.5 s deadline" in said[0] and said[1].endswith("returned"), said
     finally:
         sampler.close()

@@ -280,6 +280,7 @@ class Sampler:
         self._active = 0  # the first this many GPUs are the backend's; the rest are gone
         self._reader: _Reader | None = None
         self._joining: _Call | None = None  # the backend's join() asked on a thread of its own, until it returns
+        self._reopening: _Call | None = None  # and its reopen(), after the driver went away
         self._opened = False  # the backend opened once in this process (a mismatch after that is fatal)
         self.waiting: str | None = None  # why there are no GPUs yet: NVML not usable at start, retried
         self._reads = threading.Condition()
@@ -524,11 +525,16 @@ class Sampler:
     def _reopen(self) -> None:
         """Try to get the GPUs back after the driver went away (every ``reopen_interval``); history
         follows the UUID whatever index a GPU comes back at."""
-        if time.monotonic() < self._next_reopen:
-            return
-        self._next_reopen = time.monotonic() + self.reopen_interval
         try:
-            identities = self.backend.reopen()
+            if self.deadline <= 0:
+                if time.monotonic() < self._next_reopen:
+                    return
+                self._next_reopen = time.monotonic() + self.reopen_interval
+                identities = self.backend.reopen()
+            elif (answered := self._reopen_within_deadline()) is None:
+                return
+            else:
+                identities = answered
         except self.unavailable_errors + self.driver_errors as exc:
             if isinstance(exc, self.fatal_errors) and self._opened:
                 raise  # the library this process loaded worked, and never will again
@@ -550,6 +556,28 @@ class Sampler:
             self._driver_gone, self._opened, self.waiting = False, True, None
             self._next_join = self.clock.monotonic() + self.slow_interval
         log.warning("NVML is back: %d GPU(s) (%s)", len(back), ", ".join(g.identity.uuid for g in back))
+
+    def _reopen_within_deadline(self) -> list[GpuIdentity] | None:
+        """backend.reopen() on a thread of its own (every ``reopen_interval``): its answer once it returned (raising
+        what it raised), None while it runs past the deadline or is not due."""
+        call = self._reopening
+        if call is None:
+            if time.monotonic() < self._next_reopen:
+                return None
+            self._next_reopen = time.monotonic() + self.reopen_interval
+            call = self._reopening = _Call(self.backend.reopen)
+            call.done.wait(self.deadline)
+        if not call.done.is_set():
+            if not call.said:
+                call.said = True
+                log.warning("NVML's re-initialisation after the driver came back is past the %g s deadline: the "
+                            "GPUs stay marked until it returns", self.deadline)
+            return None
+        self._reopening = None
+        if call.said:
+            log.warning("NVML's re-initialisation returned")
+        identities: list[GpuIdentity] = call.result()
+        return identities
 
     def _stall(self, gpu: _Gpu) -> None:
         with self._lock:
