@@ -620,3 +620,24 @@ def test_the_answer_in_one_plain_sentence_by_its_stated_rule(celsius: int, level
     short.observed_seconds = 600.0
     (young,) = document([short], WearConfig(), {}, "ledger", False)["gpus"]
     assert young["answer"]["level"] == "unknown" and "too little to say yet" in young["answer"]["sentence"]
+
+
+def test_the_badge_gives_its_most_severe_reason_and_how_many_others() -> None:
+    """Issue 53: beside the health badge, a card with several reasons read "2 reason(s), below". It now gives the most
+    severe reason's words and how many more there are."""
+    from gpuwear import page
+    from gpuwear.config import WearConfig
+    from gpuwear.report import document
+    from gpuwear.wear.accumulate import GpuWear
+
+    w = GpuWear("GPU-two", name="card", first_seen=1.8e9, last_seen=1.8e9 + 86400)
+    w.observed_seconds = 86400.0
+    doc = document([w], WearConfig(), {}, "ledger", False)
+    reasons = [{"severity": "watch", "code": "a", "text": "a watched thing", "rule": "r"},
+               {"severity": "act", "code": "b", "text": "a thing to act on", "rule": "r"},
+               {"severity": "watch", "code": "c", "text": "another watched thing", "rule": "r"}]
+    doc["gpus"][0]["health"].update(status="act", reasons=reasons)
+    html = page.render(doc)
+    assert "a thing to act on (and 2 more reason(s), below)" in html, html[:3000]
+    doc["gpus"][0]["health"].update(status="watch", reasons=reasons[:1])
+    assert "a watched thing</p>" in page.render(doc)

@@ -180,8 +180,9 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
                       "other GPUs were seen later: missing (off the bus?) or taken out "
                       f'(<code>gpuwear forget {_e(d["uuid"])}</code>).</p>')
     shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
-    out.append("nothing it reports asks for action" if not shown else
-               f"{len(shown)} reason(s), below" if len(shown) > 1 else _e(shown[0]["text"]))
+    worst = max(shown, key=lambda r: r["severity"] == "act", default=None)  # the first act reason, else the first
+    out.append("nothing it reports asks for action" if worst is None else
+               _e(worst["text"]) + (f" (and {len(shown) - 1} more reason(s), below)" if len(shown) > 1 else ""))
     out.append("</p>")
     # the answer on the first screen of a phone, the reasons' rules after it (two reasons with their rules filled it)
     out.append(f'<p class="answer">{_e(plain_words(d))}</p>')
