@@ -615,7 +615,9 @@ def test_the_answer_in_one_plain_sentence_by_its_stated_rule(celsius: int, level
     assert not [j for j in JARGON if j in sentence.lower()], sentence
     assert "gpuwear's rule" in answer["rule"] and "§7" in answer["rule"]
     assert text_report(doc).splitlines()[1] == f"  {sentence}"
-    assert f'data-figure="answer" data-value="{level}">' in page.render(doc)
+    html = page.render(doc)
+    assert f'data-figure="answer" data-value="{level}">' in html
+    assert "The line across a bar: from the smallest to the largest figure" in html  # the whiskers named
     short = GpuWear("GPU-new", name="card", first_seen=1.8e9, last_seen=1.8e9 + 600)
     short.observed_seconds = 600.0
     (young,) = document([short], WearConfig(), {}, "ledger", False)["gpus"]

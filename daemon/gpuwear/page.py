@@ -79,6 +79,9 @@ def _bars(rows: Sequence[Bar], unit: str, width: int = 360) -> str:
             end = max(end, hi)
         out.append(f'<text x="{end + 5:.1f}" y="{y + 16}">{_e(roughly(value))}</text>')
     out.append("</svg>")
+    if any(band is not None for *_, band in rows):  # the whiskers named (issue 53: they were not)
+        out.append('<p class="muted legend">The line across a bar: from the smallest to the largest figure the '
+                   "estimate gives under its model's settings; the bar, the middle one.</p>")
     return "".join(out)
 
 
