@@ -589,14 +589,15 @@ def test_the_series_budget_holds_after_a_simulated_week(scenario: str) -> None:
 def test_the_scrape_path_loads_no_ledger_code() -> None:
     """shared/design/house.md: a scrape never touches SQLite, and its path imports no ledger code. It did: metrics ->
     tracker -> ledger.records -> the ledger package's __init__, which loaded the store, recovery, export, integrity
-    and retention. The package now loads each name's module when the name is asked for: the exposition and its
-    views load the records' Event (and its errors) alone; asking for Ledger loads the store."""
+    and retention. The package loads each name's module when the name is asked for, and the Event the tracker
+    records lives below both (wear.events; issue 52 item 3: it loaded ledger.records and ledger.errors): the
+    exposition and its views load no ledger module at all; asking for Ledger loads the store."""
     import subprocess
     import sys
 
     code = ("import sys; import gpuwear.collector, gpuwear.metrics, gpuwear.tracker; "
-            "print(sorted(m for m in sys.modules if m.startswith('gpuwear.ledger.'))); "
+            "print(sorted(m for m in sys.modules if m.startswith('gpuwear.ledger'))); "
             "from gpuwear.ledger import Ledger; print('gpuwear.ledger.store' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     loaded, store = out.stdout.splitlines()
-    assert loaded == "['gpuwear.ledger.errors', 'gpuwear.ledger.records']" and store == "True", out.stdout
+    assert loaded == "[]" and store == "True", out.stdout

@@ -21,10 +21,10 @@ from gpuwear.health.signals import peer_and_own_rates
 from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, nvlink_step
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
-from gpuwear.ledger.records import Event
 from gpuwear.sample import VGPU_GUEST, GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import LOADED_UTILIZATION, GpuWear
+from gpuwear.wear.events import Event
 from gpuwear.wear.models import (
     BANDS,
     aging_bands,

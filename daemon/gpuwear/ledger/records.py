@@ -14,19 +14,10 @@ from typing import Any
 
 from gpuwear.ledger.errors import LedgerError
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
+from gpuwear.wear.events import Event as Event  # the events the records keep (ledger.Event names it)
 from gpuwear.wear.schema import SchemaError, check_event, check_job, check_wear
 
 MAX_LOG_ROW_BYTES = 16 << 20  # a wear-log row inflates to no more than this (a larger one is corrupt)
-
-
-@dataclass(frozen=True)
-class Event:
-    """Something that happened to a GPU: a gap, a lost GPU, an XID, a memory-error change."""
-
-    uuid: str
-    wall: float
-    kind: str
-    detail: dict[str, Any]
 
 
 _KEPT = frozenset({"schema", "uuid", "name"})
