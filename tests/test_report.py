@@ -643,3 +643,25 @@ def test_the_badge_gives_its_most_severe_reason_and_how_many_others() -> None:
     assert "a thing to act on (and 2 more reason(s), below)" in html, html[:3000]
     doc["gpus"][0]["health"].update(status="watch", reasons=reasons[:1])
     assert "a watched thing</p>" in page.render(doc)
+
+
+@pytest.mark.slow
+def test_jobs_and_report_give_each_gpu_the_same_time_energy_and_aging(tmp_path: Path) -> None:
+    """Issue 53: the README said the shares of `jobs` reconcile with `report`; for thermal cycles they do not (4.00
+    against 3.33 on one card in the issue's ledger): cycles are counted within each line, and a swing across two lines
+    is in the card's count alone. Time, energy and heat aging add up, card by card, and are held so here; the
+    listing's words now say the cycles need not."""
+    from helpers import run_simulated
+
+    run_simulated(tmp_path, "demo", 3600.0, 3.0)
+    jobs = json.loads(gpuwear("jobs", "--json", "--simulated", "--state-dir", str(tmp_path)).stdout)
+    cards = report(tmp_path, "--simulated")["gpus"]
+    assert cards and jobs["jobs_in_window"] > 0
+    for card in cards:
+        listed = jobs["totals"][card["uuid"]]
+        assert listed["observed_seconds"] == pytest.approx(card["observed_seconds"], abs=1e-3)
+        assert listed["energy_joules"] == pytest.approx(card["energy_joules"], abs=1e-3)
+        assert listed["thermal_aging_equivalent_hours"] == pytest.approx(
+            card["thermal_aging_equivalent_hours"]["central"], abs=1e-6)
+    words = gpuwear("jobs", "--simulated", "--state-dir", str(tmp_path)).stdout
+    assert "the lines' cycles need not add up to the card's" in " ".join(words.split()), words[:1200]

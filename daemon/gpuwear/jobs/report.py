@@ -2,7 +2,8 @@
 
 The JSON document is a stable contract like ``report --json``: keys are added, never
 renamed or removed. Shares are of each GPU's listed lines (jobs and idle periods), so the
-lines of a GPU add up to 100 % of what was observed in the window.
+lines of a GPU add up to 100 % of what was observed in the window; their time, energy and aging
+add up to the card's in ``report``, their cycles (counted within each line) need not.
 """
 
 from __future__ import annotations
@@ -266,7 +267,9 @@ def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: d
     yield from ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
                 "idle lines are the time between jobs, unattributed lines the time a GPU's processes could not be",
                 "read (the line says why) and imported lines the history read from logs, so each GPU's lines add",
-                "up to 100 % and to what `gpuwear report` shows for it.", ""]
+                "up to 100 % and, for time, energy and aging, to what `gpuwear report` shows for it. Cycles are",
+                "counted within each line: a swing that spans two lines is in the card's count in `report`, in no",
+                "line's, so the lines' cycles need not add up to the card's.", ""]
     yield f"{'JOB':<44} {'USER':<10} {'START':<16} {'DURATION':>9} {'GPU':>3} {'MAX °C':>6} {'ENERGY':>9} " \
           f"{'AGING':>6} {'CYCLES':>6}"
     written = 0
