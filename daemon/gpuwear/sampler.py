@@ -62,28 +62,52 @@ class _Batch:
         self.abandoned = False  # the sampler gave up waiting: the thread exits once its read returns
 
 
-class _Call:
-    """A call on a thread of its own, waited for with a deadline: its result, or its exception, once ``done``."""
+class _Deadlined:
+    """A backend call (join, reopen) on a thread of its own: the tick that starts it waits at most the deadline, and
+    a later tick takes its answer once it returned, raising what it raised; one at a time. ``what`` names it in the
+    log, said once when past the deadline (``then``: what goes on meanwhile) and once when it returned."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.done = threading.Event()
-        self.said = False  # that it is past the deadline has been logged
+    def __init__(self, what: str, then: str) -> None:
+        self.what, self.then = what, then
+        self._done: threading.Event | None = None  # None: no call under way
+        self._said = False
         self._result: Any = None
         self._failure: BaseException | None = None
 
-        def run() -> None:
-            try:
-                self._result = fn()
-            except BaseException as exc:  # raised on the sampler's thread by result()
-                self._failure = exc
-            self.done.set()
+    @property
+    def running(self) -> bool:
+        return self._done is not None
 
-        threading.Thread(target=run, name="nvml-join", daemon=True).start()
+    @property
+    def returned(self) -> bool:
+        return self._done is not None and self._done.is_set()
 
-    def result(self) -> Any:
+    def answer(self, fn: Callable[[], Any], deadline: float) -> tuple[bool, Any]:
+        """(whether it has answered, its answer): ``fn`` started here where no call is under way."""
+        if self._done is None:
+            done = self._done = threading.Event()
+            self._said = False
+
+            def run() -> None:
+                try:
+                    self._result, self._failure = fn(), None
+                except BaseException as exc:  # raised on the sampler's thread below
+                    self._result, self._failure = None, exc
+                done.set()
+
+            threading.Thread(target=run, name="nvml-call", daemon=True).start()
+            done.wait(deadline)
+        if not self._done.is_set():
+            if not self._said:
+                self._said = True
+                log.warning("%s is past the %g s deadline: %s", self.what, deadline, self.then)
+            return False, None
+        self._done = None
+        if self._said:
+            log.warning("%s returned", self.what)
         if self._failure is not None:
             raise self._failure
-        return self._result
+        return True, self._result
 
 
 class _Reader:
@@ -279,8 +303,11 @@ class Sampler:
         self.reopen_interval = 5.0  # seconds between tries to get the driver back
         self._active = 0  # the first this many GPUs are the backend's; the rest are gone
         self._reader: _Reader | None = None
-        self._joining: _Call | None = None  # the backend's join() asked on a thread of its own, until it returns
-        self._reopening: _Call | None = None  # and its reopen(), after the driver went away
+        # the backend's join() and reopen() (after the driver went away), each on a thread of its own
+        self._joining = _Deadlined("NVML's listing of new GPUs (nvmlDeviceGetCount, their handles)",
+                                   "sampling goes on; GPUs it finds join once it returns")
+        self._reopening = _Deadlined("NVML's re-initialisation after the driver came back",
+                                     "the GPUs stay marked until it returns")
         self._opened = False  # the backend opened once in this process (a mismatch after that is fatal)
         self.waiting: str | None = None  # why there are no GPUs yet: NVML not usable at start, retried
         self._reads = threading.Condition()
@@ -415,7 +442,7 @@ class Sampler:
         now = self.clock.monotonic()
         if self._driver_gone:
             self._reopen()
-        elif now >= self._next_join or (self._joining is not None and self._joining.done.is_set()):
+        elif now >= self._next_join or self._joining.returned:
             self._next_join = now + self.slow_interval  # every slow interval: GPUs refused at start, or new, join
             self._join()
         if self._driver_gone:
@@ -493,21 +520,8 @@ class Sampler:
             self._publish()
 
     def _join_within_deadline(self) -> list[GpuIdentity] | None:
-        call = self._joining
-        if call is None:
-            call = self._joining = _Call(self.backend.join)
-            call.done.wait(self.deadline)
-        if not call.done.is_set():
-            if not call.said:
-                call.said = True
-                log.warning("NVML's listing of new GPUs (nvmlDeviceGetCount, their handles) is past the %g s "
-                            "deadline: sampling goes on; GPUs it finds join once it returns", self.deadline)
-            return None
-        self._joining = None
-        if call.said:
-            log.warning("NVML's listing of new GPUs returned")
-        joined: list[GpuIdentity] = call.result()
-        return joined
+        answered, joined = self._joining.answer(self.backend.join, self.deadline)
+        return joined if answered else None
 
     def _slow_due(self, gpu: _Gpu, now: float) -> bool:
         return gpu.last_slow is None or now - gpu.last_slow >= self.slow_interval
@@ -560,24 +574,12 @@ class Sampler:
     def _reopen_within_deadline(self) -> list[GpuIdentity] | None:
         """backend.reopen() on a thread of its own (every ``reopen_interval``): its answer once it returned (raising
         what it raised), None while it runs past the deadline or is not due."""
-        call = self._reopening
-        if call is None:
+        if not self._reopening.running:
             if time.monotonic() < self._next_reopen:
                 return None
             self._next_reopen = time.monotonic() + self.reopen_interval
-            call = self._reopening = _Call(self.backend.reopen)
-            call.done.wait(self.deadline)
-        if not call.done.is_set():
-            if not call.said:
-                call.said = True
-                log.warning("NVML's re-initialisation after the driver came back is past the %g s deadline: the "
-                            "GPUs stay marked until it returns", self.deadline)
-            return None
-        self._reopening = None
-        if call.said:
-            log.warning("NVML's re-initialisation returned")
-        identities: list[GpuIdentity] = call.result()
-        return identities
+        answered, identities = self._reopening.answer(self.backend.reopen, self.deadline)
+        return identities if answered else None
 
     def _stall(self, gpu: _Gpu) -> None:
         with self._lock:
