@@ -249,7 +249,6 @@ class Daemon:
         self._lines_filled: int | None = None  # the key under which every record's lines are kept
         self._lines_verified = False  # the kept lines checked against what was written (verify_lines)
         self._fill_failed = False
-        self._indexing: tuple[float, int] | None = None  # a pass of _index under way: (began, monotonic s; records)
         self._ledger_status = LedgerStatus(None if self.ledger else False, None, 0,
                                            self.ledger is not None and self.ledger.recovered is not None,
                                            self.ledger.set_aside if self.ledger is not None else 0)
@@ -544,21 +543,33 @@ class Daemon:
         reload), in one pass right after serving starts: chunk after chunk, each under the persist lock, until none
         is left; then again after a reload changes the parameters. Listings answer from what is kept meanwhile.
         Derived data: a failure is logged once and tried again a save interval later, never a failed save."""
+        began, indexed = None, 0  # the pass under way: when it began (monotonic s), the records it kept lines of
         while not self._stopped.is_set():
+            chunk = time.monotonic()
             with self._persist_lock:
-                state = self._fill_lines()
+                state, kept = self._fill_lines()
+            if kept and began is None:
+                log.info("ledger %s: indexing the job records kept without their lines (after an upgrade, a "
+                         "recovery or new wear parameters); listings count them once indexed", self.ledger_file)
+                began = chunk
+            indexed += kept
+            if state == "done" and began is not None:
+                log.info("ledger %s: %d job record(s) indexed in %.1f s", self.ledger_file, indexed,
+                         time.monotonic() - began)
+                began, indexed = None, 0
             if state == "more":
                 continue
             with self._timers:  # notified on stop and reload
                 if not self._stopped.is_set() and (state == "later" or self._lines_filled == self._summariser.key):
                     self._timers.wait(self._intervals(self.config)[1] if state == "later" else None)
 
-    def _fill_lines(self) -> str:
-        """One chunk of :meth:`_index`: "more" (records left), "done" or "later" (no ledger, or it failed)."""
+    def _fill_lines(self) -> tuple[str, int]:
+        """One chunk of :meth:`_index`: ("more" (records left), "done" or "later" (no ledger, or it failed); the
+        records whose lines it kept)."""
         if self._lines_filled == self._summariser.key:
-            return "done"
+            return "done", 0
         if self.ledger is None or self._stopped.is_set():  # stopping: the final save, then the ledger closes
-            return "later"
+            return "later", 0
         try:
             if not self._lines_verified:  # once a start, off the start's path: a pass over every kept line
                 dropped = self.ledger.verify_lines()
@@ -566,7 +577,6 @@ class Daemon:
                 if dropped:
                     log.warning("ledger %s: the kept lines of %d job record(s) failed their check; they are counted "
                                 "from the records and kept again", self.ledger_file, dropped)
-            began = time.monotonic()
             kept = self.ledger.fill_lines(self._summariser, self.FILL_LINES_PER_CHUNK)
             self._fill_failed = False
         except (sqlite3.Error, LedgerError) as exc:
@@ -574,22 +584,11 @@ class Daemon:
                 log.warning("ledger %s: the lines of older job records cannot be kept yet (%s); tried again later",
                             self.ledger_file, exc)
             self._fill_failed = True
-            return "later"
-        indexing = self._indexing
-        if kept and indexing is None:
-            log.info("ledger %s: indexing the job records kept without their lines (after an upgrade, a recovery "
-                     "or new wear parameters); listings count them once indexed", self.ledger_file)
-            indexing = (began, 0)
-        if indexing is not None:
-            self._indexing = indexing = (indexing[0], indexing[1] + kept)
+            return "later", 0
         if kept < self.FILL_LINES_PER_CHUNK:
             self._lines_filled = self._summariser.key
-            if indexing is not None:
-                log.info("ledger %s: %d job record(s) indexed in %.1f s", self.ledger_file, indexing[1],
-                         time.monotonic() - indexing[0])
-            self._indexing = None
-            return "done"
-        return "more"
+            return "done", kept
+        return "more", kept
 
     def _forget_before(self, days: float) -> float | None:
         """The Unix time before which records go (retention of ``days``; None: keep them). No retention on a clock
