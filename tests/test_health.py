@@ -14,8 +14,9 @@ import yaml
 from gpuwear.config import WearConfig
 from gpuwear.health import RULES, TABLE, XID_ACT, XID_WATCH, rule, verdict
 from gpuwear.health.rules import Facts
-from gpuwear.health.runbook import markdown, replaced
-from gpuwear.health.xids import BY_CODE, CATALOG, LINE_JUDGED
+from gpuwear.health.runbook import markdown, replaced, xid_markdown
+from gpuwear.health.xid_catalog import ROWS
+from gpuwear.health.xids import BUCKET_TIERS, BY_CODE, CATALOG, LINE_JUDGED, OVERRIDES, XID_NONE, lookup
 from gpuwear.wear.accumulate import GpuWear, utc_day
 from gpuwear.wear.models import resistance_trend
 from helpers import card_by_day
@@ -90,7 +91,7 @@ def test_each_rule_gives_only_its_own_code_and_every_rule_fires_somewhere() -> N
         for r in TABLE:
             for severity, code, _ in r.judge(facts):
                 if r.code == "xid_N":
-                    xid = BY_CODE[int(code.removeprefix("xid_"))]
+                    xid = lookup(int(code.removeprefix("xid_")))
                     assert xid.tier in ("act", "watch", "app") and severity in ("watch", xid.tier), code
                 else:
                     assert code == r.code, (r.code, code)
@@ -121,6 +122,9 @@ def test_the_runbook_table_is_made_from_the_rule_table(request: pytest.FixtureRe
         text = RUNBOOK.read_text()
     assert markdown() in text, "docs/alerts.md's rule table differs from gpuwear.health.rules.TABLE: pytest " \
         "tests/test_health.py --update-golden"
+    assert xid_markdown() in text, "docs/alerts.md's XID table differs from gpuwear.health.xids.CATALOG: pytest " \
+        "tests/test_health.py --update-golden"
+    assert all(f"\n| {code} | " in text for code in range(1, 173))
     for code, source in RULES.items():
         assert f"| `{code}` |" in text and source.replace("|", "\\|") in text, code
 
@@ -142,16 +146,42 @@ def test_each_rules_alert_exists_with_the_rules_hold() -> None:
 
 def test_the_xid_catalog_is_data_with_one_tier_a_code() -> None:
     assert len({x.code for x in CATALOG}) == len(CATALOG)
-    assert all(x.tier in ("act", "watch", "app", "none") and x.meaning and x.resolution and x.source for x in CATALOG)
+    assert all(x.tier in ("act", "watch", "app", "none") and x.meaning and x.resolution and x.source and x.why
+               for x in CATALOG)
     assert set(XID_ACT) | set(XID_WATCH) == {x.code for x in CATALOG if x.tier != "none"}
     assert not set(XID_ACT) & set(XID_WATCH)
     w = GpuWear("GPU-x", name="card")
     w.first_seen = w.last_seen = T0
     w.xids = {"13": 1, "43": 1, "79": 2, "999": 1}
-    w.last_event = {"xid 79": T0}
+    w.last_event = {"xid 79": T0, "xid 999": T0 - 8 * DAY}
     codes = {r["code"]: r["severity"] for r in verdict(w, WearConfig(), None)["reasons"]}
     assert codes.get("xid_13") == "watch" and codes.get("xid_79") == "act"
-    assert "xid_43" not in codes and "xid_999" not in codes
+    assert "xid_43" not in codes and "xid_999" not in codes  # 43: the catalog says ignore; 999: 8 days ago, ended
+    w.last_event["xid 999"] = T0 - 6 * DAY
+    reasons = {r["code"]: r for r in verdict(w, WearConfig(), None)["reasons"]}
+    assert reasons["xid_999"]["severity"] == "watch" and "not in NVIDIA's catalog" in reasons["xid_999"]["text"]
+
+
+def test_every_code_of_nvidias_catalog_is_mapped_by_its_resolution() -> None:
+    """Issue 51: "NVIDIA's Xid catalog kept as data (code, bucket, source, date), every code mapped". Every code the
+    catalog lists (1-172 as of its 2025-10-29 sheet) has a tier, and the tier is the one its immediate resolution
+    bucket gives (a reset, a reboot or hands on the card: act; restarting the application: app; contact support:
+    watch; ignore: none), but for the overrides, each with why; a code newer than the catalog is watched."""
+    assert [row[0] for row in ROWS] == list(range(1, 173))
+    assert {x.code for x in CATALOG} == set(range(1, 173))
+    for code, _, _, immediate, _ in ROWS:
+        xid = BY_CODE[code]
+        if code in OVERRIDES:
+            assert xid.tier == OVERRIDES[code][0] and xid.why == OVERRIDES[code][2]
+        else:
+            assert xid.tier == BUCKET_TIERS[immediate], code
+            assert immediate in xid.resolution and immediate in xid.why
+    assert all(code in OVERRIDES for code, _, _, immediate, _ in ROWS if not immediate)  # no bucket: judged by us
+    # what the catalog says of codes a reader would look up first
+    assert (BY_CODE[79].tier, BY_CODE[48].tier, BY_CODE[13].tier, BY_CODE[43].tier, BY_CODE[8].tier) == \
+        ("act", "act", "app", "none", "app")
+    assert BY_CODE[158].tier == "act" and "RESET_GPU" in BY_CODE[158].resolution  # GPU fatal timeout
+    assert lookup(173).tier == "watch" and lookup(173).code == 173 and 173 not in BY_CODE
 
 
 # -- bleeding_errors: one recent window for every GPU ---------------------------------------------------------------
@@ -419,7 +449,8 @@ def test_a_rule_on_trial_would_have_said_without_changing_the_verdict() -> None:
     assert verdict(w, WearConfig(), None)["status"] == "act"
     doc = document([w], trial, {}, "test", False)
     text = text_report(doc)
-    assert "Would have said (rule xid_79 on trial, wear.health.rules): [act] XID 79 (GPU fell off the bus)" in text
+    assert ("Would have said (rule xid_79 on trial, wear.health.rules): [act] XID 79 (GPU has fallen off the bus)"
+            in text)
     assert "fell off the bus 1 time" not in text  # gpu_lost: off
     assert "Would have said (rule xid_79 on trial): [act] XID 79" in page.render(doc)
     assert doc["gpus"][0]["health"]["would_have_said"][0]["code"] == "xid_79"
@@ -500,13 +531,15 @@ def test_the_xid_alerts_name_the_catalogs_tiers() -> None:
     rules = {rule["alert"]: rule for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]
              for rule in group["rules"] if "alert" in rule}
 
-    def codes(alert: str) -> set[int]:
-        found = {frozenset(m.split("|")) for m in re.findall(r'xid=~"([\d|]+)"', rules[alert]["expr"])}
+    def codes(alert: str, match: str = "=~") -> set[int]:
+        found = {frozenset(m.split("|")) for m in re.findall(r'xid' + match + r'"([\d|]+)"', rules[alert]["expr"])}
         assert len(found) == 1, found  # both halves of the expression name the same codes
         return {int(c) for c in next(iter(found))}
 
     assert codes("GpuwearXidCritical") == set(XID_ACT) - LINE_JUDGED  # 74: by its line, in GpuwearHealthAct
-    assert codes("GpuwearXidWatch") == set(XID_WATCH)
+    # every other code but those the catalog says to ignore: its watch and application tiers, and codes newer than it
+    assert codes("GpuwearXidWatch", "!~") == set(XID_ACT) | XID_NONE
+    assert set(range(1, 173)) - codes("GpuwearXidWatch", "!~") == set(XID_WATCH)
     assert {109, 136, 143, 155, 156, *range(144, 151)} <= set(XID_ACT)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
-from gpuwear.health.xids import BY_CODE, LINE_JUDGED, NVLINK_SOURCE, Xid
+from gpuwear.health.xids import LINE_JUDGED, NVLINK_SOURCE, Xid, lookup
 from gpuwear.wear.accumulate import FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
@@ -300,13 +300,12 @@ def _line_judged(f: Facts, code: int, n: int, xid: Xid) -> Finding | None:
 def _xids(f: Facts) -> Findings:
     found = []
     for code, n in sorted((int(x), n) for x, n in f.w.xids.items()):
-        xid = BY_CODE.get(code)
-        if xid is not None and code in LINE_JUDGED:
+        xid = lookup(code)
+        if code in LINE_JUDGED:
             if (finding := _line_judged(f, code, n, xid)) is not None:
                 found.append(finding)
             continue
-        severity = None if xid is None else _xid_severity(f, xid.tier, f.w.last_event.get(f"xid {code}"))
-        if xid is not None and severity is not None:
+        if (severity := _xid_severity(f, xid.tier, f.w.last_event.get(f"xid {code}"))) is not None:
             found.append((severity, f"xid_{code}",
                           f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}"))
     return tuple(found)

@@ -1,15 +1,52 @@
-"""NVIDIA's Xid catalog as data: each code gpuwear judges, what it means, the resolution NVIDIA gives for it and the
-tier gpuwear's verdict puts it in. Judgements as data (GPUd's and NVSentinel's XID tables are the example): the rule
-``xid`` (health.rules) reads this table and nothing else about a code."""
+"""NVIDIA's Xid catalog as data: every code of it (health.xid_catalog), what it means, the resolution NVIDIA gives
+for it and the tier gpuwear's verdict puts it in, with why. Judgements as data (GPUd's and NVSentinel's XID tables
+are the example): the rule ``xid`` (health.rules) reads this table and nothing else about a code."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-CATALOG_SOURCE = ("NVIDIA, Xid Errors: the Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), "
+from gpuwear.health.xid_catalog import CATALOG_DATE, CATALOG_URL, ROWS
+
+CATALOG_SOURCE = (f"NVIDIA, Xid Errors: the Xid catalog for Ampere and newer ({CATALOG_URL}, as of {CATALOG_DATE}), "
                   "its immediate and investigatory resolution buckets")
-AS_ISSUE_51_READ = CATALOG_SOURCE + ": resolved by resetting the GPU, as issue 51 read the catalog (2026-12)"
 OLDER_SOURCE = "NVIDIA's older Xid list (r555), as copied in leptonai/gpud components/accelerator/nvidia/query/xid"
+OWN_SOURCE = f"gpuwear's own reading: the catalog (as of {CATALOG_DATE}) gives this code no resolution yet"
+
+# The tier of a code follows from the immediate resolution NVIDIA's catalog gives it: service at once (a reset, a
+# reboot, a workflow that ends in one, hands on the card) is act; restarting the application (or its VM) is the
+# application tier; asking to contact support, update software or check UVM is watch; ignoring it, or following
+# the other Xid it summarises or sits beside (45, 154), is no reason of its own.
+BUCKET_TIERS = {
+    "RESET_GPU": "act", "RESTART_BM": "act", "WORKFLOW_XID_48": "act", "WORKFLOW_NVLINK_ERR": "act",
+    "WORKFLOW_NVLINK5_ERR": "act", "CHECK_MECHANICALS": "act",
+    "RESTART_APP": "app", "RESTART_VM": "app",
+    "CONTACT_SUPPORT": "watch", "UPDATE_SWFW": "watch", "CHECK_UVM": "watch",
+    "IGNORE": "none", "WORKFLOW_XID_45": "none", "XID_154": "none",
+}
+# Codes whose tier is not their bucket's, each with why: a code the catalog lists as unused that older drivers
+# wrote; two the catalog says to ignore that gpuwear watches; and the newest codes, to which the catalog gives no
+# resolution yet (judged as the code each resembles).
+OVERRIDES: dict[int, tuple[str, str, str]] = {  # code -> (tier, meaning where the catalog's is not one, why)
+    61: ("act", "internal micro-controller breakpoint (older drivers)",
+         "unused in the current catalog; NVIDIA's older list resolves it by reporting a GPU issue and resetting the "
+         "GPU"),
+    63: ("watch", "", "the catalog says to ignore it; a page retired or a row remapped is memory set aside, watched "
+         "for a while as the counts of retired pages and remapped rows are"),
+    92: ("watch", "", "the catalog says to ignore it at once and contact support later; a high corrected-error rate "
+         "is what bleeding_errors watches"),
+    162: ("none", "", "good news: the power-smoothing circuitry works again"),
+    163: ("watch", "", "one circuit (power smoothing) stopped, not the GPU"),
+    164: ("watch", "", "one circuit (power smoothing) near the end of its life, not the GPU"),
+    165: ("watch", "", "one circuit (power smoothing) at the end of its life, not the GPU"),
+    166: ("watch", "", "a confidential-computing configuration fault"),
+    167: ("act", "", "a fatal PCIe timeout: the bus, as XID 79"),
+    168: ("act", "", "GPU memory capacity reduced: memory, as XID 64"),
+    169: ("act", "", "an internal micro-controller halt, as XID 62"),
+    170: ("watch", "", "a confidential-computing interrupt"),
+    171: ("none", "", "adds detail to XID 48, which is judged itself"),
+    172: ("none", "", "adds detail to XID 48, which is judged itself"),
+}
 
 
 @dataclass(frozen=True)
@@ -17,45 +54,39 @@ class Xid:
     """One code of the catalog. ``tier``: what the verdict makes of it ("act": the resolution asks for a GPU reset,
     a reboot or service, and the XID counts as an incident, act for wear.health.incident_act_days then watch until
     incident_watch_days; "watch": watched for xid_watch_days; "app": the resolution is to restart the application,
-    watched for xid_app_days; "none": no reason of its own)."""
+    watched for xid_app_days; "none": no reason of its own). ``why``: where the tier comes from."""
 
     code: int
     meaning: str
     resolution: str  # NVIDIA's immediate / investigatory action
     tier: str
     source: str = CATALOG_SOURCE
+    why: str = ""
+    mnemonic: str = ""
 
 
-CATALOG: tuple[Xid, ...] = (
-    Xid(13, "graphics engine exception", "restart app / workflow Xid 13", "app"),
-    Xid(31, "GPU memory page fault", "restart app / workflow Xid 31", "app"),
-    Xid(43, "GPU stopped processing (the GPU remains in a healthy state)", "ignore / contact support", "none"),
-    Xid(45, "preemptive cleanup after earlier errors or an abort", "workflow Xid 45 / follow the other Xid", "none"),
-    Xid(46, "GPU stopped processing", "reset GPU / contact support", "act"),
-    Xid(48, "double-bit ECC error", "workflow Xid 48 (reset or reboot)", "act"),
-    Xid(61, "internal micro-controller breakpoint", "report a GPU issue and reset GPU(s)", "act", OLDER_SOURCE),
-    Xid(62, "internal micro-controller halt", "reset GPU / contact support", "act"),
-    Xid(63, "ECC page retirement or row remap recorded", "ignore / ignore", "watch"),
-    Xid(64, "ECC page retirement or row remap failed", "reset GPU / contact support", "act"),
-    Xid(74, "NVLink error", "NVLink workflow; reset or reboot", "act"),
-    Xid(79, "GPU fell off the bus", "restart bare metal / contact support", "act"),
-    Xid(92, "high single-bit ECC error rate", "ignore / contact support", "watch"),
-    Xid(94, "contained ECC error", "restart app; reset when convenient", "app"),
-    Xid(95, "uncontained ECC error", "reset GPU", "act"),
-    Xid(119, "GSP RPC timeout", "reset GPU / investigate software", "act"),
-    Xid(120, "GSP error", "reset GPU / investigate software", "act"),
-    Xid(140, "unrecovered ECC error", "reset GPU / contact support", "act"),
-    Xid(109, "context switch timeout", "reset GPU", "act", AS_ISSUE_51_READ),
-    Xid(136, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
-    Xid(143, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
-    *(Xid(code, "NVLink5 error", "NVLink5 workflow; reset GPU", "act", AS_ISSUE_51_READ) for code in range(144, 151)),
-    Xid(154, "GPU recovery action changed (summarizes other Xids)", "as the recovery action says", "none"),
-    Xid(155, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
-    Xid(156, "an error NVIDIA's catalog resolves by resetting the GPU", "reset GPU", "act", AS_ISSUE_51_READ),
-)
+def _entry(code: int, mnemonic: str, description: str, immediate: str, investigatory: str) -> Xid:
+    tier, meaning, why = OVERRIDES.get(code, ("", "", ""))
+    described = description if description != "Unused" else "unused in the catalog"
+    resolution = " / ".join(r for r in (immediate, investigatory) if r) or "none given yet"
+    source = (OLDER_SOURCE if code == 61 else OWN_SOURCE if not immediate else CATALOG_SOURCE)
+    return Xid(code, meaning or described, resolution, tier or BUCKET_TIERS[immediate], source,
+               why or f"the immediate resolution {immediate}", mnemonic)
+
+
+CATALOG: tuple[Xid, ...] = tuple(_entry(*row) for row in ROWS)
 BY_CODE = {x.code: x for x in CATALOG}
 XID_ACT = {x.code: x.meaning for x in CATALOG if x.tier == "act"}
 XID_WATCH = {x.code: x.meaning for x in CATALOG if x.tier in ("watch", "app")}
+XID_NONE = frozenset(x.code for x in CATALOG if x.tier == "none")
+
+
+def lookup(code: int) -> Xid:
+    """The catalog's entry for ``code``; a code it does not list (newer than the catalog gpuwear has) is watched:
+    NVIDIA adds codes for new faults, and one nobody can look up is worth a look."""
+    return BY_CODE.get(code) or Xid(code, f"not in NVIDIA's catalog as of {CATALOG_DATE}", "none known", "watch",
+                                    CATALOG_SOURCE, "a code newer than the catalog gpuwear has")
+
 
 # XID 74 (NVLink error) is judged line by line: its line gives the link and seven registers, and NVIDIA's workflow
 # for Hopper-based products says, bit by bit, which can be ignored, which call for service at once and which only
