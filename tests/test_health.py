@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -679,12 +680,6 @@ def test_xid_74_is_judged_by_its_lines_registers_as_nvidias_nvlink_workflow_says
     fake's NVML events and its driver's kernel log (NVML tells of each XID 74 too, before or after its line): bits to
     ignore give nothing; a bit that calls for service, act; a repeat bit once, watch; twice on its link, act; the
     same ignorable bits on an Ampere GPU, and a line without registers, act as the code's tier."""
-    import time
-
-    from conftest import make_rig
-    from gpuwear.kernlog import KernelLogXids
-    from gpuwear.tracker import WearTracker
-
     def regs(*r: int) -> str:
         return ", ".join(hex(v) for v in r)
 
@@ -696,8 +691,27 @@ def test_xid_74_is_judged_by_its_lines_registers_as_nvidias_nvlink_workflow_says
              5: ["NVLink: fatal error detected on link 2"]}  # no registers
     faults = [{"at": 2 + k, "gpu": gpu, "kind": "xid", "xid": 74, "text": text}
               for gpu, texts in lines.items() for k, text in enumerate(texts)]
+    tracker, snapshot = _judged_with_lines(["h100-sxm"] * 4 + ["a100-sxm", "h100-sxm"], faults, [1, 1, 1, 2, 1, 0])
+    found = [{r["code"]: r["severity"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
+             for g in snapshot.gpus]
+    assert [g.xids for g in snapshot.gpus] == [{74: len(t)} for t in lines.values()]
+    assert found == [{}, {"xid_74": "act"}, {"xid_74": "watch"}, {"xid_74": "act"}, {"xid_74": "act"},
+                     {"xid_74": "act"}], found
+    watched = next(r for r in tracker.views[snapshot.gpus[2].identity.uuid].verdict["reasons"])
+    assert "repeat on the same link" in watched["text"], watched
+
+
+def _judged_with_lines(products: list[str], faults: list[dict[str, object]], lines: list[int]) -> tuple[Any, Any]:
+    """The tracker and the last snapshot after the fake's GPUs of ``products`` trained through ``faults`` (XIDs with
+    their kernel-log lines, each told by NVML's events and the fake driver's kernel log, read by the reader as the
+    daemon runs it), once each GPU's kept lines number ``lines``."""
+    import time
+
+    from conftest import make_rig
+    from gpuwear.kernlog import KernelLogXids
+    from gpuwear.tracker import WearTracker
+
     schedule = [{"kind": "train", "seconds": 3600}]
-    products = ["h100-sxm"] * 4 + ["a100-sxm", "h100-sxm"]
     rig = make_rig({"gpus": [{"product": p, "schedule": schedule} for p in products], "faults": faults})
     tracker = WearTracker({}, WearConfig())
     rig.sampler.start_events(wait_ms=20)
@@ -709,8 +723,7 @@ def test_xid_74_is_judged_by_its_lines_registers_as_nvidias_nvlink_workflow_says
             rig.run(1)
             tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
         deadline = time.monotonic() + 30  # the event and kernel-log threads, in real time, with the clock held
-        while time.monotonic() < deadline and [sum(g.xid_lines.values()) for g in rig.sampler.snapshot.gpus] != [
-                1, 1, 1, 2, 1, 0]:
+        while time.monotonic() < deadline and [sum(g.xid_lines.values()) for g in rig.sampler.snapshot.gpus] != lines:
             rig.sampler.tick()
             tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
             time.sleep(0.01)
@@ -720,13 +733,47 @@ def test_xid_74_is_judged_by_its_lines_registers_as_nvidias_nvlink_workflow_says
     finally:
         kernel.stop()
         rig.backend.close()
+    return tracker, rig.sampler.snapshot
+
+
+def test_the_nvlink5_xids_are_judged_by_nvidias_decode_of_their_line() -> None:
+    """Issue 51: the NVLink5 XIDs 144-150 were act whatever their line said, where NVIDIA's catalog decodes each by
+    its unit (the line's first value) and error status (its second): some call for a GPU reset, some can be
+    ignored, some defer to the Xid 154 that follows (judged as the recovery action). Through the fake's NVML events
+    and kernel log (the fake has no Blackwell product: its H100s carry the lines; the judgement reads the line, not
+    the architecture): a link down for a peer device, act; one NVIDIA says to ignore, nothing; a non-fatal SAW
+    error in the older form, nothing; a remap error that defers to Xid 154, nothing; a line without values, act."""
+    line = "{} Link {:02d} ({})"
+    lines = {0: (149, line.format("NETIR_LINK_EVT  Fatal   XC0 i0", 9, "0x025525c6 0x00000000 0x00000000 0x00000000")),
+             1: (149, line.format("NETIR_LINK_EVT  Fatal   XC0 i0", 1, "0x026615c6 0x00000000 0x00000000 0x00000000")),
+             2: (144, line.format("SAW_MVB Nonfatal XC0 i0", 0, "0x00000001 0x00000001 0x00000000 0x00000000")),
+             3: (145, line.format("RLW_REMAP Nonfatal XC0 i0", 0, "0x00000004 0x00000001 0x00000000 0x00000000")),
+             4: (149, "NETIR_LINK_EVT Fatal")}
+    faults = [{"at": 2, "gpu": gpu, "kind": "xid", "xid": code, "text": text} for gpu, (code, text) in lines.items()]
+    tracker, snapshot = _judged_with_lines(["h100-sxm"] * 5, faults, [1, 1, 1, 1, 0])
     found = [{r["code"]: r["severity"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
-             for g in rig.sampler.snapshot.gpus]
-    assert [g.xids for g in rig.sampler.snapshot.gpus] == [{74: len(t)} for t in lines.values()]
-    assert found == [{}, {"xid_74": "act"}, {"xid_74": "watch"}, {"xid_74": "act"}, {"xid_74": "act"},
-                     {"xid_74": "act"}], found
-    watched = next(r for r in tracker.views[rig.sampler.snapshot.gpus[2].identity.uuid].verdict["reasons"])
-    assert "repeat on the same link" in watched["text"], watched
+             for g in snapshot.gpus]
+    assert [g.xids for g in snapshot.gpus] == [{code: 1} for code, _ in lines.values()]
+    assert found == [{"xid_149": "act"}, {}, {}, {}, {"xid_149": "act"}], found
+    assert [code for code, _, _ in snapshot.gpus[0].xid_lines] == [149]
+
+
+def test_the_nvlink5_decode_by_unit_and_error_status() -> None:
+    """NVIDIA's NVLink5 decode (health.xids.nvlink5_step): the unit by the newer pattern or else the older, the
+    status by its row or else its bits; a reset anywhere is SERVICE, ignore or Xid 154's evaluation alone IGNORE,
+    no unit or no row SERVICE."""
+    from gpuwear.health.xids import IGNORE, SERVICE, nvlink5_step
+
+    assert nvlink5_step(149, (0x021425C6, 0)) == SERVICE  # NETIR_LINK_DOWN, peer device (0x21)
+    assert nvlink5_step(149, (0x026615C6, 0)) == IGNORE  # NETIR_LINK_DOWN 0x26: the catalog says ignore
+    assert nvlink5_step(149, (0x00000013, 1)) == IGNORE  # NETIR_BER_EVENT in the older form
+    assert nvlink5_step(149, (0x00000014, 3)) == IGNORE and nvlink5_step(149, (0x00000014, 1)) == SERVICE  # MFDE
+    assert nvlink5_step(144, (1, 1)) == IGNORE and nvlink5_step(144, (1, 2)) == SERVICE
+    assert nvlink5_step(144, (1, 1 | 4)) == IGNORE and nvlink5_step(144, (1, 1 | 2)) == SERVICE  # by its bits
+    assert nvlink5_step(144, (1, 0x40)) == SERVICE  # a bit with no row
+    assert nvlink5_step(145, (4, 1)) == IGNORE  # RLW_REMAP: Xid 154's evaluation
+    assert nvlink5_step(144, (0x999, 1)) == SERVICE and nvlink5_step(149, (0x025525C6,)) == SERVICE
+    assert nvlink5_step(150, (0, 0)) == SERVICE  # MSE watchdog
 
 
 def test_the_nvlink_workflow_step_of_each_register_bit() -> None:

@@ -83,12 +83,21 @@ def parse_xid(message: str) -> tuple[str, int] | None:
 _NVLINK = re.compile(r"detected on link (\d{1,3}) ?\(((?:0x[0-9A-Fa-f]{1,16}, ?){6}0x[0-9A-Fa-f]{1,16})\)")
 
 
-def parse_nvlink(message: str) -> tuple[int, tuple[int, ...]] | None:
-    """(the link, its seven registers) an XID 74 line gives, else None."""
-    m = _NVLINK.search(message)
+# The NVLink5 XIDs' text (144-150, Blackwell): "149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000
+# 0x00000000 0x00000000 0x00000000 0x00000000)": the unit, its severity, the link and the values NVIDIA's decode reads
+# (the interrupt info, then the error status); older drivers wrote one value in brackets
+_NVLINK5 = re.compile(r"\b(?:Fatal|Nonfatal|Non-fatal)\s+XC ?\d+\s+i ?\d+\s+Link (\d{1,3}) ?"
+                      r"[(\[]((?:0x[0-9A-Fa-f]{1,16}[ ,]*){1,8})[)\]]")
+NVLINK_LINE_CODES = frozenset({74, *range(144, 151)})  # the codes whose line gives a link and the values judged
+
+
+def parse_nvlink(message: str, code: int = 74) -> tuple[int, tuple[int, ...]] | None:
+    """(the link, its values) an NVLink XID's line gives, else None: for XID 74 its seven registers, for 144-150
+    (:data:`NVLINK_LINE_CODES`) the values NVIDIA's NVLink5 decode reads."""
+    m = (_NVLINK if code == 74 else _NVLINK5).search(message)
     if m is None:
         return None
-    return int(m.group(1)), tuple(int(r, 16) for r in m.group(2).replace(" ", "").split(","))
+    return int(m.group(1)), tuple(int(r, 16) for r in re.findall(r"0x[0-9A-Fa-f]+", m.group(2)))
 
 
 def parse_lost(message: str) -> str | None:
@@ -184,8 +193,8 @@ def unreadable(source: str, timeout: float = 10.0) -> str | None:
 class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
     line, ``on_lost(pci_bus_id)`` for each line of the driver saying a GPU fell off the bus, and
-    ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line, and ``on_nvlink(pci_bus_id, link,
-    registers)`` for an XID 74 line that gives them (:func:`parse_nvlink`), just before its ``on_xid``.
+    ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line, and ``on_nvlink(pci_bus_id, code,
+    link, registers)`` for an NVLink XID's line that gives them (:func:`parse_nvlink`), just before its ``on_xid``.
     /dev/kmsg and the journal are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's
     periodic wake-ups are most of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about
     :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read
@@ -199,7 +208,7 @@ class KernelLogXids:
                  on_lost: Callable[[str], None] | None = None,
                  resume: Mapping[str, Any] | None = None,
                  on_position: Callable[[dict[str, Any]], None] | None = None,
-                 on_nvlink: Callable[[str, int, tuple[int, ...]], None] | None = None,
+                 on_nvlink: Callable[[str, int, int, tuple[int, ...]], None] | None = None,
                  lock: AbstractContextManager[Any] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         # a position of this source to go on after (another source's is not)
@@ -291,8 +300,9 @@ class KernelLogXids:
     def _handle(self, message: str) -> None:
         found = parse_xid(message)
         if found is not None:
-            if found[1] == 74 and self._on_nvlink is not None and (nvlink := parse_nvlink(message)) is not None:
-                self._on_nvlink(found[0], *nvlink)  # before its XID: the owner sees the two together
+            if found[1] in NVLINK_LINE_CODES and self._on_nvlink is not None \
+                    and (nvlink := parse_nvlink(message, found[1])) is not None:
+                self._on_nvlink(found[0], found[1], *nvlink)  # before its XID: the owner sees the two together
             self._on_xid(*found)
         elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
             self._on_sxid(*switch)

@@ -384,14 +384,15 @@ class Sampler:
             if gpu is not None:
                 self._count_xid(gpu, 79, "bus")
 
-    def record_kernel_nvlink(self, pci_bus_id: str, link: int, registers: tuple[int, ...]) -> None:
-        """Keep an XID 74 line's link and registers (:func:`gpuwear.kernlog.parse_nvlink`), told just before its
+    def record_kernel_nvlink(self, pci_bus_id: str, code: int, link: int, registers: tuple[int, ...]) -> None:
+        """Keep an NVLink XID line's link and values (:func:`gpuwear.kernlog.parse_nvlink`), told just before its
         XID, for the GPU at that bus id (GpuStatus.xid_lines): what NVIDIA's workflow reads to judge it."""
         with self._lock:
             gpu = self._gpu_at(pci_bus_id)
             if gpu is not None:
-                key = (74, link, registers)
-                gpu.xid_lines[key if key in gpu.xid_lines or len(gpu.xid_lines) < XID_LINES_KEPT else (74, -1, ())] += 1
+                key = (code, link, registers)
+                full = key not in gpu.xid_lines and len(gpu.xid_lines) >= XID_LINES_KEPT
+                gpu.xid_lines[(code, -1, ()) if full else key] += 1
 
     def _gpu_at(self, pci_bus_id: str) -> _Gpu | None:
         """The GPU read here at a PCI bus id as the kernel log's lines give it (:func:`gpuwear.kernlog.bus_key`)."""

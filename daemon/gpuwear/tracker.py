@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from gpuwear.config import WearConfig
 from gpuwear.health import XID_ACT, verdict
 from gpuwear.health.signals import peer_and_own_rates
-from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, nvlink_step
+from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, line_step
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.sample import VGPU_GUEST, GpuSample
@@ -519,9 +519,9 @@ class WearTracker:
             self._xid_lines(w, seen, status, wall, monotonic)
 
     def _xid_lines(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:
-        """XID 74 events judged by NVIDIA's NVLink workflow (health.xids.nvlink_step) where their kernel-log line gave
-        the registers of a Hopper GPU; by the code's tier where none came within XID_LINE_WAIT_SECONDS."""
-        hopper = status.identity.architecture == "hopper"
+        """NVLink XID events (74, 144-150) judged by NVIDIA's workflow for them (health.xids.line_step) where their
+        kernel-log line gave its values; by the code's tier where none came within XID_LINE_WAIT_SECONDS."""
+        architecture = status.identity.architecture
         for key, n in status.xid_lines.items():
             lines = n - seen.xid_lines.get(key, 0)
             if lines <= 0:
@@ -530,7 +530,7 @@ class WearTracker:
             waiting = seen.unexplained.get(code, deque())
             for _ in range(min(lines, len(waiting))):
                 waiting.popleft()
-            self._xid_step(w, seen, code, link, nvlink_step(registers) if hopper else SERVICE, lines, wall)
+            self._xid_step(w, seen, code, link, line_step(code, registers, architecture), lines, wall)
         seen.xid_lines = status.xid_lines
         for code, waiting in seen.unexplained.items():
             while waiting and monotonic - waiting[0] > XID_LINE_WAIT_SECONDS:

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
-from gpuwear.health.xids import LINE_JUDGED, NVLINK_SOURCE, Xid, lookup
+from gpuwear.health.xids import LINE_JUDGED, NVLINK5_SOURCE, NVLINK_SOURCE, Xid, lookup
 from gpuwear.wear.accumulate import FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
@@ -545,13 +545,15 @@ TABLE: tuple[Rule, ...] = (
          "it grows", "> 0", "watch", _GROWTH, _MEMORY_ERRORS, _remapped_rows),
     Rule("xid_N", "XIDs from NVML's events and the kernel log, by code (health.xids)", "from the code's last "
          "occurrence, in the record's time",
-         "any XID of the catalog's act, watch or app tier; XID 74 on a Hopper GPU by its line's registers: bits "
-         "the workflow ignores give nothing, bits it calls for service on a repeat are watched until repeated on "
-         "their link within 24 h", "the code's tier",
+         "any XID of the catalog's act, watch or app tier, or newer than the catalog (watch); XID 74 on a Hopper "
+         "GPU by its line's registers: bits the workflow ignores give nothing, bits it calls for service on a "
+         "repeat are watched until repeated on their link within 24 h; XIDs 144-150 by NVIDIA's decode of their "
+         "line's unit and error status: a reset is act, the rest nothing", "the code's tier",
          "act codes: " + _ACT_THEN_WATCH + "; watch codes, and XID 74 lines waiting for a repeat: "
-         "wear.health.xid_watch_days (7) after the last; codes resolved by restarting the application (13, 31, 94): "
-         "xid_app_days (1)",
-         _XID_CATALOG + "; for XID 74, " + NVLINK_SOURCE, _xids, "GpuwearXidCritical"),
+         "wear.health.xid_watch_days (7) after the last; codes resolved by restarting the application (13, 31, 94 "
+         "and the engine exceptions): xid_app_days (1)",
+         _XID_CATALOG + "; for XID 74, " + NVLINK_SOURCE + "; for 144-150, " + NVLINK5_SOURCE, _xids,
+         "GpuwearXidCritical"),
     Rule("gpu_lost", "NVML_ERROR_GPU_IS_LOST from any read", "from its last occurrence, in the record's time", "any",
          "act",
          _ACT_THEN_WATCH, _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"), _gpu_lost,

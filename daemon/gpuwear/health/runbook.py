@@ -36,7 +36,8 @@ def xid_markdown() -> str:
     rows = ["| Xid | NVIDIA's description (mnemonic) | NVIDIA's resolution (immediate / investigatory) | gpuwear "
             "| why |", "|---|---|---|---|---|"]
     for x in CATALOG:
-        tier = _TIER_WORDS[x.tier] + (", by its line's registers on Hopper" if x.code in LINE_JUDGED else "")
+        by_line = ", by its line's registers on Hopper" if x.code == 74 else ", by NVIDIA's decode of its line"
+        tier = _TIER_WORDS[x.tier] + (by_line if x.code in LINE_JUDGED else "")
         cells = (str(x.code), f"{x.meaning} ({x.mnemonic})", x.resolution, tier, x.why)
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join([XID_BEGIN, *rows, XID_END])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwear.health.xid_catalog import CATALOG_DATE, CATALOG_URL, ROWS
+from gpuwear.health.xid_catalog import CATALOG_DATE, CATALOG_URL, NVLINK5_DECODE, ROWS
 
 CATALOG_SOURCE = (f"NVIDIA, Xid Errors: the Xid catalog for Ampere and newer ({CATALOG_URL}, as of {CATALOG_DATE}), "
                   "its immediate and investigatory resolution buckets")
@@ -94,7 +94,8 @@ def lookup(code: int) -> Xid:
 # another architecture is judged by its tier, as before.
 NVLINK_SOURCE = ("NVIDIA's Xid catalog, WORKFLOW_NVLINK_ERR (XID 74 on Hopper-based products: the first, third, "
                  "fourth and fifth registers), as quoted in NVIDIA/NVSentinel #364 (2025-11-19) and its design 022")
-LINE_JUDGED = frozenset({74})  # codes whose kernel-log line decides their step
+NVLINK5 = frozenset(range(144, 151))
+LINE_JUDGED = frozenset({74}) | NVLINK5  # codes whose kernel-log line decides their step
 IGNORE, SECONDARY, SERVICE = "ignore", "secondary", "service"
 # the register (0: the line's first of seven) -> bit -> its step: IGNORE ("can be safely ignored"; "continue
 # operation"), SECONDARY ("sympathetic or secondary errors": follow the other bits' resolution, and seen solo "report
@@ -126,3 +127,42 @@ def nvlink_step(registers: tuple[int, ...]) -> str | int:
     if SERVICE in acting or not repeats:  # no bit to go on, or secondary bits seen solo ("report a bug")
         return SERVICE
     return min(repeats)
+
+
+NVLINK5_SOURCE = (f"NVIDIA's Xid catalog, WORKFLOW_NVLINK5_ERR: its decode of XIDs 144-150 by unit and error status "
+                  f"({CATALOG_URL}, sheet \"XID 144-150 Decode\", as of {CATALOG_DATE})")
+
+
+def _matches(pattern: str, value: int) -> bool:
+    return all(bit == "-" or int(bit) == value >> (31 - i) & 1 for i, bit in enumerate(pattern))
+
+
+def nvlink5_step(code: int, registers: tuple[int, ...]) -> str:
+    """The step NVIDIA's decode of the NVLink5 XIDs (:data:`NVLINK5_DECODE`) gives a line's values: its first
+    (the interrupt info, matched against the unit patterns of the newer form, else the older) and its second (the
+    error status: the row of that value, else every set bit's row). IGNORE where every row found says to ignore it
+    or to judge the Xid 154 that follows (gpuwear judges the recovery action itself); SERVICE where one calls for
+    a GPU reset, or where no row is found (the code's tier)."""
+    if len(registers) < 2:
+        return SERVICE
+    info, status = registers[0], registers[1]
+    rows = [r for r in NVLINK5_DECODE if r[0] == code and _matches(r[2], info)]  # the newer pattern
+    rows = rows or [r for r in NVLINK5_DECODE if r[0] == code and _matches(r[3], info)]  # else the older
+    if not rows:
+        return SERVICE
+    found = [r[5] for r in rows if r[4] == status]
+    if not found:
+        bits = [1 << b for b in range(32) if status >> b & 1]
+        found = [next((r[5] for r in rows if r[4] == bit), "") for bit in bits]
+    if not found or any(res not in ("IGNORE", "XID_154_EVAL") for res in found):
+        return SERVICE
+    return IGNORE
+
+
+def line_step(code: int, registers: tuple[int, ...], architecture: str | None) -> str | int:
+    """The step NVIDIA's workflow for ``code`` (one of :data:`LINE_JUDGED`) gives its kernel-log line's values on a
+    GPU of ``architecture`` (GpuIdentity.architecture): XID 74 by :func:`nvlink_step` on Hopper (the workflow's
+    registers are published for Hopper alone; elsewhere SERVICE), 144-150 by :func:`nvlink5_step`."""
+    if code in NVLINK5:
+        return nvlink5_step(code, registers)
+    return nvlink_step(registers) if architecture == "hopper" else SERVICE
