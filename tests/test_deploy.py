@@ -861,3 +861,18 @@ def test_the_runbook_url_is_set_at_install(copy_of_staged: Staged) -> None:
     refused = _script(INSTALL, copy_of_staged.root, check=False, RUNBOOK_URL="docs/alerts.md")
     assert refused.returncode == 1 and "RUNBOOK_URL must be an absolute URL" in refused.stderr
 
+
+
+def test_the_readme_is_for_a_user_the_two_commands_first_and_under_3000_words() -> None:
+    """Issue 53: the README was 7,536 words written for us (benchmark narrative with commit hashes and UTC times).
+    It opens with the two commands a new user runs (the daemon; the tests), stays under 3,000 words, and leaves the
+    figures to bench/README.md and the reference to docs/."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    assert blocks[:2] == ["python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/gpuwear run "
+                          "--simulate-if-no-gpu\n", "./test.sh\n"], blocks[:2]
+    assert len(readme.split()) <= 3000, len(readme.split())
+    assert not re.search(r"\b[0-9a-f]{7}\b", readme)  # no commit hashes
+    assert not re.search(r"\d\d:\d\d UTC", readme)  # nor times of day
+    for doc in ("docs/commands.md", "docs/metrics.md", "docs/ledger.md", "bench/README.md", "CONTRIBUTING.md"):
+        assert f"({doc})" in readme and (REPO / doc).exists(), doc

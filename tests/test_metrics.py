@@ -309,7 +309,7 @@ def _budget(default: dict[str, float]) -> dict[str, tuple[int, int]]:
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: Path(s).stem)
 def test_the_default_set_is_part_of_the_detail_set_within_budget(scenario: str) -> None:
     """metrics.detail adds series and changes none; by default a GPU costs at most 60 series, 50 of wear and
-    telemetry and 10 of health signals (README "Metrics")."""
+    telemetry and 10 of health signals (docs/metrics.md)."""
     rig = make_rig(scenario)
     tracker = WearTracker({}, WearConfig())
     for _ in range(600):

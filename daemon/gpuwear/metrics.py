@@ -5,7 +5,7 @@ then their own. A value that is ``None`` (unsupported, failed, dropped) yields n
 The default set is what a fleet needs (the dashboards, the alert rules, the DCGM names):
 49 series per GPU on average (bench/scrape_bench.py). ``metrics.detail: true`` adds the families and label values marked
 ``detail`` here (every temperature step, every clock-event reason, parameter bands, static
-limits): 108 per GPU. README "Metrics" lists what each family costs.
+limits): 108 per GPU. docs/metrics.md lists what each family costs.
 """
 
 from __future__ import annotations

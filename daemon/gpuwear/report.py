@@ -1,6 +1,6 @@
 """`gpuwear report`: the ledger as a stable JSON document and as words a person can read.
 
-The JSON keys are a contract (see README): add keys, never rename or remove them.
+The JSON keys are a contract (README, docs/commands.md): add keys, never rename or remove them.
 """
 
 from __future__ import annotations
