@@ -4,6 +4,7 @@ Xid catalog as data."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from pathlib import Path
@@ -774,6 +775,35 @@ def test_the_nvlink5_decode_by_unit_and_error_status() -> None:
     assert nvlink5_step(145, (4, 1)) == IGNORE  # RLW_REMAP: Xid 154's evaluation
     assert nvlink5_step(144, (0x999, 1)) == SERVICE and nvlink5_step(149, (0x025525C6,)) == SERVICE
     assert nvlink5_step(150, (0, 0)) == SERVICE  # MSE watchdog
+
+
+def test_an_xid_74_repeat_is_counted_across_a_restart() -> None:
+    """Issue 51: the XID 74 lines whose bits call for service only on a repeat were counted in the daemon's memory,
+    so a restart between the first and the second on a link started the count again and the second was watched
+    too. The repeats are kept in the GPU's record (last_event, "xid 74 link N #i"): the record goes through the
+    ledger's JSON and a new tracker, and the second line on that link within 24 h calls for service; one on another
+    link, or after 24 h, is watched."""
+    from gpuwear.health.xids import NVLINK_STEPS
+    from gpuwear.tracker import REPEATS_KEPT, WearTracker, _Seen
+
+    assert max(s for bits in NVLINK_STEPS.values() for s in bits.values() if isinstance(s, int)) <= REPEATS_KEPT
+
+    def restarted(w: GpuWear) -> GpuWear:
+        return GpuWear.from_json(json.loads(json.dumps(w.to_json())), w.gate_celsius)
+
+    w = GpuWear("GPU-x", name="card")
+    w.first_seen = w.last_seen = T0
+    WearTracker._xid_step(w, _Seen(), 74, 14, 2, 1, T0)
+    assert "xid 74 watch" in w.last_event and "xid 74" not in w.last_event
+    again = restarted(w)
+    WearTracker._xid_step(again, _Seen(), 74, 3, 2, 1, T0 + 600)  # another link: its first
+    assert "xid 74" not in again.last_event
+    WearTracker._xid_step(again, _Seen(), 74, 14, 2, 1, T0 + 3600)  # the same link, an hour on, after a restart
+    assert again.last_event["xid 74"] == T0 + 3600 and len(again.incidents) == 1
+    late = restarted(w)
+    WearTracker._xid_step(late, _Seen(), 74, 14, 2, 1, T0 + DAY + 1)  # the same link, past 24 h
+    assert "xid 74" not in late.last_event
+    assert sum(k.startswith("xid 74 link 14 #") for k in late.last_event) == 1  # the old one dropped
 
 
 def test_the_nvlink_workflow_step_of_each_register_bit() -> None:

@@ -181,7 +181,6 @@ class _Seen:
     # by LINE_JUDGED code, the monotonic times of its XID events no line has explained yet: judged by their tier
     # once XID_LINE_WAIT_SECONDS pass without one
     unexplained: dict[int, deque[float]] = field(default_factory=dict)
-    nvlink_repeats: dict[int, deque[float]] = field(default_factory=dict)  # link -> wall times of repeat-step lines
     stalls: int = 0  # the sampler's since-start count of ticks its read was past the deadline, last seen
     stalling: bool = False  # the last tick found it past the deadline (one hang: one stall, however many ticks)
     reset_required: int = 0  # the sampler's since-start count of reads NVML answered RESET_REQUIRED, last seen
@@ -191,6 +190,24 @@ class _Seen:
     before_memory: tuple[float, float] | None = None  # (wall, °C) of the last memory (HBM) reading believed
     # a suspect sample (sample, dt, jobs): judged by the next
     held: tuple[GpuSample, float, list[Job] | Unseen] | None = None
+
+
+REPEATS_KEPT = 3  # a link's newest repeat-step lines kept: the workflow's largest repeat count (health.xids)
+
+
+def _repeats(w: GpuWear, code: int, link: int, wall: float, lines: int) -> list[float]:
+    """The wall times of ``code``'s repeat-step lines on ``link`` within NVLINK_REPEAT_SECONDS of ``wall``, these
+    ``lines`` at ``wall`` included, newest REPEATS_KEPT: kept in the record's ``last_event`` as "xid CODE link LINK
+    #N", which older releases read as any other last event."""
+    keys = [f"xid {code} link {link} #{i}" for i in range(REPEATS_KEPT)]
+    times = sorted([w.last_event[k] for k in keys if k in w.last_event] + [wall] * min(lines, REPEATS_KEPT))
+    times = [t for t in times if wall - t <= NVLINK_REPEAT_SECONDS][-REPEATS_KEPT:]
+    for i, key in enumerate(keys):
+        if i < len(times):
+            w.last_event[key] = times[i]
+        else:
+            w.last_event.pop(key, None)
+    return times
 
 
 class WearTracker:
@@ -540,12 +557,10 @@ class WearTracker:
     @staticmethod
     def _xid_step(w: GpuWear, seen: _Seen, code: int, link: int, step: str | int, lines: int, wall: float) -> None:
         """``lines`` XID lines of ``code`` on ``link`` at ``wall`` given ``step``: act (an incident), watched (a
-        repeat step not yet repeated enough on its link within NVLINK_REPEAT_SECONDS) or ignored."""
+        repeat step not yet repeated enough on its link within NVLINK_REPEAT_SECONDS) or ignored. A link's recent
+        repeat-step lines are kept in the record (:func:`_repeats`), so a restart does not count them again from 0."""
         if isinstance(step, int):
-            times = seen.nvlink_repeats.setdefault(link if 0 <= link < 64 else -1, deque(maxlen=8))
-            times.extend([wall] * min(lines, 8))
-            while times and wall - times[0] > NVLINK_REPEAT_SECONDS:
-                times.popleft()
+            times = _repeats(w, code, link if 0 <= link < 64 else -1, wall, lines)
             step = SERVICE if len(times) >= step else "watch"
         if step == SERVICE:
             w.last_event[f"xid {code}"] = wall
