@@ -198,7 +198,6 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
     for r in h.get("would_have_said") or ():
         out.append(f'<p class="muted">Would have said (rule {_e(r["code"])} on trial): [{_e(r["severity"])}] '
                    f'{_e(r["text"])}</p>')
-    out.append(f'<p class="muted">{_e(risk_seen(d))}</p>')
     out.append('<div class="cards"><div class="card"><h3>Heat aging (Arrhenius)</h3>'
                f'<div class="big">{_figure("thermal_aging_central_hours", a["central"], duration(a["central"] * 3600))}'
                f'</div><p class="muted">at a steady {a["reference_celsius"]:g} °C; '
@@ -229,7 +228,8 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
                   if coverage is not None else "")
                + "; energy " + _figure("energy_joules", d["energy_joules"], f"{d['energy_joules'] / 3.6e6:.2f} kWh")
                + ". Nothing before is known. Estimates from named models (docs/wear-model.md), "
-                 "not a measured remaining life.</p></section>")
+                 "not a measured remaining life.</p>"
+               + f'<p class="muted">{_e(risk_seen(d))}</p></section>')
     return "".join(out)
 
 

@@ -1,6 +1,7 @@
 """`gpuwear report`: the ledger as a stable JSON document and as words a person can read.
 
-The JSON keys are a contract (README, docs/commands.md): add keys, never rename or remove them.
+The JSON keys are a contract (docs/commands.md, "report --json"): add keys, never rename or remove them; a
+change of meaning bumps SCHEMA_VERSION.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from gpuwear.ledger.records import CHANGED
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.wear.models import MIN_COMPARISON_SECONDS, WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
 from gpuwear.wear.schema import READING_GROUPS
+
+# the JSON document's version (docs/commands.md): 1 had none; 2 gives every band its ends by value
+SCHEMA_VERSION = 2
+_BAND = ("low", "central", "high")
 
 THRESHOLD_SENSORS = {"slowdown": "gpu", "gpu_max": "gpu", "memory_max": "memory", "shutdown": "gpu"}
 
@@ -190,7 +195,23 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
             g["not_seen"] = {"last_seen": g["last_seen"], "host_last_seen": host}
         if (by := replaced.get(g["uuid"])) is not None:
             g["replaced_by"] = {"uuid": by.uuid, "first_seen": by.first_seen, "pci_bus_id": by.pci_bus_id}
-    return {"ledger": ledger, "simulated": simulated, "gpus": gpus}
+    for g in gpus:
+        _band_ends(g)
+    return {"schema_version": SCHEMA_VERSION, "ledger": ledger, "simulated": simulated, "gpus": gpus}
+
+
+def _band_ends(node: Any, key: str = "") -> None:
+    """Give every band of a GPU's document (``low``, ``central``, ``high``: its value with each of the model's
+    parameter sets, so ``low`` may be the larger) its ends by value, ``smallest`` and ``largest``; the parameters'
+    own values (under ``parameters``) are not a band."""
+    if isinstance(node, dict) and key != "parameters":
+        if all(isinstance(node.get(b), (int, float)) for b in _BAND) and "smallest" not in node:
+            node["smallest"], node["largest"] = min(node[b] for b in _BAND), max(node[b] for b in _BAND)
+        for k, v in node.items():
+            _band_ends(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            _band_ends(v)
 
 
 _ABSENT = {"not_in_logs": "not in the imported logs", "not_reported": "not reported by this card"}
@@ -306,8 +327,7 @@ def _larger_stress(d: dict[str, Any]) -> str:
         larger, low, high = "heat aging", 1 / max(ratios), 1 / min(ratios)
     else:
         return ""
-    return f" Measured against gaming, {larger} is the larger stress here ({between(low, high)} times " \
-           "the other, across the models' parameters)."
+    return f" Measured against gaming, {larger} is the larger stress here ({between(low, high)} times the other)."
 
 
 def plain_words(d: dict[str, Any]) -> str:
@@ -320,11 +340,11 @@ def plain_words(d: dict[str, Any]) -> str:
     gaming = d["profile_equivalent_days"]["gaming_4h_day"]
     heat_days = _gaming_days(gaming["thermal_aging"], "do")
     text = (f"{health} Heat aged its chip about as much as {_span(a['central'])} at a steady "
-            f"{a['reference_celsius']:g} °C would (central estimate; "
-            f"{between(a['range']['smallest'], a['range']['largest'], _span)} across the model's parameters){heat_days}"
-            f"; its temperature swings were worth about {roughly(c['central'])} equivalent full "
-            f"{c['reference_peak_celsius'] - c['reference_range_celsius']:g} → {c['reference_peak_celsius']:g} °C "
-            f"cycles (central estimate; {between(c['range']['smallest'], c['range']['largest'])})"
+            f"{a['reference_celsius']:g} °C would "
+            f"({between(a['range']['smallest'], a['range']['largest'], _span)}){heat_days}"
+            f"; its temperature swings were worth about {roughly(c['central'])} full swings from "
+            f"{c['reference_peak_celsius'] - c['reference_range_celsius']:g} °C up to {c['reference_peak_celsius']:g} °C "
+            f"and back ({between(c['range']['smallest'], c['range']['largest'])})"
             f"{_gaming_days(gaming['cycle_fatigue'], 'make')}.")
     text += _larger_stress(d)
     first = d["first_seen"]
@@ -370,9 +390,8 @@ def _change_words(d: dict[str, Any]) -> str:
         return ""
     f = h["heat_aging_factor"]
     return (f" What would change this: {h['by_celsius']:g} °C hotter than its usual {h['usual_celsius']:g} °C, heat "
-            f"aging runs about {roughly(f['central'])} times as fast (central estimate; {between(f['low'], f['high'])} "
-            "across the model's parameters), and larger or hotter swings raise the cycling "
-            "figure; a health reason would matter more than either.")
+            f"aging runs about {roughly(f['central'])} times as fast ({between(min(f['low'], f['high']), max(f['low'], f['high']))}), and "
+            "larger or hotter swings raise the cycling figure; a health reason would matter more than either.")
 
 
 # Meta, "The Llama 3 Herd of Models" (2024), table 5: the 419 unexpected interruptions of 54 days of training on
@@ -413,7 +432,7 @@ def _wear_lines(d: dict[str, Any]) -> list[str]:
     deep-learning card would only be compared with itself), and the card's own busy and idle time."""
     a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
     comparison = d["comparison"]
-    out = ["  Wear (estimates from named models, not a remaining life):",
+    out = ["  How this is estimated (named models, each with its band; not a remaining life):",
            f"    Heat aging (Arrhenius): about {_span(a['central'])} at a steady {a['reference_celsius']:g} °C "
            f"(central estimate; {range_text(a['range'], _span)})",
            f"    Thermal cycling (Coffin-Manson): about {roughly(c['central'])} equivalent full "
@@ -494,7 +513,6 @@ def text_report(doc: dict[str, Any]) -> str:
         if slow := slow_reads_text(h.get("slow_reads") or {}):
             out.append(f"    Its NVML {slow} (a tick's read of the GPU)")
         out.append(f"  In plain words: {plain_words(d)}")
-        out.append(f"  {risk_seen(d)}")
         out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]
         cov = f" ({100 * coverage:.0f} % of the time since first seen)" if coverage is not None else ""
@@ -540,6 +558,7 @@ def text_report(doc: dict[str, Any]) -> str:
         if trend:
             out.append(f"    Cooling: {trend['last_celsius_per_watt']:.3f} °C per W above idle at steady load "
                        f"({trend['days']} day(s) measured)")
+        out.append(f"  {risk_seen(d)}")
         a, c = d["thermal_aging_equivalent_hours"], d["cycle_fatigue_equivalent_cycles"]
         out.append("  Model details (bands from three parameter sets; estimates, not a remaining life):")
         out.append(f"    Thermal aging: {_band_text(a, 'hours')} at {a['reference_celsius']:g} °C "
