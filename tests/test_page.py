@@ -92,6 +92,17 @@ def _look(browser: Any, url: str, name: str) -> dict[str, Any]:
             "  if (b.width && b.height && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)"
             "   { out.push(t.textContent); break; } } } return out;")
         assert not covered, f"{width_name}: limit labels covered by columns: {covered}"
+        # issue 53: no chart text runs into a bar, a column, a whisker or a limit's line ("gaming 4 h a day" into its
+        # bar, a limit's label across another limit's line at 1280 px)
+        crossed = browser.execute_script(
+            "const out = []; for (const t of document.querySelectorAll('svg text')) {"
+            " const a = t.getBoundingClientRect();"
+            " for (const r of t.closest('svg').querySelectorAll('rect, line, path')) {"
+            "  if (r.tagName === 'line' && r.getAttribute('y1') === r.getAttribute('y2')) continue;"  # the baseline
+            "  const b = r.getBoundingClientRect();"
+            "  if (a.left < b.right - 0.5 && b.left + 0.5 < a.right && a.top < b.bottom - 0.5 && b.top + 0.5 < a.bottom)"
+            "   { out.push(t.textContent); break; } } } return out;")
+        assert not crossed, f"{width_name}: chart text crossing a shape: {crossed}"
         # every bar of an estimate against everyday use carries its band
         unbanded = browser.execute_script(
             "return [...document.querySelectorAll('.card svg')].filter("

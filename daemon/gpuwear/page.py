@@ -57,7 +57,8 @@ def _bars(rows: Sequence[Bar], unit: str, width: int = 360) -> str:
     view box is about a phone's width, the page caps it on a desktop). An estimate's band is a whisker across its
     bar, from the smallest to the largest figure of the model's parameter sets, and its value's title says both."""
     top = max((max(v, band[1] if band else 0.0) for _, v, _, band in rows), default=0.0) or 1.0
-    height, label_w = 26 * len(rows) + 8, 118
+    # the labels' column as wide as the longest label at the charts' 14 px (9 units a character, wider than most)
+    height, label_w = 26 * len(rows) + 8, max(118, 9 * max((len(r[0]) for r in rows), default=0) + 6)
     room = width - label_w - 48
 
     def x(v: float) -> float:
@@ -109,9 +110,12 @@ def _histogram(hist: dict[str, float], thresholds: dict[str, float], sensor: str
         bh = (base - ceiling) * hours / top
         out.append(f'<rect x="{x(t):.1f}" y="{base - bh:.1f}" width="{bar:.1f}" height="{bh:.1f}" fill="#2563eb">'
                    f'<title>{t} °C: {_e(duration(hist[str(t)]))}</title></rect>')
-    for i, (name, value) in enumerate(sorted(marks.items(), key=lambda kv: kv[1])):
-        label = {"gpu_max": "max", "memory_max": "max"}.get(name, name)  # staggered: limits sit close together
-        anchor = "end" if x(value) > width * 0.6 else "start"
+    # staggered, the highest limit's label on top, each to the left of its line: a label then never meets another
+    # limit's line (a higher one lies to its right, a lower one starts below its row); to the right only where the
+    # left has no room for it (9 units a character)
+    for i, (name, value) in enumerate(sorted(marks.items(), key=lambda kv: -kv[1])):
+        label = {"gpu_max": "max", "memory_max": "max"}.get(name, name)
+        anchor = "end" if x(value) > 9 * len(f"{label} {value:g} °C") + 3 else "start"
         dx = -3 if anchor == "end" else 3
         out.append(f'<line x1="{x(value):.1f}" y1="{4 + 17 * i}" x2="{x(value):.1f}" y2="{base}" stroke="#b91c1c" '
                    f'stroke-dasharray="4 3"/><text class="limit" x="{x(value) + dx:.1f}" y="{16 + 17 * i}" '
