@@ -100,8 +100,9 @@ def _look(browser: Any, url: str, name: str) -> dict[str, Any]:
             " for (const r of t.closest('svg').querySelectorAll('rect, line, path')) {"
             "  if (r.tagName === 'line' && r.getAttribute('y1') === r.getAttribute('y2')) continue;"  # the baseline
             "  const b = r.getBoundingClientRect();"
-            "  if (a.left < b.right - 0.5 && b.left + 0.5 < a.right && a.top < b.bottom - 0.5 && b.top + 0.5 < a.bottom)"
-            "   { out.push(t.textContent); break; } } } return out;")
+            "  if (a.left < b.right - 0.5 && b.left + 0.5 < a.right"
+            "      && a.top < b.bottom - 0.5 && b.top + 0.5 < a.bottom) { out.push(t.textContent); break; } } }"
+            " return out;")
         assert not crossed, f"{width_name}: chart text crossing a shape: {crossed}"
         # every bar of an estimate against everyday use carries its band
         unbanded = browser.execute_script(

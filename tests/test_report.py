@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import subprocess
 import sys
 import time
@@ -151,7 +152,6 @@ def _page_sections(tmp_path: Path, state: Path, simulated: str) -> list[str]:
 def _check_bands(text: str, compared: bool) -> None:
     """Every estimate of a `report` text with its band or named a central estimate, no larger-stress claim unless
     ``compared`` (and then with its band), counted and equivalent cycles named apart, the fan's basis said."""
-    import re
 
     for words in re.findall(r"In plain words: (.*)", text):
         if "Too little observed" in words:
@@ -705,3 +705,41 @@ def test_every_band_of_the_json_gives_its_ends_by_value_and_the_document_its_ver
     assert aging["low"] > aging["high"] and aging["smallest"] == aging["high"]  # the issue's case: low is larger
     text = " ".join((REPO / "docs" / "commands.md").read_text().split())
     assert "`schema_version`: **2**" in text and "**named after the parameter set**" in text
+
+
+@pytest.mark.slow
+def test_each_xid_says_what_ran_and_the_process_its_line_names(tmp_path: Path) -> None:
+    """Issue 54, item 1 (first slice): an XID was an event with its code and count alone, so "is it my code or the
+    card?" had nothing to start from. Each XID's event now says who ran on the GPU then (its jobs, or its idle
+    line), and the process its kernel-log line names (pid and name, as krcReportXid writes them) comes as an event
+    "xid process"; both are kept with the events (365 days), past the jobs table's retention, and `report` lists
+    the newest with them. Through the simulated driver: an application's XID 31 on the GPU running "train-a" names
+    that job's process; an XID 79 on an idle GPU names none."""
+    from gpuwear.sim.simulated import synthetic_pid
+    from helpers import run_simulated
+
+    scenario = tmp_path / "xidjobs.yaml"
+    scenario.write_text(
+        "gpus:\n"
+        "  - product: h100-sxm\n    schedule: [{kind: train, seconds: 7200, job: train-a}]\n"
+        "  - product: h100-sxm\n    schedule: [{kind: idle, seconds: 7200}]\n"
+        "faults:\n  - {at: 40, gpu: 0, kind: xid, xid: 31, process: true}\n"
+        "  - {at: 40, gpu: 1, kind: xid, xid: 79}\n")
+    state = tmp_path / "state"
+    run_simulated(state, str(scenario), 60.0, 3.0)
+    doc = report(state, "--simulated", "xidjobs")
+    events = [e for g in doc["gpus"] for e in g["events"] if e["kind"].startswith("xid")]
+    busy, idle = (next(g for g in doc["gpus"] if any(e.get("xid") == code for e in g["events"])) for code in (31, 79))
+    (xid31,) = [e for e in busy["events"] if e["kind"] == "xid"]
+    (process,) = [e for e in busy["events"] if e["kind"] == "xid process"]
+    assert xid31["xid"] == 31 and "train-a" in xid31["jobs"], events
+    assert (process["xid"], process["pid"], process["process"]) == (31, synthetic_pid("train-a"), "train-a"), process
+    assert "train-a" in process["jobs"]
+    (xid79,) = [e for e in idle["events"] if e["kind"] == "xid"]
+    (unknown,) = [e for e in idle["events"] if e["kind"] == "xid process"]
+    assert xid79["jobs"] == "idle" and unknown["pid"] is None and unknown["process"] == "<unknown>", idle["events"]
+    text = gpuwear("report", "--state-dir", str(state), "--simulated", "xidjobs").stdout
+    assert "XIDs lately, with what ran then:" in text
+    assert "XID 31; running: simulated train-a\n" in text, text
+    assert f"XID 31's line names process train-a (pid {synthetic_pid('train-a')}); running: " in text, text
+    assert "XID 79's line names a process the driver did not know" in text and "XID 79; running: idle" in text, text

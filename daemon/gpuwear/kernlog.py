@@ -69,6 +69,25 @@ _SXID = re.compile(r"nvidia-nvswitch\d*:? SXid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-
                    r"(\d{1,5})(?:, (Fatal|Non-fatal))?")
 
 
+# the process krcReportXid names: "pid=%s, name=%s, " (the host's PID and the process's 15-character comm; the GPU's own
+# faults give "pid='<unknown>', name=<unknown>")
+_PROCESS = re.compile(r"\): \d{1,5}, pid=(?:'?<unknown>'?|(\d{1,10}))(?:, name=([^,]{0,64}?))?,")
+UNKNOWN_PROCESS = "<unknown>"
+
+
+def parse_process(message: str) -> tuple[int | None, str] | None:
+    """(the PID, the process name) an XID line names, None and :data:`UNKNOWN_PROCESS` where it says the process is
+    unknown; None where the line names none (older drivers, some codes). The name is made printable (a character
+    that is not: "?")."""
+    m = _PROCESS.search(message)
+    if m is None:
+        return None
+    name = (m.group(2) or "").strip().strip("'")
+    pid = int(m.group(1)) if m.group(1) else None
+    shown = "".join(c if c.isprintable() else "?" for c in name)[:64]  # the line's bytes, as another program wrote
+    return pid, (UNKNOWN_PROCESS if name in ("", "<unknown>") else shown)
+
+
 def parse_xid(message: str) -> tuple[str, int] | None:
     """(the GPU's PCI bus id as NVML writes it, ``00000000:17:00.0``; the XID) of a driver's XID line, else None."""
     m = _XID.search(message)
@@ -194,7 +213,8 @@ class KernelLogXids:
     """Follows one kernel-log source on a thread of its own, calling ``on_xid(pci_bus_id, xid)`` for each driver XID
     line, ``on_lost(pci_bus_id)`` for each line of the driver saying a GPU fell off the bus, and
     ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line, and ``on_nvlink(pci_bus_id, code,
-    link, registers)`` for an NVLink XID's line that gives them (:func:`parse_nvlink`), just before its ``on_xid``.
+    link, registers)`` for an NVLink XID's line that gives them (:func:`parse_nvlink`) and ``on_process(pci_bus_id,
+    code, pid, name)`` for one that names its process (:func:`parse_process`), each just before its ``on_xid``.
     /dev/kmsg and the journal are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's
     periodic wake-ups are most of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about
     :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read
@@ -209,7 +229,8 @@ class KernelLogXids:
                  resume: Mapping[str, Any] | None = None,
                  on_position: Callable[[dict[str, Any]], None] | None = None,
                  on_nvlink: Callable[[str, int, int, tuple[int, ...]], None] | None = None,
-                 lock: AbstractContextManager[Any] | None = None) -> None:
+                 lock: AbstractContextManager[Any] | None = None,
+                 on_process: Callable[[str, int, int | None, str], None] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         # a position of this source to go on after (another source's is not)
         self._resume = dict(resume) if resume and resume.get("source") == self.source else None
@@ -221,6 +242,7 @@ class KernelLogXids:
         self._on_sxid = on_sxid
         self._on_lost = on_lost
         self._on_nvlink = on_nvlink
+        self._on_process = on_process
         self._given = lines
         self._wake_given = wake
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # stop() writes: /dev/kmsg's wait ends
@@ -303,6 +325,8 @@ class KernelLogXids:
             if found[1] in NVLINK_LINE_CODES and self._on_nvlink is not None \
                     and (nvlink := parse_nvlink(message, found[1])) is not None:
                 self._on_nvlink(found[0], found[1], *nvlink)  # before its XID: the owner sees the two together
+            if self._on_process is not None and (process := parse_process(message)) is not None:
+                self._on_process(found[0], found[1], *process)  # likewise
             self._on_xid(*found)
         elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
             self._on_sxid(*switch)

@@ -343,8 +343,8 @@ def plain_words(d: dict[str, Any]) -> str:
             f"{a['reference_celsius']:g} °C would "
             f"({between(a['range']['smallest'], a['range']['largest'], _span)}){heat_days}"
             f"; its temperature swings were worth about {roughly(c['central'])} full swings from "
-            f"{c['reference_peak_celsius'] - c['reference_range_celsius']:g} °C up to {c['reference_peak_celsius']:g} °C "
-            f"and back ({between(c['range']['smallest'], c['range']['largest'])})"
+            f"{c['reference_peak_celsius'] - c['reference_range_celsius']:g} °C up to "
+            f"{c['reference_peak_celsius']:g} °C and back ({between(c['range']['smallest'], c['range']['largest'])})"
             f"{_gaming_days(gaming['cycle_fatigue'], 'make')}.")
     text += _larger_stress(d)
     first = d["first_seen"]
@@ -389,8 +389,9 @@ def _change_words(d: dict[str, Any]) -> str:
     if not h:
         return ""
     f = h["heat_aging_factor"]
+    lo, hi = min(f["low"], f["high"]), max(f["low"], f["high"])
     return (f" What would change this: {h['by_celsius']:g} °C hotter than its usual {h['usual_celsius']:g} °C, heat "
-            f"aging runs about {roughly(f['central'])} times as fast ({between(min(f['low'], f['high']), max(f['low'], f['high']))}), and "
+            f"aging runs about {roughly(f['central'])} times as fast ({between(lo, hi)}), and "
             "larger or hotter swings raise the cycling figure; a health reason would matter more than either.")
 
 
@@ -460,6 +461,37 @@ def _band_text(e: dict[str, Any], unit: str) -> str:
     return f"{between(lo, hi, lambda v: f'{v:.3g}')} {unit} (central {e['central']:.3g})"
 
 
+XIDS_SHOWN = 5  # the newest XIDs a card's words list with what ran
+
+
+def xid_lines(d: dict[str, Any]) -> list[str]:
+    """The card's newest XIDs among its listed events, each with who ran on it then (its jobs, or its idle or
+    unattributed line, as the XID's event says) and the process its kernel-log line named where one did: "is it my
+    code or the card?" starts from here. Text from outside (job and process names) made printable."""
+    shown = [e for e in d["events"] if e["kind"] in ("xid", "xid process")][-XIDS_SHOWN:]
+    if not shown:
+        return []
+    out = ["XIDs lately, with what ran then:"]
+    for e in shown:  # an event's detail is any flat mapping the ledger validated: each key read as it may be
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(e["wall"]))
+        jobs = printable(str(e.get("jobs") or "not recorded (an older gpuwear)"))
+        code = printable(str(e.get("xid", e.get("code", "?"))))
+        count = e.get("count")
+        if e["kind"] == "xid":
+            out.append(f"  {when}  XID {code}" + (f" ×{count:g}" if isinstance(count, (int, float))
+                                                  and not isinstance(count, bool) and count > 1 else "")
+                       + f"; running: {jobs}")
+        else:
+            name, pid = e.get("process"), e.get("pid")
+            if name in (None, "<unknown>") and pid is None:
+                who = "a process the driver did not know (a fault of the GPU's own, or no process)"
+            else:
+                who = f"process {printable(str(name or '?'))}" + (f" (pid {printable(str(pid))})" if pid is not None
+                                                                  else "")
+            out.append(f"  {when}  XID {code}'s line names {who}; running: {jobs}")
+    return out
+
+
 def set_aside_words(d: dict[str, Any]) -> str | None:
     """What a daemon's open set aside of a GPU (report documents' ``set_aside``), in words; None: nothing."""
     aside = d.get("set_aside")
@@ -512,6 +544,7 @@ def text_report(doc: dict[str, Any]) -> str:
             out.append(f"    {_incidents_line(incidents)}")
         if slow := slow_reads_text(h.get("slow_reads") or {}):
             out.append(f"    Its NVML {slow} (a tick's read of the GPU)")
+        out.extend(f"    {line}" for line in xid_lines(d))
         out.append(f"  In plain words: {plain_words(d)}")
         out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]

@@ -179,6 +179,9 @@ class GpuStatus:
     # the kernel log's XID 74 lines with their registers since start, (74, link, registers) -> lines; each explains
     # one XID 74 event of ``xids`` (its own, or NVML's told of the same); (74, -1, ()): past XID_LINES_KEPT kinds
     xid_lines: Mapping[tuple[int, int, tuple[int, ...]], int] = field(default_factory=lambda: MappingProxyType({}))
+    # the processes the kernel log's XID lines named since start, (code, pid or None, name) -> lines (name
+    # kernlog.UNKNOWN_PROCESS: the line says it is unknown); (code, None, "") past XID_LINES_KEPT kinds
+    xid_processes: Mapping[tuple[int, int | None, str], int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ class _Gpu:
     # by code: when it was last said in the log (monotonic s) and how many came since, not said one by one
     xid_said: dict[int, list[float]] = field(default_factory=dict)
     xid_lines: Counter[tuple[int, int, tuple[int, ...]]] = field(default_factory=Counter)  # GpuStatus.xid_lines
+    xid_processes: Counter[tuple[int, int | None, str]] = field(default_factory=Counter)  # GpuStatus.xid_processes
     energy_offset: float = 0.0
     energy_last: float | None = None
     energy_at: float = 0.0  # monotonic time of energy_last
@@ -243,6 +247,7 @@ class _Gpu:
             dropped=_frozen(self.dropped), xids=_frozen(self.xids),
             energy_joules_total=self.energy_total, unavailable=_frozen(self.unavailable),
             readings=max(self.readings, 0), last_xid=self.last_xid, xid_lines=_frozen(self.xid_lines),
+            xid_processes=_frozen(self.xid_processes),
         )
 
 
@@ -393,6 +398,16 @@ class Sampler:
                 key = (code, link, registers)
                 full = key not in gpu.xid_lines and len(gpu.xid_lines) >= XID_LINES_KEPT
                 gpu.xid_lines[(code, -1, ()) if full else key] += 1
+
+    def record_kernel_process(self, pci_bus_id: str, code: int, pid: int | None, name: str) -> None:
+        """Keep the process an XID line names (:func:`gpuwear.kernlog.parse_process`), told just before its XID, for
+        the GPU at that bus id (GpuStatus.xid_processes): which run raised it."""
+        with self._lock:
+            gpu = self._gpu_at(pci_bus_id)
+            if gpu is not None:
+                key = (code, pid, name)
+                full = key not in gpu.xid_processes and len(gpu.xid_processes) >= XID_LINES_KEPT
+                gpu.xid_processes[(code, None, "") if full else key] += 1
 
     def _gpu_at(self, pci_bus_id: str) -> _Gpu | None:
         """The GPU read here at a PCI bus id as the kernel log's lines give it (:func:`gpuwear.kernlog.bus_key`)."""
@@ -736,7 +751,9 @@ class Sampler:
             i = next((k for k, g in enumerate(self._gpus) if g is xids_of), -1)
             if i >= 0 and old.gpus[i].identity is xids_of.identity:
                 status = replace(old.gpus[i], xids=_frozen(xids_of.xids), last_xid=xids_of.last_xid,
-                                 xid_lines=_frozen(xids_of.xid_lines) if xids_of.xid_lines else old.gpus[i].xid_lines)
+                                 xid_lines=_frozen(xids_of.xid_lines) if xids_of.xid_lines else old.gpus[i].xid_lines,
+                                 xid_processes=_frozen(xids_of.xid_processes) if xids_of.xid_processes
+                                 else old.gpus[i].xid_processes)
                 self._snapshot = Snapshot(gpus=(*old.gpus[:i], status, *old.gpus[i + 1:]), system=old.system,
                                           ticks=old.ticks, sxids=old.sxids, kernel_position=self._kernel_position,
                                           unlisted_xids=self._unlisted_xids)

@@ -641,11 +641,13 @@ class Daemon:
             self._kernel_log = KernelLogXids(source, sampler.record_kernel_xid, on_sxid=sampler.record_sxid,
                                              on_lost=sampler.record_kernel_lost, resume=self._kernel_resume(),
                                              on_position=sampler.note_kernel_position, lock=sampler.lock,
-                                             on_nvlink=sampler.record_kernel_nvlink)
+                                             on_nvlink=sampler.record_kernel_nvlink,
+                                             on_process=sampler.record_kernel_process)
         else:  # simulated GPUs are in no real kernel log: their driver's own
             self._kernel_log = KernelLogXids("simulation", sampler.record_kernel_xid, simulation.kernel_log,
                                              simulation.wake_kernel_log, sampler.record_sxid,
-                                             sampler.record_kernel_lost, on_nvlink=sampler.record_kernel_nvlink)
+                                             sampler.record_kernel_lost, on_nvlink=sampler.record_kernel_nvlink,
+                                             on_process=sampler.record_kernel_process)
         self._kernel_log.start()
         host, port = self.config.listen_address
         self._server = FrontDoor((host, port), self.exposition, self.web, self.health_problem, self.sampling_problem,

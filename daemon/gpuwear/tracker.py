@@ -178,6 +178,7 @@ class _Seen:
     down_since: float | None = None
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
     xid_lines: Mapping[tuple[int, int, tuple[int, ...]], int] = field(default_factory=dict)  # GpuStatus.xid_lines
+    xid_processes: Mapping[tuple[int, int | None, str], int] = field(default_factory=dict)  # GpuStatus.xid_processes
     # by LINE_JUDGED code, the monotonic times of its XID events no line has explained yet: judged by their tier
     # once XID_LINE_WAIT_SECONDS pass without one
     unexplained: dict[int, deque[float]] = field(default_factory=dict)
@@ -379,7 +380,8 @@ class WearTracker:
             w.health["vgpu_guest"] = True
         seen = self._seen.get(ident.uuid)
         if seen is None:  # first sight in this process: the time since the ledger last saw it is a gap
-            seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids), xid_lines=status.xid_lines)
+            seen = self._seen[ident.uuid] = _Seen(xids=dict(status.xids), xid_lines=status.xid_lines,
+                                                 xid_processes=status.xid_processes)
             if w.last_seen is not None and wall > w.last_seen:
                 w.gap(wall - w.last_seen)
                 w.start_gap += wall - w.last_seen  # gaps counted at starts: what a clock found ahead can take back
@@ -527,13 +529,25 @@ class WearTracker:
                     waiting.extend([monotonic] * min(n, XID_UNEXPLAINED_KEPT))
                 elif code in XID_ACT:  # the catalog asks for a reset, a reboot or service
                     w.add_incident(wall, f"xid {code}")
-                self._event(w, wall, "xid", {"xid": code, "count": n})
+                self._event(w, wall, "xid", {"xid": code, "count": n, "jobs": self.jobs.who(w.uuid)})
                 for _ in range(n):
                     self.jobs.event(w.uuid, f"xid {code}")
             seen.xids = dict(status.xids)
+        if status.xid_processes is not seen.xid_processes:
+            self._xid_processes(w, seen, status, wall)
 
         if status.xid_lines is not seen.xid_lines or any(seen.unexplained.values()):
             self._xid_lines(w, seen, status, wall, monotonic)
+
+    def _xid_processes(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float) -> None:
+        """The processes the kernel log's XID lines named (GpuStatus.xid_processes), each new one an event "xid
+        process" with who ran on the GPU then: which run raised the XID, where the line says (the XID's own event
+        may come a tick before, from NVML)."""
+        for (code, pid, name), n in status.xid_processes.items():
+            if (new := n - seen.xid_processes.get((code, pid, name), 0)) > 0:
+                self._event(w, wall, "xid process", {"xid": code, "pid": pid, "process": name or None, "count": new,
+                                                     "jobs": self.jobs.who(w.uuid)})
+        seen.xid_processes = status.xid_processes
 
     def _xid_lines(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:
         """NVLink XID events (74, 144-150) judged by NVIDIA's workflow for them (health.xids.line_step) where their

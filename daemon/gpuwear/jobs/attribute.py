@@ -19,6 +19,7 @@ from gpuwear.wear.accumulate import GpuWear, Interval
 
 IDLE = "idle"
 UNATTRIBUTED = "unattributed"
+WHO_CHARS = 240  # JobAccounts.who: an event's detail stays small
 
 
 @dataclass
@@ -175,6 +176,16 @@ class JobAccounts:
             if events is not None:
                 events[what] = events.get(what, 0) + 1
                 self._dirty[rec.record] = rec
+
+    def who(self, uuid: str) -> str:
+        """Who runs on a GPU now, in words for an event (an XID): its jobs ("slurm 4242 (train)"; several joined by
+        "; "), else its line ("idle", "unattributed: REASON"), else "not known yet" (before its first interval);
+        at most WHO_CHARS characters."""
+        jobs = [f"{rec.kind} {rec.id}" + (f" ({rec.name})" if rec.name and rec.name != rec.id else "")
+                for rec in self.current(uuid)]
+        line = self.lines.get(uuid)
+        words = "; ".join(jobs) if jobs else (line.name or line.kind) if line is not None else "not known yet"
+        return words if len(words) <= WHO_CHARS else words[:WHO_CHARS - 1] + "…"
 
     def end_all(self) -> None:
         """End every running job, idle and unattributed line where it was last seen (a simulation that stops: its

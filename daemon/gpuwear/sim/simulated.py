@@ -328,6 +328,7 @@ class GpuState:
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, nvmlNvLinkErrorCounter_t) -> n
     pcie_width: int | None = None
     processes: tuple[int, ...] = ()  # PIDs of the compute processes on the GPU now
+    process_name: str = ""  # the comm (at most 15 characters) of the first of them, as the driver's XID lines name it
     mig_enabled: bool = False  # MIG mode (A100/H100 class): whole-device utilization is not supported then
     energy_glitch_mj: float | None = None  # the energy counter answers this once (a backwards glitch)
 
@@ -441,6 +442,7 @@ class SimGpu:
             s.ecc_corrected_volatile += int(bled)
             s.ecc_corrected_aggregate += int(bled)
         s.processes = phase.pids or ((synthetic_pid(phase.job),) if phase.job else ())
+        s.process_name = (phase.job or "python3")[:15] if s.processes else ""
         reasons = 0
         # Thermal slowdown: software steps the clocks down above gpu_max, hardware halves them
         # at the slowdown threshold; both recover once the die has cooled a little.
@@ -477,14 +479,18 @@ class SimGpu:
         mem_target = self.ambient_celsius + demand * p.r_th_memory
         s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
 
-    def xid(self, code: int, text: str | None = None) -> None:
+    def xid(self, code: int, text: str | None = None, process: bool = False) -> None:
         """An XID as the driver reports it: a line in the kernel log, always; an NVML event too, except for the
         codes NVML cannot report (79, 119, 120: an NVIDIA maintainer, NVIDIA/DCGM #162). ``text``: what the line
-        says after its process (by default, the code's words)."""
+        says after its process (by default, the code's words). ``process``: the line names the process running on
+        the GPU (krcReportXid's "pid=%s, name=%s" of the faulting context: an application's fault), else it says
+        the process is unknown (a fault of the GPU's own, or none running)."""
         domain, bus, device = self.pci_bus_id.split(".")[0].split(":")
+        s = self.state
+        who = (f"pid={s.processes[0]}, name={s.process_name}" if process and s.processes
+               else "pid='<unknown>', name=<unknown>")
         self.kernel_lines.append(f"NVRM: Xid (PCI:{int(domain, 16):04x}:{bus.lower()}:{device.lower()}): {code}, "
-                                 f"pid='<unknown>', name=<unknown>, "
-                                 f"{text if text is not None else XID_WORDS.get(code, 'simulated XID') + '.'}")
+                                 f"{who}, {text if text is not None else XID_WORDS.get(code, 'simulated XID') + '.'}")
         if self.kernel_written is not None:
             self.kernel_written.set()
         if code not in NVML_SILENT_XIDS:
@@ -501,7 +507,7 @@ class SimGpu:
         elif k == "reset_required":
             s.reset_required = True
         elif k == "xid":
-            self.xid(int(prm.get("xid", 79)), prm.get("text"))
+            self.xid(int(prm.get("xid", 79)), prm.get("text"), bool(prm.get("process", False)))
         elif k == "nvlink_errors":  # errors counted on one link (nvmlNvLinkErrorCounter_t), which may go down
             link = int(prm.get("link", 0))
             for counter, key in NVLINK_COUNTERS.items():
@@ -827,6 +833,8 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
                       "degraded": params.get("degraded") is True}
         if spec["kind"] == "xid":
             params = {"xid": int(_number(params.get("xid", 79), f"{where}.xid", 1, 999))}
+            if spec.get("process") is True:  # the line names the process running on the GPU (an app's fault)
+                params["process"] = True
             if isinstance(spec.get("text"), str):  # the line's text after its process, as the driver writes it
                 params["text"] = "".join(c for c in spec["text"] if c.isprintable())[:200]
         if spec["kind"] == "pcie_downgrade":  # the lanes and generation a link can train at
