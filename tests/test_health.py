@@ -59,6 +59,10 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
         x = r.choice([*sorted(BY_CODE), 999])
         w.xids[str(x)] = r.randint(1, 5)
         w.last_event[f"xid {x}"] = w.last_seen - r.uniform(0, 20 * DAY)
+    if r.random() < 0.2:  # an application's XID under one to three applications (xid_card)
+        w.xids["31"] = w.xids.get("31", 0) + 1
+        for app in r.sample(["train", "eval", "infer"], r.randint(1, 3)):
+            w.last_event[f"xid 31 app {app}"] = w.last_seen - r.uniform(0, 20 * DAY)
     if r.random() < 0.2:
         w.lost_events, w.last_event["gpu lost"] = 2, w.last_seen - r.uniform(0, 20 * DAY)
     for _ in range(r.choice([0, 2, 8])):
@@ -860,3 +864,40 @@ def test_the_nvswitch_fabric_registration_as_nvml_reports_it(driver: str) -> Non
     states = [g.sample.fabric_state if g.sample else None for g in rig.sampler.snapshot.gpus]
     assert states == [3, 3, 3, 3, None], states
     rig.backend.close()
+
+
+def test_an_applications_xid_under_two_applications_on_one_gpu_is_the_card() -> None:
+    """Issue 54, item 2: NVIDIA's Xid 13 and 31 workflows say the same XID repeating on one GPU points to hardware;
+    nothing judged it. The tracker keeps, per XID of the catalog's app tier, the applications (job names) running
+    when it came (newest 8), and the rule xid_card watches a GPU where one came under wear.health.xid_card_applications
+    (2) different applications within xid_card_days (14): both sides of the count and of the window, a job without a
+    name not counted, and through the tracker's own keeping."""
+    from dataclasses import replace
+
+    from gpuwear.tracker import APPLICATIONS_KEPT, note_xid_applications
+
+    def reasons(w: GpuWear) -> dict[str, str]:
+        return {r["code"]: r["text"] for r in verdict(w, WearConfig(), None)["reasons"]}
+
+    w = GpuWear("GPU-x", name="card")
+    w.first_seen, w.last_seen = T0 - 30 * DAY, T0
+    w.xids = {"31": 2}
+    note_xid_applications(w, 31, ["train-llama"], T0 - 3 * DAY)
+    note_xid_applications(w, 31, ["train-llama"], T0 - 2 * DAY)  # the same application again: the code, maybe
+    assert "xid_card" not in reasons(w)
+    note_xid_applications(w, 31, ["eval-bert"], T0 - DAY)
+    text = reasons(w)["xid_card"]
+    assert "XID 31" in text and "2 different applications within 14 days (eval-bert, train-llama)" in text, text
+    assert rule("xid_card").startswith("NVIDIA's Xid catalog, WORKFLOW_XID_13 and WORKFLOW_XID_31")
+    w.last_seen = T0 + 12.5 * DAY  # train-llama's last (T0 - 2 days) leaves the 14 days: one application left
+    assert "xid_card" not in reasons(w)
+    w.last_seen = T0
+    three = WearConfig(health=replace(WearConfig().health, xid_card_applications=3))
+    assert "xid_card" not in {r["code"] for r in verdict(w, three, None)["reasons"]}
+    w.xids = {"79": 1}  # an act XID's applications are not this rule's (it has its own reason)
+    note_xid_applications(w, 79, ["a", "b"], T0)
+    assert "xid_card" not in reasons(w)
+    for i in range(APPLICATIONS_KEPT + 4):  # hostile names: bounded
+        note_xid_applications(w, 13, [f"app-{i}" + "x" * 100], T0 + i)
+    kept = [k for k in w.last_event if k.startswith("xid 13 app ")]
+    assert len(kept) == APPLICATIONS_KEPT and all(len(k) <= 64 for k in kept)

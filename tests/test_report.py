@@ -721,17 +721,22 @@ def test_each_xid_says_what_ran_and_the_process_its_line_names(tmp_path: Path) -
     scenario = tmp_path / "xidjobs.yaml"
     scenario.write_text(
         "gpus:\n"
-        "  - product: h100-sxm\n    schedule: [{kind: train, seconds: 7200, job: train-a}]\n"
+        "  - product: h100-sxm\n    schedule: [{kind: train, seconds: 80, job: train-a},"
+        " {kind: train, seconds: 7200, job: eval-b}]\n"
         "  - product: h100-sxm\n    schedule: [{kind: idle, seconds: 7200}]\n"
         "faults:\n  - {at: 40, gpu: 0, kind: xid, xid: 31, process: true}\n"
-        "  - {at: 40, gpu: 1, kind: xid, xid: 79}\n")
+        "  - {at: 40, gpu: 1, kind: xid, xid: 79}\n  - {at: 140, gpu: 0, kind: xid, xid: 31, process: true}\n")
     state = tmp_path / "state"
     run_simulated(state, str(scenario), 60.0, 3.0)
     doc = report(state, "--simulated", "xidjobs")
     events = [e for g in doc["gpus"] for e in g["events"] if e["kind"].startswith("xid")]
     busy, idle = (next(g for g in doc["gpus"] if any(e.get("xid") == code for e in g["events"])) for code in (31, 79))
-    (xid31,) = [e for e in busy["events"] if e["kind"] == "xid"]
-    (process,) = [e for e in busy["events"] if e["kind"] == "xid process"]
+    xid31, later = [e for e in busy["events"] if e["kind"] == "xid"]
+    process, _ = [e for e in busy["events"] if e["kind"] == "xid process"]
+    # issue 54, item 2: the same application's XID under a second application on this GPU: likely the card
+    assert "eval-b" in later["jobs"], busy["events"]
+    card = next(r for r in busy["health"]["reasons"] if r["code"] == "xid_card")
+    assert "2 different applications within 14 days (eval-b, train-a)" in card["text"], card
     assert xid31["xid"] == 31 and "train-a" in xid31["jobs"], events
     assert (process["xid"], process["pid"], process["process"]) == (31, synthetic_pid("train-a"), "train-a"), process
     assert "train-a" in process["jobs"]
@@ -740,6 +745,6 @@ def test_each_xid_says_what_ran_and_the_process_its_line_names(tmp_path: Path) -
     assert xid79["jobs"] == "idle" and unknown["pid"] is None and unknown["process"] == "<unknown>", idle["events"]
     text = gpuwear("report", "--state-dir", str(state), "--simulated", "xidjobs").stdout
     assert "XIDs lately, with what ran then:" in text
-    assert "XID 31; running: simulated train-a\n" in text, text
+    assert "XID 31; running: simulated train-a\n" in text and "XID 31; running: simulated eval-b\n" in text, text
     assert f"XID 31's line names process train-a (pid {synthetic_pid('train-a')}); running: " in text, text
     assert "XID 79's line names a process the driver did not know" in text and "XID 79; running: idle" in text, text

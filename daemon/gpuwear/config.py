@@ -182,6 +182,8 @@ class HealthConfig:
     incident_watch_days: float = _key(30.0, _number(0.01, 3650))
     xid_watch_days: float = _key(7.0, _number(0.01, 3650))
     xid_app_days: float = _key(1.0, _number(0.01, 3650))
+    xid_card_days: float = _key(14.0, _number(0.01, 3650))
+    xid_card_applications: int = _key(2, _integer(2, 1000))
     growth_watch_days: float = _key(7.0, _number(0.01, 3650))
     window_days: int = _key(7, _integer(1, 60))
     # code -> mode, as sorted pairs: the parameters are hashed (they key the models' caches)

@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 
 from gpuwear.config import WearConfig
 from gpuwear.health import XID_ACT, verdict
+from gpuwear.health.rules import XID_APP
 from gpuwear.health.signals import peer_and_own_rates
-from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, line_step
+from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, line_step, lookup
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.sample import VGPU_GUEST, GpuSample
@@ -194,6 +195,19 @@ class _Seen:
 
 
 REPEATS_KEPT = 3  # a link's newest repeat-step lines kept: the workflow's largest repeat count (health.xids)
+APPLICATIONS_KEPT = 8  # per XID code of the app tier, the newest applications it came under (health rule xid_card)
+
+
+def note_xid_applications(w: GpuWear, code: int, applications: list[str], wall: float) -> None:
+    """Keep in the record's last_event which applications (job names) ran when an XID of the catalog's app tier
+    came, as "xid CODE app NAME" -> its last time, newest APPLICATIONS_KEPT per code: the health rule xid_card reads
+    them. A job without a name is not an application gpuwear can tell apart from another run: not kept."""
+    prefix = XID_APP.format(code=code)
+    for name in applications:
+        w.last_event[prefix + name[:48]] = wall
+    kept = sorted((when, k) for k, when in w.last_event.items() if k.startswith(prefix))
+    for _, key in kept[:-APPLICATIONS_KEPT]:
+        del w.last_event[key]
 
 
 def _repeats(w: GpuWear, code: int, link: int, wall: float, lines: int) -> list[float]:
@@ -530,6 +544,8 @@ class WearTracker:
                 elif code in XID_ACT:  # the catalog asks for a reset, a reboot or service
                     w.add_incident(wall, f"xid {code}")
                 self._event(w, wall, "xid", {"xid": code, "count": n, "jobs": self.jobs.who(w.uuid)})
+                if lookup(code).tier == "app":
+                    note_xid_applications(w, code, self.jobs.applications(w.uuid), wall)
                 for _ in range(n):
                     self.jobs.event(w.uuid, f"xid {code}")
             seen.xids = dict(status.xids)

@@ -311,6 +311,26 @@ def _xids(f: Facts) -> Findings:
     return tuple(found)
 
 
+XID_APP = "xid {code} app "  # last_event's key prefix of an application an XID of the app tier came under
+
+
+def _xid_card(f: Facts) -> Findings:
+    """An XID NVIDIA's catalog resolves by restarting the application (tier "app": 13, 31, the engine exceptions) on
+    this GPU under wear.health.xid_card_applications different applications within xid_card_days: the card, not
+    the code (tracker.note_xid_applications keeps the applications in last_event)."""
+    found = []
+    hp = f.p.health
+    for code in sorted(int(x) for x in f.w.xids if x.isdigit() and lookup(int(x)).tier == "app"):
+        prefix = XID_APP.format(code=code)
+        apps = sorted(k[len(prefix):] for k, when in f.w.last_event.items()
+                      if k.startswith(prefix) and f.within(when, hp.xid_card_days))
+        if len(apps) >= hp.xid_card_applications:
+            found.append(("watch", "xid_card", f"likely the card, not the code: XID {code} ({lookup(code).meaning}) "
+                          f"on this GPU under {len(apps)} different applications within {hp.xid_card_days:g} days ("
+                          + ", ".join(apps) + ")"))
+    return tuple(found[:1]) if len(found) <= 1 else ((found[0][0], "xid_card", "; ".join(t for *_, t in found)),)
+
+
 def _gpu_lost(f: Facts) -> Findings:
     severity = f.incident(f.w.last_event.get("gpu lost")) if f.w.lost_events else None
     if severity is not None:
@@ -471,6 +491,9 @@ _FABRIC = ("nvml.h, nvmlGpuFabricInfo_t: on Hopper and newer NVSwitch systems th
            "fabric as the driver loads; 'status: error status, if any; must be checked only if state returns "
            "complete' (GPUd and DCGM read it)")
 _XID_CATALOG = "NVIDIA's XID catalog, the resolution it gives for this XID (docs.nvidia.com/deploy/xid-errors)"
+_XID_CARD_SOURCE = ("NVIDIA's Xid catalog, WORKFLOW_XID_13 and WORKFLOW_XID_31: the same Xid repeating on the same "
+                    "GPU points to hardware, on different GPUs to the application (as quoted in NVIDIA/NVSentinel #270 "
+                    "and #271); gpuwear applies it per GPU to the job names it saw")
 _LATEST = "its latest reading"
 _WINDOW = "its last wear.health.window_days (7) UTC days, to the day of its last sight"
 _WINDOW_ENDS = "the window back under the threshold: the days that made it leave the window"
@@ -554,6 +577,10 @@ TABLE: tuple[Rule, ...] = (
          "and the engine exceptions): xid_app_days (1)",
          _XID_CATALOG + "; for XID 74, " + NVLINK_SOURCE + "; for 144-150, " + NVLINK5_SOURCE, _xids,
          "GpuwearXidCritical"),
+    Rule("xid_card", "the applications (job names) on the GPU when each XID of the catalog's app tier came "
+         "(tracker: the jobs running then)", "wear.health.xid_card_days (14) before the GPU's last sight",
+         "the same code under wear.health.xid_card_applications (2) or more different applications", "watch",
+         "fewer applications within the window: the older ones leave it", _XID_CARD_SOURCE, _xid_card),
     Rule("gpu_lost", "NVML_ERROR_GPU_IS_LOST from any read", "from its last occurrence, in the record's time", "any",
          "act",
          _ACT_THEN_WATCH, _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"), _gpu_lost,

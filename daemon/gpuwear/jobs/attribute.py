@@ -187,6 +187,11 @@ class JobAccounts:
         words = "; ".join(jobs) if jobs else (line.name or line.kind) if line is not None else "not known yet"
         return words if len(words) <= WHO_CHARS else words[:WHO_CHARS - 1] + "…"
 
+    def applications(self, uuid: str) -> list[str]:
+        """The applications running on a GPU now: the names of its jobs (a Slurm job's name, a pod's, a container's:
+        what recurs from run to run); a job without a name is none."""
+        return sorted({rec.name for rec in self.current(uuid) if rec.name})
+
     def end_all(self) -> None:
         """End every running job, idle and unattributed line where it was last seen (a simulation that stops: its
         jobs end with it, where a real daemon's go on running and are taken up again at its next start)."""
