@@ -901,3 +901,49 @@ def test_an_applications_xid_under_two_applications_on_one_gpu_is_the_card() -> 
         note_xid_applications(w, 13, [f"app-{i}" + "x" * 100], T0 + i)
     kept = [k for k in w.last_event if k.startswith("xid 13 app ")]
     assert len(kept) == APPLICATIONS_KEPT and all(len(k) <= 64 for k in kept)
+
+
+def test_card_or_code_across_the_hosts_gpus() -> None:
+    """Issue 54, item 2: one application's XID 31 on three GPUs is likely the code (each GPU names the others, and
+    none is marked); XID 13 under three applications on one GPU is likely the card (and its reason xid_card); a
+    lone XID under one application on one GPU: check the application first; an XID older than xid_card_days, or
+    of another tier, is not judged. In report --json (card_or_code), the words and the page."""
+    from gpuwear import page
+    from gpuwear.health.judgements import CARD, CODE, SOLO, card_or_code
+    from gpuwear.report import document, text_report
+    from gpuwear.tracker import note_xid_applications
+
+    def gpu(i: int) -> GpuWear:
+        w = GpuWear(f"GPU-{i}", name="NVIDIA H100 80GB HBM3", index=i)
+        w.first_seen, w.last_seen = T0 - 20 * DAY, T0
+        return w
+
+    wears = [gpu(i) for i in range(6)]
+    for w in wears[:3]:
+        w.xids["31"] = 1
+        note_xid_applications(w, 31, ["train-llama"], T0 - DAY)
+    wears[3].xids["13"] = 3
+    for k, app in enumerate(["a", "b", "c"]):
+        note_xid_applications(wears[3], 13, [app], T0 - k * DAY)
+    wears[4].xids["31"] = 1
+    note_xid_applications(wears[4], 31, ["solo-app"], T0 - DAY)
+    wears[5].xids.update({"31": 1, "79": 1})
+    note_xid_applications(wears[5], 31, ["train-llama"], T0 - 15 * DAY)  # past the 14 days
+    note_xid_applications(wears[5], 79, ["train-llama"], T0)  # not the application tier
+    judged = card_or_code({w.uuid: w for w in wears}, WearConfig())
+    assert [[j["judgement"] for j in judged.get(w.uuid, [])] for w in wears] == [
+        [CODE], [CODE], [CODE], [CARD], [SOLO], []]
+    code = judged["GPU-0"][0]
+    assert code["other_gpus"] == ["GPU 1", "GPU 2"] and code["text"] == (
+        "likely the code: train-llama raised XID 31 (GPU memory page fault) on this GPU and on GPU 1, GPU 2 within "
+        "14 days; no other application did on this GPU"), code
+    assert judged["GPU-3"][0]["applications"] == ["a", "b", "c"]
+    doc = document(wears, WearConfig(), {}, "test", False)
+    statuses = {g["uuid"]: {r["code"] for r in g["health"]["reasons"]} for g in doc["gpus"]}
+    assert "xid_card" in statuses["GPU-3"] and not any("xid_card" in statuses[f"GPU-{i}"] for i in (0, 1, 2, 4))
+    assert [j["judgement"] for j in doc["gpus"][0]["card_or_code"]] == [CODE]
+    text = text_report(doc)
+    assert "Card or code? likely the code: train-llama raised XID 31" in text
+    assert "Card or code? check the application first: XID 31 (GPU memory page fault) under solo-app" in text
+    html = page.render(doc)
+    assert "Card or code? likely the card: XID 13" in html and "WORKFLOW_XID_13" in html

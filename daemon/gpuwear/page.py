@@ -199,6 +199,8 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
     for r in h["reasons"]:
         if r["severity"] == "unknown":
             out.append(f'<p class="muted">Not known: {_e(r["text"])}</p>')
+    for j in d.get("card_or_code") or ():
+        out.append(f'<p class="muted">Card or code? {_e(j["text"])} (rule: {_e(j["rule"])})</p>')
     for r in h.get("would_have_said") or ():
         out.append(f'<p class="muted">Would have said (rule {_e(r["code"])} on trial): [{_e(r["severity"])}] '
                    f'{_e(r["text"])}</p>')

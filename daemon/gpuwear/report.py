@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health import past_cards, peer_rates, slow_reads_text, verdict
+from gpuwear.health.judgements import card_or_code
 from gpuwear.ledger import Event, Ledger
 from gpuwear.ledger.errors import printable
 from gpuwear.ledger.records import CHANGED
@@ -190,7 +191,9 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
     host = max((w.last_seen for w in host_live if w.last_seen is not None), default=None)
     gpus = [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid),
                          host if w in host_live and w.uuid not in replaced else None) for w in wears]
+    judged = card_or_code({w.uuid: w for w in wears if live is None or w.uuid in live}, p)
     for g in gpus:
+        g["card_or_code"] = judged.get(g["uuid"], [])
         if any(r["code"] == "gpu_missing" for r in g["health"]["reasons"]):
             g["not_seen"] = {"last_seen": g["last_seen"], "host_last_seen": host}
         if (by := replaced.get(g["uuid"])) is not None:
@@ -469,9 +472,10 @@ def xid_lines(d: dict[str, Any]) -> list[str]:
     unattributed line, as the XID's event says) and the process its kernel-log line named where one did: "is it my
     code or the card?" starts from here. Text from outside (job and process names) made printable."""
     shown = [e for e in d["events"] if e["kind"] in ("xid", "xid process")][-XIDS_SHOWN:]
+    judged = [f"Card or code? {printable(j['text'])}" for j in d.get("card_or_code") or ()]
     if not shown:
-        return []
-    out = ["XIDs lately, with what ran then:"]
+        return judged
+    out = [*judged, "XIDs lately, with what ran then:"]
     for e in shown:  # an event's detail is any flat mapping the ledger validated: each key read as it may be
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(e["wall"]))
         jobs = printable(str(e.get("jobs") or "not recorded (an older gpuwear)"))

@@ -17,9 +17,8 @@ from typing import Any, NamedTuple
 
 from gpuwear.config import WearConfig
 from gpuwear.health import XID_ACT, verdict
-from gpuwear.health.rules import XID_APP
 from gpuwear.health.signals import peer_and_own_rates
-from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, line_step, lookup
+from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, XID_APP, line_step, lookup
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.sample import VGPU_GUEST, GpuSample

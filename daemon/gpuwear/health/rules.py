@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
-from gpuwear.health.xids import LINE_JUDGED, NVLINK5_SOURCE, NVLINK_SOURCE, Xid, lookup
+from gpuwear.health.xids import LINE_JUDGED, NVLINK5_SOURCE, NVLINK_SOURCE, Xid, applications, lookup
 from gpuwear.wear.accumulate import FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
@@ -311,9 +311,6 @@ def _xids(f: Facts) -> Findings:
     return tuple(found)
 
 
-XID_APP = "xid {code} app "  # last_event's key prefix of an application an XID of the app tier came under
-
-
 def _xid_card(f: Facts) -> Findings:
     """An XID NVIDIA's catalog resolves by restarting the application (tier "app": 13, 31, the engine exceptions) on
     this GPU under wear.health.xid_card_applications different applications within xid_card_days: the card, not
@@ -321,9 +318,8 @@ def _xid_card(f: Facts) -> Findings:
     found = []
     hp = f.p.health
     for code in sorted(int(x) for x in f.w.xids if x.isdigit() and lookup(int(x)).tier == "app"):
-        prefix = XID_APP.format(code=code)
-        apps = sorted(k[len(prefix):] for k, when in f.w.last_event.items()
-                      if k.startswith(prefix) and f.within(when, hp.xid_card_days))
+        apps = sorted(app for app, when in applications(f.w.last_event, code, None).items()
+                      if f.within(when, hp.xid_card_days))
         if len(apps) >= hp.xid_card_applications:
             found.append(("watch", "xid_card", f"likely the card, not the code: XID {code} ({lookup(code).meaning}) "
                           f"on this GPU under {len(apps)} different applications within {hp.xid_card_days:g} days ("

@@ -81,6 +81,17 @@ XID_WATCH = {x.code: x.meaning for x in CATALOG if x.tier in ("watch", "app")}
 XID_NONE = frozenset(x.code for x in CATALOG if x.tier == "none")
 
 
+XID_APP = "xid {code} app "  # a record's last_event key prefix: an application an XID of the app tier came under
+
+
+def applications(last_event: dict[str, float], code: int, since: float | None) -> dict[str, float]:
+    """The applications an XID of ``code`` came under on a GPU (its record's ``last_event``), each with the last
+    time, those at or after ``since`` (None: all)."""
+    prefix = XID_APP.format(code=code)
+    return {k[len(prefix):]: when for k, when in last_event.items()
+            if k.startswith(prefix) and (since is None or when >= since)}
+
+
 def lookup(code: int) -> Xid:
     """The catalog's entry for ``code``; a code it does not list (newer than the catalog gpuwear has) is watched:
     NVIDIA adds codes for new faults, and one nobody can look up is worth a look."""

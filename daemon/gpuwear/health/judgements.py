@@ -1,0 +1,62 @@
+"""Card or code: each XID of the catalog's application tier (13, 31, 94, the engine exceptions) judged with the
+applications it came under, across the host's GPUs, as NVIDIA's Xid 13 and 31 workflows say to (the same XID
+repeating on one GPU under different applications points to the card; the same application's XID on several GPUs
+points to the code; a solo XID is checked as the application's first). Pure: a function of the GPUs' records.
+
+The applications are the job names the tracker saw running when each XID came (health.xids.applications). What it
+cannot see: a job without a name, jobs on other hosts, the processes of a PID namespace the daemon does not share,
+and XIDs older than wear.health.xid_card_days: none of those counts either way."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuwear.config import WearConfig
+from gpuwear.health.xids import applications, lookup
+from gpuwear.wear.accumulate import GpuWear
+
+CARD, CODE, SOLO = "likely the card", "likely the code", "check the application first"
+SOURCE = ("NVIDIA's Xid catalog, WORKFLOW_XID_13 and WORKFLOW_XID_31, as quoted in NVIDIA/NVSentinel #270 and #271; "
+          "gpuwear applies them to the job names it saw on this host's GPUs")
+
+
+def _name(w: GpuWear) -> str:
+    return f"GPU {w.index}" if w.index is not None else w.uuid[:12]
+
+
+def card_or_code(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, list[dict[str, Any]]]:
+    """Per GPU (by UUID), one judgement per application-tier XID it raised within wear.health.xid_card_days of the
+    host's last sight: ``xid``, ``judgement`` (:data:`CARD`, :data:`CODE` or :data:`SOLO`), ``applications`` (on
+    this GPU), ``other_gpus`` (the GPUs where the same XID came under one of them) and ``text``, its evidence in
+    words. The card's judgement is also the rule xid_card's reason; the code's never marks the card."""
+    hp = p.health
+    last = max((w.last_seen for w in wears.values() if w.last_seen is not None), default=None)
+    since = None if last is None else last - hp.xid_card_days * 86400.0
+    seen: dict[str, dict[int, dict[str, float]]] = {}  # uuid -> code -> application -> last time
+    for uuid, w in wears.items():
+        for code in sorted(int(x) for x in w.xids if x.isdigit() and lookup(int(x)).tier == "app"):
+            if apps := applications(w.last_event, code, since):
+                seen.setdefault(uuid, {})[code] = apps
+    out: dict[str, list[dict[str, Any]]] = {}
+    for uuid, codes in seen.items():
+        for code, apps in codes.items():
+            others = sorted(_name(wears[u]) for u, theirs in seen.items()
+                            if u != uuid and set(theirs.get(code, {})) & set(apps))
+            names = sorted(apps)
+            what = f"XID {code} ({lookup(code).meaning})"
+            days = f"{hp.xid_card_days:g} days"
+            if len(names) >= hp.xid_card_applications:
+                judgement = CARD
+                text = (f"{CARD}: {what} on this GPU under {len(names)} different applications within {days} ("
+                        + ", ".join(names) + ")")
+            elif others:
+                judgement = CODE
+                text = (f"{CODE}: {names[0]} raised {what} on this GPU and on " + ", ".join(others)
+                        + f" within {days}; no other application did on this GPU")
+            else:
+                judgement = SOLO
+                text = f"{SOLO}: {what} under {names[0]} on this GPU alone within {days}"
+            out.setdefault(uuid, []).append({"xid": code, "judgement": judgement, "applications": names,
+                                             "other_gpus": others, "text": text, "rule": SOURCE})
+    return out
