@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -319,14 +320,14 @@ def test_lifetime_counts_are_watched_while_they_grow() -> None:
 
     found_at_first_sight = _sampled([(0, 3), (6.9, 3)])
     assert set(said(found_at_first_sight)) == set(codes)
-    assert "3 retired memory page(s), found when gpuwear first read it on 2026-09-21" in \
-        said(found_at_first_sight)["retired_pages"]
+    assert "3 retired memory page(s) (all carried when gpuwear first read the card on 2026-09-21: from before " \
+        "gpuwear" in said(found_at_first_sight)["retired_pages"]  # issue 55: said as inherited
     assert said(_sampled([(0, 3), (7.1, 3)])) == {}
     grew = _sampled([(0, 3), (20, 4), (26.9, 4)])
     assert grew.last_event["grew retired_pages_single_bit"] == T0 + 20 * DAY
     texts = said(grew)
-    assert set(texts) == set(codes) and "4 retired memory page(s), the last new one on 2026-10-11" in \
-        texts["retired_pages"], texts  # T0 + 20 days
+    assert set(texts) == set(codes) and "4 retired memory page(s) (3 carried when gpuwear first read the card on " \
+        "2026-09-21, 1 retired since), the last new one on 2026-10-11" in texts["retired_pages"], texts  # T0 + 20 days
     assert said(_sampled([(0, 3), (20, 4), (27.1, 4)])) == {}
     assert said(_sampled([(0, 0), (27.1, 0)])) == {}
 
@@ -947,3 +948,41 @@ def test_card_or_code_across_the_hosts_gpus() -> None:
     assert "Card or code? check the application first: XID 31 (GPU memory page fault) under solo-app" in text
     html = page.render(doc)
     assert "Card or code? likely the card: XID 13" in html and "WORKFLOW_XID_13" in html
+
+
+def test_what_a_card_carried_when_first_read_is_said_as_inherited() -> None:
+    """Issue 55, items 1-2 (first slice): the verdict judged what a card carried before gpuwear met it as if it had
+    happened here, and nothing kept what that was. The first read of each lifetime count (aggregate ECC, retired
+    pages, remapped rows) is kept as what the card carried, with its time; the reasons say "all carried ... from
+    before gpuwear" while nothing grew, and "N carried ..., M since" once it did; report --json (carried) and the
+    words give it. A record read first by an older gpuwear (no carried kept) reads as before."""
+    from gpuwear.report import document, text_report
+    from gpuwear.sample import GpuSample
+
+    w = GpuWear("GPU-used", name="Tesla V100-PCIE-16GB")
+    used = {"retired_pages_single_bit": 2, "retired_pages_double_bit": 1, "ecc_corrected_aggregate": 1_000_000,
+            "ecc_uncorrected_aggregate": 1}
+    for i in range(3):
+        w.add(GpuSample(timestamp=T0 + i, monotonic=float(i), temperature_gpu_celsius=40.0, utilization_gpu_ratio=0.5,
+                        **used), 1.0 if i else 0.0)
+    texts = {r["code"]: r["text"] for r in verdict(w, WearConfig(), None)["reasons"]}
+    assert texts["retired_pages"].startswith("3 retired memory page(s) (all carried when gpuwear first read the card "
+                                             "on "), texts
+    assert "from before gpuwear" in texts["uncorrectable_ecc_history"]
+    assert "bleeding_errors" not in texts  # a million corrected errors carried are no rate
+    w.add(GpuSample(timestamp=T0 + 3600, monotonic=3600.0, temperature_gpu_celsius=40.0, utilization_gpu_ratio=0.5,
+                    **{**used, "retired_pages_double_bit": 3}), 1.0)
+    texts = {r["code"]: r["text"] for r in verdict(w, WearConfig(), None)["reasons"]}
+    assert "5 retired memory page(s) (3 carried when gpuwear first read the card on " in texts["retired_pages"]
+    assert "2 retired since), the last new one on " in texts["retired_pages"], texts["retired_pages"]
+    doc = document([w], WearConfig(), {}, "test", False)
+    carried = doc["gpus"][0]["carried"]
+    assert {k: c["count"] for k, c in carried.items()} == used and carried["retired_pages_double_bit"]["first_read"] \
+        == T0
+    day = time.strftime("%Y-%m-%d", time.gmtime(T0))
+    assert (f"Carried when gpuwear first read it on {day} (from before gpuwear, its history unknown): 1,000,000 "
+            "corrected ECC errors") in text_report(doc), text_report(doc)
+    older = GpuWear.from_json(w.to_json(), w.gate_celsius)  # as a gpuwear that kept none of it left the record
+    older.health = {k: v for k, v in older.health.items() if not k.startswith("carried ")}
+    texts = {r["code"]: r["text"] for r in verdict(older, WearConfig(), None)["reasons"]}
+    assert texts["retired_pages"].startswith("5 retired memory page(s), the last new one on ")

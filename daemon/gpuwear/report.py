@@ -16,7 +16,7 @@ from gpuwear.health.judgements import card_or_code
 from gpuwear.ledger import Event, Ledger
 from gpuwear.ledger.errors import printable
 from gpuwear.ledger.records import CHANGED
-from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.accumulate import CARRIED_COUNTS, GpuWear
 from gpuwear.wear.models import MIN_COMPARISON_SECONDS, WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
 from gpuwear.wear.schema import READING_GROUPS
 
@@ -65,6 +65,9 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         "readings": readings(w, live),
         "health": {**health, "measured": dict(w.health), "xid_events": dict(w.xids),
                    "gpu_lost_events": w.lost_events},
+        # what the card carried of its lifetime counts when gpuwear first read each (before gpuwear: inherited)
+        "carried": {name: {"count": w.health[f"carried {name}"], "first_read": w.last_event.get(f"first read {name}")}
+                    for name in sorted(CARRIED_COUNTS) if f"carried {name}" in w.health},
         "observed_seconds": round(w.observed_seconds, 3),
         "busy_seconds": round(w.busy_seconds(p.busy_utilization_ratio), 3),
         "busy_utilization_ratio": p.busy_utilization_ratio,
@@ -464,6 +467,25 @@ def _band_text(e: dict[str, Any], unit: str) -> str:
     return f"{between(lo, hi, lambda v: f'{v:.3g}')} {unit} (central {e['central']:.3g})"
 
 
+CARRIED_WORDS = {"ecc_corrected_aggregate": "corrected ECC errors", "ecc_uncorrected_aggregate":
+                 "uncorrectable ECC errors", "retired_pages_single_bit": "pages retired for single-bit errors",
+                 "retired_pages_double_bit": "pages retired for double-bit errors",
+                 "remapped_rows_corrected": "rows remapped for correctable errors",
+                 "remapped_rows_uncorrected": "rows remapped for uncorrectable errors"}
+
+
+def carried_words(d: dict[str, Any]) -> str | None:
+    """What the card carried when gpuwear first read it (``carried``), in a line; None where it carried nothing
+    or the record does not know."""
+    held = {name: c for name, c in (d.get("carried") or {}).items() if c["count"]}
+    if not held:
+        return None
+    firsts = [c["first_read"] for c in held.values() if c["first_read"] is not None]
+    day = f" on {time.strftime('%Y-%m-%d', time.gmtime(min(firsts)))}" if firsts else ""
+    return (f"Carried when gpuwear first read it{day} (from before gpuwear, its history unknown): "
+            + ", ".join(f"{c['count']:,} {CARRIED_WORDS.get(name, name)}" for name, c in held.items()))
+
+
 XIDS_SHOWN = 5  # the newest XIDs a card's words list with what ran
 
 
@@ -549,6 +571,8 @@ def text_report(doc: dict[str, Any]) -> str:
         if slow := slow_reads_text(h.get("slow_reads") or {}):
             out.append(f"    Its NVML {slow} (a tick's read of the GPU)")
         out.extend(f"    {line}" for line in xid_lines(d))
+        if carried := carried_words(d):
+            out.append(f"    {carried}")
         out.append(f"  In plain words: {plain_words(d)}")
         out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]

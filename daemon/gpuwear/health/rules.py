@@ -98,6 +98,25 @@ class Facts:
         when = self.w.last_event.get(what)
         return "" if when is None else f", last {time.strftime('%Y-%m-%d', time.gmtime(when))}"
 
+    def carried(self, noun: str, *counts: str) -> tuple[str, bool]:
+        """What the card carried of its lifetime ``counts`` when gpuwear first read them (accumulate.CARRIED_COUNTS)
+        against what it holds now, in words ("all carried when gpuwear first read the card on DAY: from before
+        gpuwear", "3 carried when gpuwear first read the card on DAY, 2 since"), and whether all of it was carried;
+        ("", False) where the record does not know (read first by a gpuwear that did not keep it)."""
+        kept = [c for c in counts if f"carried {c}" in self.h]
+        if not kept:
+            return "", False
+        carried = sum(int(self.h[f"carried {c}"]) for c in kept)
+        now = sum(int(self.h.get(c, 0)) for c in counts)
+        times = [self.w.last_event[f"first read {c}"] for c in kept if f"first read {c}" in self.w.last_event]
+        day = f" on {time.strftime('%Y-%m-%d', time.gmtime(min(times)))}" if times else ""
+        if carried <= 0:
+            return f"; none carried when gpuwear first read the card{day}", False
+        if carried >= now:
+            return f" (all carried when gpuwear first read the card{day}: from before gpuwear, its history " \
+                   f"unknown)", True
+        return f" ({carried} carried when gpuwear first read the card{day}, {now - carried} {noun} since)", False
+
     def growing(self, *counts: str) -> str | None:
         """While the card's lifetime ``counts`` (accumulate.GROWING_COUNTS) grew within
         wear.health.growth_watch_days (", the last new one on DAY"), or, for counts that never grew in the record,
@@ -195,10 +214,11 @@ def _retired_pages_limit(f: Facts) -> Findings:
 
 def _retired_pages(f: Facts) -> Findings:
     retired = _retired(f)
-    if 0 < retired < RETIRED_PAGES_LIMIT and (last := f.growing("retired_pages_single_bit",
-                                                                 "retired_pages_double_bit")) is not None:
-        return (("watch", "retired_pages", f"{retired} retired memory page(s){last}: normal in small numbers; keep "
-                 "watching"),)
+    counts = ("retired_pages_single_bit", "retired_pages_double_bit")
+    if 0 < retired < RETIRED_PAGES_LIMIT and (last := f.growing(*counts)) is not None:
+        carried, inherited = f.carried("retired", *counts)
+        return (("watch", "retired_pages", f"{retired} retired memory page(s){carried}{'' if inherited else last}: "
+                 "normal in small numbers; keep watching"),)
     return NONE
 
 
@@ -270,10 +290,12 @@ def _fabric_degraded(f: Facts) -> Findings:
 
 
 def _remapped_rows(f: Facts) -> Findings:
+    counts = ("remapped_rows_uncorrected", "remapped_rows_corrected")
     n = f.h.get("remapped_rows_uncorrected", 0) + f.h.get("remapped_rows_corrected", 0)
-    if n > 0 and (last := f.growing("remapped_rows_uncorrected", "remapped_rows_corrected")) is not None:
-        return (("watch", "remapped_rows", f"{n} memory row(s) remapped{last}: the spare rows did their job; keep "
-                 "watching"),)
+    if n > 0 and (last := f.growing(*counts)) is not None:
+        carried, inherited = f.carried("remapped", *counts)
+        return (("watch", "remapped_rows", f"{n} memory row(s) remapped{carried}{'' if inherited else last}: the "
+                 "spare rows did their job; keep watching"),)
     return NONE
 
 
@@ -404,8 +426,9 @@ def _uncorrectable_ecc_history(f: Facts) -> Findings:
     if n > 0 and not f.h.get("ecc_uncorrected_volatile", 0) > 0:  # said by uncorrectable_ecc while volatile
         last = f.growing("ecc_uncorrected_aggregate")
         if last is not None:
-            return (("watch", "uncorrectable_ecc_history",
-                     f"{n} uncorrectable ECC error(s) in the card's lifetime record{last}"),)
+            carried, inherited = f.carried("counted", "ecc_uncorrected_aggregate")
+            return (("watch", "uncorrectable_ecc_history", f"{n} uncorrectable ECC error(s) in the card's lifetime "
+                     f"record{carried}{'' if inherited else last}"),)
     return NONE
 
 

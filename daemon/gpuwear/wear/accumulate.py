@@ -271,6 +271,12 @@ GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bi
                             "remapped_rows_uncorrected", "ecc_uncorrected_aggregate"})
 
 
+# the card's lifetime counts it keeps from before gpuwear met it (nvml.h: the aggregate ECC counts persist "for the
+# lifetime of the device"; retired pages and remapped rows in its InfoROM): what each held at gpuwear's first read
+# of it is kept as "carried NAME" in ``health``, its time as "first read NAME" in ``last_event`` (issue 55)
+CARRIED_COUNTS = GROWING_COUNTS | {"ecc_corrected_aggregate"}
+
+
 def _sticky(what: str) -> bool:
     """An incident that is a sticky XID ("xid 79")."""
     code = what.removeprefix("xid ")
@@ -665,13 +671,17 @@ class GpuWear:
 
     def _health(self, s: GpuSample) -> None:
         """The latest health readings, and in ``last_event`` ("grew NAME") when each count of GROWING_COUNTS last
-        grew (a count first read is not growth: what it held before gpuwear met it has no time)."""
+        grew (a count first read is not growth: what it held before gpuwear met it has no time; it is kept as what
+        the card carried, CARRIED_COUNTS)."""
         for name in HEALTH_FIELDS:
             value = getattr(s, name)
             if value is not None:
                 before = self.health.get(name)
                 if name in GROWING_COUNTS and isinstance(before, (int, float)) and value > before:
                     self.last_event[f"grew {name}"] = s.timestamp
+                if name in CARRIED_COUNTS and before is None:  # gpuwear's first read of it: what the card carried
+                    self.health[f"carried {name}"] = value
+                    self.last_event[f"first read {name}"] = s.timestamp
                 self.health[name] = value
         if s.temperature_memory_celsius is not None:
             self.health["memory_temperature_reported"] = True
