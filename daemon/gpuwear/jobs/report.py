@@ -3,7 +3,7 @@
 The JSON document is a stable contract like ``report --json``: keys are added, never
 renamed or removed. Shares are of each GPU's listed lines (jobs and idle periods), so the
 lines of a GPU add up to 100 % of what was observed in the window; their time, energy and aging
-add up to the card's in ``report``, their cycles (counted within each line) need not.
+add up to the card's in ``report``, and their cycle fatigue with the card's open swings (``open_cycle_fatigue``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpuwear.config import WearConfig
 from gpuwear.jobs.lines import MILLI, NANO, counted, label, line_name, lines, title, units
 from gpuwear.jobs.lines import key as lines_key
 from gpuwear.wear.accumulate import GpuWear
-from gpuwear.wear.models import BANDS
+from gpuwear.wear.models import BANDS, open_fatigue
 
 if TYPE_CHECKING:
     from gpuwear.ledger import Ledger
@@ -176,7 +176,15 @@ def document(records: Iterable[dict[str, Any]], gpus: dict[str, GpuWear], p: Wea
             job = _whole(rec, gpus, p, gpu)
             assert job is not None
             jobs.append(job)
-    return tally.document(since, [tally.share(job) for job in jobs])
+    return _with_open(tally.document(since, [tally.share(job) for job in jobs]), gpus, p, gpu)
+
+
+def _with_open(doc: dict[str, Any], gpus: dict[str, GpuWear], p: WearConfig, gpu: str | None) -> dict[str, Any]:
+    """``doc`` with each listed GPU's open swings (``open_cycle_fatigue``: the fatigue of its rainflow residue, not
+    closed yet, in no line until it closes): with it, the lines' cycle fatigue adds up to the card's in `report`."""
+    doc["open_cycle_fatigue"] = {uuid: round(open_fatigue(w, "gpu", p), 9) for uuid, w in sorted(gpus.items())
+                                 if (gpu is None or uuid == gpu) and uuid in doc["totals"]}
+    return doc
 
 
 def ledger_document(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, since: float | None,
@@ -225,7 +233,7 @@ def ledger_listing(ledger: Ledger, gpus: dict[str, GpuWear], p: WearConfig, sinc
             if job is not None:
                 yield tally.share(job)
 
-    return tally.document(since, []), jobs()
+    return _with_open(tally.document(since, []), gpus, p, gpu), jobs()
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -267,9 +275,9 @@ def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: d
     yield from ["Jobs, newest first. Shares are of each GPU's wear in this listing (central estimates);",
                 "idle lines are the time between jobs, unattributed lines the time a GPU's processes could not be",
                 "read (the line says why) and imported lines the history read from logs, so each GPU's lines add",
-                "up to 100 % and, for time, energy and aging, to what `gpuwear report` shows for it. Cycles are",
-                "counted within each line: a swing that spans two lines is in the card's count in `report`, in no",
-                "line's, so the lines' cycles need not add up to the card's.", ""]
+                "up to 100 % and, for time, energy and aging, to what `gpuwear report` shows for it. A swing is",
+                "a line's once it closes; the card's open swings, in `report` already, are in no line yet (below),",
+                "and with them the lines' cycle fatigue adds up to the card's too.", ""]
     yield f"{'JOB':<44} {'USER':<10} {'START':<16} {'DURATION':>9} {'GPU':>3} {'MAX °C':>6} {'ENERGY':>9} " \
           f"{'AGING':>6} {'CYCLES':>6}"
     written = 0
@@ -290,6 +298,10 @@ def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: d
     if more:
         yield f"... and {more} older line(s) in this window: `gpuwear jobs --all`, `--limit N` or `--since`"
     yield ""
+    open_swings = {uuid: v for uuid, v in (head.get("open_cycle_fatigue") or {}).items() if v > 0}
+    if open_swings:
+        yield ("Open swings (in the card's cycles in `report`, in no line until they close): " + "; ".join(
+            f"GPU {index_of.get(uuid, uuid)} {v:.3g} equivalent cycles" for uuid, v in open_swings.items()))
     hottest = head["hottest"]
     if hottest:
         yield (f"Hottest: {head['hottest_label']} ran GPU {index_of.get(hottest['uuid'], hottest['uuid'])} up "

@@ -103,6 +103,15 @@ def fatigue_bands(w: GpuWear, sensor: str, p: WearConfig, bands: tuple[str, ...]
     return out
 
 
+def open_fatigue(w: GpuWear, sensor: str, p: WearConfig, band: str = "central") -> float:
+    """The part of :func:`fatigue_bands` that is the sensor's open residue: swings not closed yet, which belong to
+    no job's line until they close (jobs.attribute gives closed cycles to the lines), in reference cycles."""
+    c = p.cycles
+    key, factor = _cycle_weight(c.reference_range_celsius, c.reference_peak_celsius, getattr(c.exponent, band),
+                                getattr(c.peak_term_kelvin, band))
+    return w.residue_sum(sensor, key, factor)
+
+
 def fan_revolutions(fan: FanWear, p: WearConfig) -> float:
     """A fan's revolutions: measured (RPM) where it reported RPM, else its speed ratio times wear.fan.rated_rpm."""
     return fan.revolutions + fan.ratio_seconds * p.fan.rated_rpm / 60.0
