@@ -600,7 +600,7 @@ def test_the_corpus_replayed_through_the_reader_end_to_end(tmp_path: Path) -> No
                              on_sxid=lambda switch, code, fatal: found.append(("sxid", [switch, code, fatal])),
                              on_lost=lambda bus: found.append(("lost", bus)),
                              on_nvlink=lambda bus, code, link, values: found.append(("nvlink", [link, list(values)])),
-                             on_process=lambda bus, code, pid, name: found.append(("process", [pid, name])))
+                             on_process=lambda bus, code, pid, name, gi: found.append(("process", [pid, name, gi])))
     expected = [(kind, e[kind]) for e in entries for kind in ("nvlink", "process", "xid", "lost", "sxid") if kind in e]
     try:
         follower.start()

@@ -71,21 +71,25 @@ _SXID = re.compile(r"nvidia-nvswitch\d*:? SXid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-
 
 # the process krcReportXid names: "pid=%s, name=%s, " (the host's PID and the process's 15-character comm; the GPU's own
 # faults give "pid='<unknown>', name=<unknown>")
-_PROCESS = re.compile(r"\): \d{1,5}, pid=(?:'?<unknown>'?|(\d{1,10}))(?:, name=([^,]{0,64}?))?,")
+_PROCESS = re.compile(r"(?: GPU-I:(\d{1,3})(?: GPU-CI:(\d{1,3}))?)?\): \d{1,5}, "
+                      r"pid=(?:'?<unknown>'?|(\d{1,10}))(?:, name=([^,]{0,64}?))?,")
 UNKNOWN_PROCESS = "<unknown>"
 
 
-def parse_process(message: str) -> tuple[int | None, str] | None:
-    """(the PID, the process name) an XID line names, None and :data:`UNKNOWN_PROCESS` where it says the process is
-    unknown; None where the line names none (older drivers, some codes). The name is made printable (a character
-    that is not: "?")."""
+def parse_process(message: str) -> tuple[int | None, str, str] | None:
+    """(the PID, the process name, the MIG instance) an XID line names: None and :data:`UNKNOWN_PROCESS` where it
+    says the process is unknown, the instance the driver attributes the XID to on a MIG GPU ("GPU-I 5 GPU-CI 1";
+    "" on a whole GPU); None where the line names no process (older drivers, some codes). The name is made
+    printable (a character that is not: "?")."""
     m = _PROCESS.search(message)
     if m is None:
         return None
-    name = (m.group(2) or "").strip().strip("'")
-    pid = int(m.group(1)) if m.group(1) else None
+    gi, ci = m.group(1), m.group(2)
+    where = "" if gi is None else f"GPU-I {int(gi)}" + ("" if ci is None else f" GPU-CI {int(ci)}")
+    name = (m.group(4) or "").strip().strip("'")
+    pid = int(m.group(3)) if m.group(3) else None
     shown = "".join(c if c.isprintable() else "?" for c in name)[:64]  # the line's bytes, as another program wrote
-    return pid, (UNKNOWN_PROCESS if name in ("", "<unknown>") else shown)
+    return pid, (UNKNOWN_PROCESS if name in ("", "<unknown>") else shown), where
 
 
 def parse_xid(message: str) -> tuple[str, int] | None:
@@ -214,7 +218,8 @@ class KernelLogXids:
     line, ``on_lost(pci_bus_id)`` for each line of the driver saying a GPU fell off the bus, and
     ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line, and ``on_nvlink(pci_bus_id, code,
     link, registers)`` for an NVLink XID's line that gives them (:func:`parse_nvlink`) and ``on_process(pci_bus_id,
-    code, pid, name)`` for one that names its process (:func:`parse_process`), each just before its ``on_xid``.
+    code, pid, name, instance)`` for one that names its process (:func:`parse_process`), each just before its
+    ``on_xid``.
     /dev/kmsg and the journal are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's
     periodic wake-ups are most of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about
     :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read
@@ -230,7 +235,7 @@ class KernelLogXids:
                  on_position: Callable[[dict[str, Any]], None] | None = None,
                  on_nvlink: Callable[[str, int, int, tuple[int, ...]], None] | None = None,
                  lock: AbstractContextManager[Any] | None = None,
-                 on_process: Callable[[str, int, int | None, str], None] | None = None) -> None:
+                 on_process: Callable[[str, int, int | None, str, str], None] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         # a position of this source to go on after (another source's is not)
         self._resume = dict(resume) if resume and resume.get("source") == self.source else None

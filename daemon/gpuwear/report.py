@@ -514,6 +514,8 @@ def xid_lines(d: dict[str, Any]) -> list[str]:
             else:
                 who = f"process {printable(str(name or '?'))}" + (f" (pid {printable(str(pid))})" if pid is not None
                                                                   else "")
+            if e.get("instance"):
+                who += f" on MIG instance {printable(str(e['instance']))}"
             out.append(f"  {when}  XID {code}'s line names {who}; running: {jobs}")
     return out
 
