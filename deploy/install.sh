@@ -6,6 +6,7 @@
 #   $PREFIX/share/doc/gpuwear/            docs/deployment.md, docs/alerts.md (the alerts' runbook)
 #   $PREFIX/share/gpuwear/gpuwear-rules.yml  the Prometheus alert rules, their runbook_url set to RUNBOOK_URL
 #   $PREFIX/share/gpuwear/dcgm-compat-rules.yml  recording rules giving dcgm-exporter's names (optional)
+#   $PREFIX/share/gpuwear/gpuwear-fleet-rules.yml  recording rules for a fleet's year-long questions (optional)
 #   /etc/systemd/system/gpuwear.service   the unit, its ExecStart pointing into $PREFIX
 #   /etc/gpuwear/config.yaml              the configuration, never overwritten once edited
 #
@@ -113,6 +114,7 @@ sed -e "s|runbook_url: file:///opt/gpuwear/share/doc/gpuwear/alerts.md#|runbook_
     "$REPO/deploy/prometheus/gpuwear-rules.yml" >"$work/gpuwear-rules.yml"
 install -m 0644 "$work/gpuwear-rules.yml" "$share/gpuwear-rules.yml"
 install -m 0644 "$REPO/deploy/prometheus/dcgm-compat-rules.yml" "$share/dcgm-compat-rules.yml"
+install -m 0644 "$REPO/deploy/prometheus/gpuwear-fleet-rules.yml" "$share/gpuwear-fleet-rules.yml"
 say "installed the alert rules $share/gpuwear-rules.yml (runbook: $RUNBOOK_URL); load them in Prometheus (docs/alerts.md)"
 
 # 2. the unit, pointing at PREFIX (the path on the target, without DESTDIR)

@@ -205,6 +205,8 @@ def test_install_stages_venv_unit_and_config(staged: Staged) -> None:
         (REPO / "deploy/prometheus/gpuwear-rules.yml").read_bytes()
     assert (staged.root / PREFIX.lstrip("/") / "share/gpuwear/dcgm-compat-rules.yml").read_bytes() == \
         (REPO / "deploy/prometheus/dcgm-compat-rules.yml").read_bytes()
+    assert (staged.root / PREFIX.lstrip("/") / "share/gpuwear/gpuwear-fleet-rules.yml").read_bytes() == \
+        (REPO / "deploy/prometheus/gpuwear-fleet-rules.yml").read_bytes()
     assert _unit_values(staged.unit.read_text(), "ExecStart") == [EXEC_START]
     assert "DESTDIR is set: not calling systemctl" in staged.output
     assert "DynamicUser=yes" in staged.output  # no user created, and it says why

@@ -238,6 +238,27 @@ def test_promtool_check_rules_passes_without_warnings() -> None:
     assert "warn" not in output.lower(), output
 
 
+def test_the_fleet_rules_check_keep_few_labels_and_count_the_critical_xids() -> None:
+    """Issue 56, item 2: recording rules for a fleet's long-range questions, checked by promtool, every series with
+    at most job, instance, gpu, uuid (and name on the product series), far under Mimir's 30 labels, and its
+    incidents the codes GpuwearXidCritical names (the catalog's act tier)."""
+    fleet = REPO / "deploy" / "prometheus" / "gpuwear-fleet-rules.yml"
+    check = subprocess.run([require("promtool"), "check", "rules", str(fleet)], capture_output=True, text=True,
+                           check=False)
+    assert check.returncode == 0 and "warn" not in (check.stdout + check.stderr).lower(), check.stdout + check.stderr
+    rules = [r for g in yaml.safe_load(fleet.read_text())["groups"] for r in g["rules"]]
+    kept = {"job", "instance", "gpu", "uuid"}
+    for r in rules:
+        by = {label.strip() for group in re.findall(r"by \(([^)]*)\)", r["expr"]) for label in group.split(",")}
+        assert by and by <= kept | ({"name"} if r["record"] == "gpuwear:gpu_product" else set()), r["record"]
+    (incidents,) = [r for r in rules if r["record"] == "gpuwear:xid_critical_events:increase1h"]
+    critical = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+                    if r.get("alert") == "GpuwearXidCritical")
+    codes = set(re.findall(r'xid=~"([\d|]+)"', critical["expr"]))
+    assert set(re.findall(r'xid=~"([\d|]+)"', incidents["expr"])) == codes and len(codes) == 1
+    assert "../gpuwear-fleet-rules.yml" in (REPO / "deploy" / "prometheus" / "tests" / "fleet.yml").read_text()
+
+
 @pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     assert RULE_TESTS, "no promtool rule tests in deploy/prometheus/tests/"
