@@ -227,7 +227,7 @@ def upgraded(work: Path, name: str, state: Path, scenario: Path) -> dict[str, fl
     """The same ledger as an upgrade or a recovery leaves it (every job record without its kept lines, as a
     migration to schema 8 or a recovery makes it), as a user meets it in the minutes after the new version's first
     start: start → first /metrics, `jobs` and `report --html` and the page right after, and start → every record
-    indexed (the daemon's pass; `jobs --json` says how many are left)."""
+    indexed (the daemon's pass; `jobs --json` says how many are left), then its RSS after ten pages."""
     copy_state = work / f"{name}-upgraded"
     shutil.copytree(state, copy_state)
     copy = copy_state / "simulated" / scenario.stem / "ledger.sqlite"
@@ -252,6 +252,10 @@ def upgraded(work: Path, name: str, state: Path, scenario: Path) -> dict[str, fl
                 out["upgraded_indexed_s"] = time.monotonic() - began
                 break
             time.sleep(0.5)
+        for _ in range(10):  # ten pages, each after a save (every wall second at x60): rendered afresh each time
+            time.sleep(1.1)
+            get(f"http://127.0.0.1:{port}/")
+        out["upgraded_rss_after_10_pages_mib"] = rss_mib(proc.pid)
     finally:
         stop(proc)
     return out
@@ -278,7 +282,8 @@ LABELS = {"ledger_mib": "ledger file (MiB)", "first_metrics_s": "start → first
           "upgraded_jobs_s": "lines removed: `jobs` right after the start (s)",
           "upgraded_report_html_s": "lines removed: `report --html` right after the start (s)",
           "upgraded_page_s": "lines removed: the page right after the start (s)",
-          "upgraded_indexed_s": "lines removed: start → every job record indexed (s)"}
+          "upgraded_indexed_s": "lines removed: start → every job record indexed (s)",
+          "upgraded_rss_after_10_pages_mib": "lines removed: daemon RSS after 10 pages, once indexed (MiB)"}
 
 
 def main() -> int:
