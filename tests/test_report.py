@@ -753,3 +753,9 @@ def test_each_xid_says_what_ran_and_the_process_its_line_names(tmp_path: Path) -
     assert "XID 31; running: simulated train-a\n" in text and "XID 31; running: simulated eval-b\n" in text, text
     assert f"XID 31's line names process train-a (pid {synthetic_pid('train-a')}); running: " in text, text
     assert "XID 79's line names a process the driver did not know" in text and "XID 79; running: idle" in text, text
+    # and in `jobs`: each run's XIDs, with the card-or-code judgement of that code on that GPU
+    listing = gpuwear("jobs", "--state-dir", str(state), "--simulated", "xidjobs").stdout
+    assert "XID 31 ×1 while it ran: likely the card: XID 31 (GPU memory page fault) on this GPU under 2" in listing
+    assert "XID 79 ×1 while it ran\n" in listing, listing
+    judged = json.loads(gpuwear("jobs", "--json", "--state-dir", str(state), "--simulated", "xidjobs").stdout)
+    assert [j["judgement"] for j in judged["card_or_code"][busy["uuid"]]] == ["likely the card"]

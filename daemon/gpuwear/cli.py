@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuwear import __version__
 from gpuwear.backends.nvml import NvmlUnavailableError
-from gpuwear.config import Config, ConfigError, parse_listen
+from gpuwear.config import Config, ConfigError, WearConfig, parse_listen
 from gpuwear.ledger import Ledger, LedgerError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.wear.accumulate import GpuWear
 from gpuwear.webconfig import WebConfigError
@@ -384,11 +384,13 @@ def _jobs(args: argparse.Namespace) -> int:
                 if first is None:
                     return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
                 doc = jobreport.document([first], gpus, config.wear, since, wanted, shown=limit)
+                doc["card_or_code"] = _card_or_code(gpus, config.wear, wanted)
                 _write_jobs(args.json, doc, iter(doc["jobs"]), gpu_indexes(every.values()), limit)
                 _say_left_out(ledger)
             else:  # the totals and shares from the lines the ledger keeps; the jobs shown read and written one by one
                 with ledger.reading():
                     head, listed = jobreport.ledger_listing(ledger, gpus, config.wear, since, wanted)
+                    head["card_or_code"] = _card_or_code(gpus, config.wear, wanted)
                     _write_jobs(args.json, head, listed, gpu_indexes(every.values()), limit)
                     _say_left_out(ledger)
         finally:
@@ -396,6 +398,14 @@ def _jobs(args: argparse.Namespace) -> int:
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
     return 0
+
+
+def _card_or_code(gpus: dict[str, GpuWear], p: WearConfig, wanted: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Card or code (health.judgements), per listed GPU, for the XIDs the listed runs raised (issue 54): the jobs
+    part holds no health rule, so the listing's caller gives it."""
+    from gpuwear.health.judgements import card_or_code
+
+    return {uuid: judged for uuid, judged in card_or_code(gpus, p).items() if wanted is None or uuid == wanted}
 
 
 def _say_left_out(ledger: Ledger) -> None:

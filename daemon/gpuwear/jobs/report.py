@@ -293,6 +293,7 @@ def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: d
             yield (f"{label:<44} {user:<10} {start:<16} {duration:>9} {gpu:>3} "
                    f"{s['max_celsius'].get('gpu', float('nan')):>6.0f} {s['energy_joules'] / 3.6e6:>6.2f} kWh "
                    f"{_pct(s['share']['thermal_aging']):>6} {_pct(s['share']['cycle_fatigue']):>6}")
+            yield from _xids_of(s, head.get("card_or_code") or {})
             first = False
     more = head["jobs_in_window"] - written
     if more:
@@ -315,6 +316,16 @@ def text_lines(head: dict[str, Any], jobs: Iterable[dict[str, Any]], index_of: d
             rest = sum(v for _, v in ranked[SHARES_SHOWN:])
             parts.append(f"{len(ranked) - SHARES_SHOWN} other line(s) {100 * rest / total:.0f} %")
         yield "Share of all GPUs' thermal aging in this window: " + "; ".join(parts)
+
+
+def _xids_of(s: dict[str, Any], judged: dict[str, list[dict[str, Any]]]) -> Iterator[str]:
+    """A line's XIDs (its events "xid N", counted while it ran), each with the card-or-code judgement of that code
+    on that GPU where the listing has one (``card_or_code``: the caller's, from health.judgements; issue 54)."""
+    for what, n in sorted((s.get("events") or {}).items()):
+        code = what.removeprefix("xid ")
+        if what.startswith("xid ") and code.isdigit():
+            j = next((j for j in judged.get(s["uuid"], []) if j["xid"] == int(code)), None)
+            yield f"{'':<44}   XID {code} ×{n} while it ran" + (f": {j['text']}" if j else "")  # cli._show
 
 
 class _Streamed(list):  # type: ignore[type-arg]
