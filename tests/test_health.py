@@ -60,6 +60,9 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
         x = r.choice([*sorted(BY_CODE), 999])
         w.xids[str(x)] = r.randint(1, 5)
         w.last_event[f"xid {x}"] = w.last_seen - r.uniform(0, 20 * DAY)
+    if r.random() < 0.15:  # a lifetime count read lower than before (counts_went_down)
+        w.health["went down ecc_corrected_aggregate"] = 5
+        w.last_event["went down ecc_corrected_aggregate"] = w.last_seen - r.uniform(0, 10 * DAY)
     if r.random() < 0.2:  # an application's XID under one to three applications (xid_card)
         w.xids["31"] = w.xids.get("31", 0) + 1
         for app in r.sample(["train", "eval", "infer"], r.randint(1, 3)):
@@ -986,3 +989,25 @@ def test_what_a_card_carried_when_first_read_is_said_as_inherited() -> None:
     older.health = {k: v for k, v in older.health.items() if not k.startswith("carried ")}
     texts = {r["code"]: r["text"] for r in verdict(older, WearConfig(), None)["reasons"]}
     assert texts["retired_pages"].startswith("5 retired memory page(s), the last new one on ")
+
+
+def test_a_lifetime_count_that_goes_down_is_said() -> None:
+    """Issue 55, item 3: a card's lifetime counts (aggregate ECC, retired pages, remapped rows) never go down; one that
+    does means its InfoROM was cleared or reflashed, or it is not the card it was, and nothing said so. The rule
+    counts_went_down watches it for wear.health.growth_watch_days (7) with the count's before and after; the tracker's
+    health event keeps it in the card's history as before."""
+    from gpuwear.sample import GpuSample
+
+    w = GpuWear("GPU-v100", name="Tesla V100-PCIE-16GB")
+    for i, corrected in enumerate((1_000_000, 1_000_000, 1_000_002)):
+        w.add(GpuSample(timestamp=T0 + i, monotonic=float(i), temperature_gpu_celsius=40.0,
+                        ecc_corrected_aggregate=corrected, retired_pages_double_bit=1), 1.0 if i else 0.0)
+    assert "counts_went_down" not in {r["code"] for r in verdict(w, WearConfig(), None)["reasons"]}
+    w.add(GpuSample(timestamp=T0 + 3600, monotonic=3600.0, temperature_gpu_celsius=40.0, ecc_corrected_aggregate=0,
+                    retired_pages_double_bit=1), 1.0)
+    reasons = {r["code"]: r for r in verdict(w, WearConfig(), None)["reasons"]}
+    text = reasons["counts_went_down"]["text"]
+    assert reasons["counts_went_down"]["severity"] == "watch" and "corrected ECC errors from 1,000,002 to 0 on " in text
+    assert "InfoROM was cleared or reflashed, or this is not the card it was" in text
+    w.last_seen = T0 + 3600 + 7.1 * DAY  # its window past: ended
+    assert "counts_went_down" not in {r["code"] for r in verdict(w, WearConfig(), None)["reasons"]}

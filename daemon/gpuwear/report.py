@@ -13,6 +13,7 @@ from typing import Any
 from gpuwear.config import WearConfig
 from gpuwear.health import past_cards, peer_rates, slow_reads_text, verdict
 from gpuwear.health.judgements import card_or_code
+from gpuwear.health.rules import CARRIED_WORDS
 from gpuwear.ledger import Event, Ledger
 from gpuwear.ledger.errors import printable
 from gpuwear.ledger.records import CHANGED
@@ -465,13 +466,6 @@ def _wear_lines(d: dict[str, Any]) -> list[str]:
 def _band_text(e: dict[str, Any], unit: str) -> str:
     lo, hi = min(e["low"], e["central"], e["high"]), max(e["low"], e["central"], e["high"])
     return f"{between(lo, hi, lambda v: f'{v:.3g}')} {unit} (central {e['central']:.3g})"
-
-
-CARRIED_WORDS = {"ecc_corrected_aggregate": "corrected ECC errors", "ecc_uncorrected_aggregate":
-                 "uncorrectable ECC errors", "retired_pages_single_bit": "pages retired for single-bit errors",
-                 "retired_pages_double_bit": "pages retired for double-bit errors",
-                 "remapped_rows_corrected": "rows remapped for correctable errors",
-                 "remapped_rows_uncorrected": "rows remapped for uncorrectable errors"}
 
 
 def carried_words(d: dict[str, Any]) -> str | None:

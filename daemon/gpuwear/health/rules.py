@@ -14,7 +14,7 @@ from typing import Any
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
 from gpuwear.health.xids import LINE_JUDGED, NVLINK5_SOURCE, NVLINK_SOURCE, Xid, applications, lookup
-from gpuwear.wear.accumulate import FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
+from gpuwear.wear.accumulate import CARRIED_COUNTS, FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
@@ -421,6 +421,13 @@ def _repeat_incidents(f: Facts) -> Findings:
                 "in its history; keep watching")),)
 
 
+CARRIED_WORDS = {"ecc_corrected_aggregate": "corrected ECC errors", "ecc_uncorrected_aggregate":
+                 "uncorrectable ECC errors", "retired_pages_single_bit": "pages retired for single-bit errors",
+                 "retired_pages_double_bit": "pages retired for double-bit errors",
+                 "remapped_rows_corrected": "rows remapped for correctable errors",
+                 "remapped_rows_uncorrected": "rows remapped for uncorrectable errors"}
+
+
 def _uncorrectable_ecc_history(f: Facts) -> Findings:
     n = f.h.get("ecc_uncorrected_aggregate", 0)
     if n > 0 and not f.h.get("ecc_uncorrected_volatile", 0) > 0:  # said by uncorrectable_ecc while volatile
@@ -429,6 +436,23 @@ def _uncorrectable_ecc_history(f: Facts) -> Findings:
             carried, inherited = f.carried("counted", "ecc_uncorrected_aggregate")
             return (("watch", "uncorrectable_ecc_history", f"{n} uncorrectable ECC error(s) in the card's lifetime "
                      f"record{carried}{'' if inherited else last}"),)
+    return NONE
+
+
+def _counts_went_down(f: Facts) -> Findings:
+    """A lifetime count the card keeps (accumulate.CARRIED_COUNTS) read lower than before, within
+    wear.health.growth_watch_days of it: the card's InfoROM was cleared or reflashed, or it is not the card it was."""
+    down = []
+    for name in sorted(CARRIED_COUNTS):
+        when = f.w.last_event.get(f"went down {name}")
+        if when is not None and f.within(when, f.p.health.growth_watch_days):
+            was, now = f.h.get(f"went down {name}"), f.h.get(name)
+            was_words, now_words = (f"{n:,}" if isinstance(n, int) else "?" for n in (was, now))
+            down.append(f"{CARRIED_WORDS.get(name, name)} from {was_words} to {now_words} on "
+                        f"{time.strftime('%Y-%m-%d', time.gmtime(when))}")
+    if down:
+        return (("watch", "counts_went_down", "lifetime counts went down, which they never do: " + "; ".join(down)
+                 + ": its InfoROM was cleared or reflashed, or this is not the card it was"),)
     return NONE
 
 
@@ -636,6 +660,12 @@ TABLE: tuple[Rule, ...] = (
          "the card's lifetime count (before gpuwear too), judged while it grows",
          "> 0 (while uncorrectable_ecc does not say it)", "watch", _GROWTH,
          _MEMORY_ERRORS, _uncorrectable_ecc_history),
+    Rule("counts_went_down", "the lifetime counts the card keeps (aggregate ECC, retired pages, remapped rows) "
+         "against their reading before", "wear.health.growth_watch_days (7) after one went down",
+         "any count lower than its reading before", "watch", "wear.health.growth_watch_days (7) after the last",
+         "nvml.h: the aggregate ECC counts persist 'for the lifetime of the device', retired pages and remapped rows "
+         "in its InfoROM; one that goes down was cleared (an InfoROM reflash) or read from another card (issue 55)",
+         _counts_went_down),
     Rule("time_above_slowdown", "seconds at or above nvmlDeviceGetTemperatureThreshold (slowdown)", _WINDOW,
          "wear.health.slowdown_watch_seconds", "watch", _WINDOW_ENDS,
          "gpuwear's own rule: wear.health.slowdown_watch_seconds at or above the card's slowdown "

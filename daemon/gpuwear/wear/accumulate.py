@@ -682,6 +682,9 @@ class GpuWear:
                 if name in CARRIED_COUNTS and before is None:  # gpuwear's first read of it: what the card carried
                     self.health[f"carried {name}"] = value
                     self.last_event[f"first read {name}"] = s.timestamp
+                elif name in CARRIED_COUNTS and isinstance(before, int) and value < before:  # never should (issue 55)
+                    self.health[f"went down {name}"] = before
+                    self.last_event[f"went down {name}"] = s.timestamp
                 self.health[name] = value
         if s.temperature_memory_celsius is not None:
             self.health["memory_temperature_reported"] = True
