@@ -1011,3 +1011,46 @@ def test_a_lifetime_count_that_goes_down_is_said() -> None:
     assert "InfoROM was cleared or reflashed, or this is not the card it was" in text
     w.last_seen = T0 + 3600 + 7.1 * DAY  # its window past: ended
     assert "counts_went_down" not in {r["code"] for r in verdict(w, WearConfig(), None)["reasons"]}
+
+
+def test_an_xid_13_line_gives_its_process_instance_and_place_on_the_chip() -> None:
+    """Issue 54, items 1 and 5: an XID 13 line names the process, on a MIG GPU the instance, and where on the chip the
+    exception came ("(GPC 1, TPC 3, SM 0)": NVIDIA's Xid 13 workflow compares repeats at the same GPC and TPC). Through
+    the fake's kernel log and the reader as the daemon runs it, the tracker's "xid process" event keeps all three
+    with who ran; `report`'s words say them."""
+    import time
+
+    from conftest import make_rig
+    from gpuwear.kernlog import KernelLogXids
+    from gpuwear.report import xid_lines
+    from gpuwear.sim.simulated import synthetic_pid
+    from gpuwear.tracker import WearTracker
+
+    text = "Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address"
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 3600,
+                                                                     "job": "train-x"}]}],
+                    "faults": [{"at": 2, "gpu": 0, "kind": "xid", "xid": 13, "process": True, "text": text}]})
+    tracker = WearTracker({}, WearConfig())
+    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log,
+                           rig.simulation.wake_kernel_log, on_process=rig.sampler.record_kernel_process)
+    kernel.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(g.xid_processes for g in rig.sampler.snapshot.gpus):
+            rig.run(1)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+            time.sleep(0.01)
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    finally:
+        kernel.stop()
+        rig.backend.close()
+    _, events, _ = tracker.take()
+    (process,) = [e.detail for e in events if e.kind == "xid process"]
+    # (the rig's tracker is given no jobs: who ran is its idle line, or "not known yet" before its first interval)
+    assert {k: v for k, v in process.items() if k != "jobs"} == {
+        "xid": 13, "pid": synthetic_pid("train-x"), "process": "train-x", "count": 1, "instance": None,
+        "unit": "GPC 1 TPC 3"}, process
+    words = xid_lines({"events": [{"wall": e.wall, "kind": e.kind, **e.detail} for e in events]})
+    assert any(f"XID 13's line names process train-x (pid {synthetic_pid('train-x')}), at GPC 1 TPC 3 of the chip; "
+               "running: " in w for w in words), words

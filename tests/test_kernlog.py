@@ -575,7 +575,7 @@ def test_the_corpus_of_real_kernel_log_lines_is_read_as_each_line_says() -> None
     """Issue 51, slice 6: lines NVIDIA's drivers write, gathered from public sources (each cited in the fixture),
     each read as what it is: a GPU's XID (MIG-attributed too), a GPU off the bus, an NVSwitch's SXid (not its
     continuation lines), or nothing."""
-    from gpuwear.kernlog import NVLINK_LINE_CODES, parse_lost, parse_nvlink, parse_process
+    from gpuwear.kernlog import NVLINK_LINE_CODES, parse_lost, parse_nvlink, parse_process, parse_unit
 
     for e in _corpus():
         message = kmsg_message(str(e["line"]))
@@ -583,7 +583,8 @@ def test_the_corpus_of_real_kernel_log_lines_is_read_as_each_line_says() -> None
         nvlink = parse_nvlink(message, xid[1]) if xid is not None and xid[1] in NVLINK_LINE_CODES else None
         assert (None if nvlink is None else [nvlink[0], list(nvlink[1])]) == e.get("nvlink"), e
         process = parse_process(message) if xid is not None else None
-        assert (None if process is None else list(process)) == e.get("process"), e
+        unit = [parse_unit(message)] if process is not None and parse_unit(message) else []
+        assert (None if process is None else list(process) + unit) == e.get("process"), e
         assert parse_xid(message) == (tuple(e["xid"]) if "xid" in e else None), e  # type: ignore[arg-type]
         assert parse_lost(message) == e.get("lost"), e
         assert parse_sxid(message) == (tuple(e["sxid"]) if "sxid" in e else None), e  # type: ignore[arg-type]
@@ -600,7 +601,8 @@ def test_the_corpus_replayed_through_the_reader_end_to_end(tmp_path: Path) -> No
                              on_sxid=lambda switch, code, fatal: found.append(("sxid", [switch, code, fatal])),
                              on_lost=lambda bus: found.append(("lost", bus)),
                              on_nvlink=lambda bus, code, link, values: found.append(("nvlink", [link, list(values)])),
-                             on_process=lambda bus, code, pid, name, gi: found.append(("process", [pid, name, gi])))
+                             on_process=lambda bus, code, pid, name, gi, unit: found.append(
+                                 ("process", [pid, name, gi] + ([unit] if unit else []))))
     expected = [(kind, e[kind]) for e in entries for kind in ("nvlink", "process", "xid", "lost", "sxid") if kind in e]
     try:
         follower.start()

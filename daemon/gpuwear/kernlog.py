@@ -92,6 +92,17 @@ def parse_process(message: str) -> tuple[int | None, str, str] | None:
     return pid, (UNKNOWN_PROCESS if name in ("", "<unknown>") else shown), where
 
 
+# where on the chip an XID 13 (graphics engine exception) came: "Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0)"
+_UNIT = re.compile(r"\(GPC (\d{1,3}), TPC (\d{1,3})(?:, SM (\d{1,3}))?\)")
+
+
+def parse_unit(message: str) -> str:
+    """Where on the chip an XID line says its fault came ("GPC 2 TPC 1": NVIDIA's Xid 13 workflow compares repeats
+    at the same GPC and TPC), else ""."""
+    m = _UNIT.search(message)
+    return "" if m is None else f"GPC {int(m.group(1))} TPC {int(m.group(2))}"
+
+
 def parse_xid(message: str) -> tuple[str, int] | None:
     """(the GPU's PCI bus id as NVML writes it, ``00000000:17:00.0``; the XID) of a driver's XID line, else None."""
     m = _XID.search(message)
@@ -218,8 +229,8 @@ class KernelLogXids:
     line, ``on_lost(pci_bus_id)`` for each line of the driver saying a GPU fell off the bus, and
     ``on_sxid(switch_pci_bus_id, sxid, fatal)`` for each NVSwitch SXid line, and ``on_nvlink(pci_bus_id, code,
     link, registers)`` for an NVLink XID's line that gives them (:func:`parse_nvlink`) and ``on_process(pci_bus_id,
-    code, pid, name, instance)`` for one that names its process (:func:`parse_process`), each just before its
-    ``on_xid``.
+    code, pid, name, instance, unit)`` for one that names its process (:func:`parse_process`, :func:`parse_unit`),
+    each just before its ``on_xid``.
     /dev/kmsg and the journal are waited on until a line comes (no wake-up while the log is quiet: an idle daemon's
     periodic wake-ups are most of its CPU); :meth:`stop` wakes the wait, and ends a followed file within about
     :data:`POLL_SECONDS`. ``lines`` with ``wake``: a source of lines of its own (the simulated driver's log), read
@@ -235,7 +246,7 @@ class KernelLogXids:
                  on_position: Callable[[dict[str, Any]], None] | None = None,
                  on_nvlink: Callable[[str, int, int, tuple[int, ...]], None] | None = None,
                  lock: AbstractContextManager[Any] | None = None,
-                 on_process: Callable[[str, int, int | None, str, str], None] | None = None) -> None:
+                 on_process: Callable[[str, int, int | None, str, str, str], None] | None = None) -> None:
         self.source = resolve(source) if lines is None else source
         # a position of this source to go on after (another source's is not)
         self._resume = dict(resume) if resume and resume.get("source") == self.source else None
@@ -331,7 +342,7 @@ class KernelLogXids:
                     and (nvlink := parse_nvlink(message, found[1])) is not None:
                 self._on_nvlink(found[0], found[1], *nvlink)  # before its XID: the owner sees the two together
             if self._on_process is not None and (process := parse_process(message)) is not None:
-                self._on_process(found[0], found[1], *process)  # likewise
+                self._on_process(found[0], found[1], *process, parse_unit(message))  # likewise
             self._on_xid(*found)
         elif self._on_sxid is not None and (switch := parse_sxid(message)) is not None:
             self._on_sxid(*switch)

@@ -510,6 +510,8 @@ def xid_lines(d: dict[str, Any]) -> list[str]:
                                                                   else "")
             if e.get("instance"):
                 who += f" on MIG instance {printable(str(e['instance']))}"
+            if e.get("unit"):
+                who += f", at {printable(str(e['unit']))} of the chip"
             out.append(f"  {when}  XID {code}'s line names {who}; running: {jobs}")
     return out
 

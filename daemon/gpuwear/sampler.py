@@ -179,9 +179,10 @@ class GpuStatus:
     # the kernel log's XID 74 lines with their registers since start, (74, link, registers) -> lines; each explains
     # one XID 74 event of ``xids`` (its own, or NVML's told of the same); (74, -1, ()): past XID_LINES_KEPT kinds
     xid_lines: Mapping[tuple[int, int, tuple[int, ...]], int] = field(default_factory=lambda: MappingProxyType({}))
-    # the processes the kernel log's XID lines named since start, (code, pid or None, name, MIG instance) -> lines
-    # (name kernlog.UNKNOWN_PROCESS: the line says it is unknown); (code, None, "", "") past XID_LINES_KEPT kinds
-    xid_processes: Mapping[tuple[int, int | None, str, str], int] = field(
+    # the processes the kernel log's XID lines named since start, (code, pid or None, name, MIG instance, unit on
+    # the chip) -> lines (name kernlog.UNKNOWN_PROCESS: the line says it is unknown); (code, None, "", "", "") past
+    # XID_LINES_KEPT kinds
+    xid_processes: Mapping[tuple[int, int | None, str, str, str], int] = field(
         default_factory=lambda: MappingProxyType({}))
 
 
@@ -230,7 +231,7 @@ class _Gpu:
     # by code: when it was last said in the log (monotonic s) and how many came since, not said one by one
     xid_said: dict[int, list[float]] = field(default_factory=dict)
     xid_lines: Counter[tuple[int, int, tuple[int, ...]]] = field(default_factory=Counter)  # GpuStatus.xid_lines
-    xid_processes: Counter[tuple[int, int | None, str, str]] = field(default_factory=Counter)  # GpuStatus.
+    xid_processes: Counter[tuple[int, int | None, str, str, str]] = field(default_factory=Counter)  # GpuStatus.
     energy_offset: float = 0.0
     energy_last: float | None = None
     energy_at: float = 0.0  # monotonic time of energy_last
@@ -400,15 +401,16 @@ class Sampler:
                 full = key not in gpu.xid_lines and len(gpu.xid_lines) >= XID_LINES_KEPT
                 gpu.xid_lines[(code, -1, ()) if full else key] += 1
 
-    def record_kernel_process(self, pci_bus_id: str, code: int, pid: int | None, name: str, instance: str) -> None:
+    def record_kernel_process(self, pci_bus_id: str, code: int, pid: int | None, name: str, instance: str,
+                              unit: str = "") -> None:
         """Keep the process an XID line names (:func:`gpuwear.kernlog.parse_process`), told just before its XID, for
         the GPU at that bus id (GpuStatus.xid_processes): which run raised it."""
         with self._lock:
             gpu = self._gpu_at(pci_bus_id)
             if gpu is not None:
-                key = (code, pid, name, instance)
+                key = (code, pid, name, instance, unit)
                 full = key not in gpu.xid_processes and len(gpu.xid_processes) >= XID_LINES_KEPT
-                gpu.xid_processes[(code, None, "", "") if full else key] += 1
+                gpu.xid_processes[(code, None, "", "", "") if full else key] += 1
 
     def _gpu_at(self, pci_bus_id: str) -> _Gpu | None:
         """The GPU read here at a PCI bus id as the kernel log's lines give it (:func:`gpuwear.kernlog.bus_key`)."""

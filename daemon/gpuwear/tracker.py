@@ -178,7 +178,7 @@ class _Seen:
     down_since: float | None = None
     xids: dict[int, int] = field(default_factory=dict)  # the sampler's since-start counts last seen
     xid_lines: Mapping[tuple[int, int, tuple[int, ...]], int] = field(default_factory=dict)  # GpuStatus.xid_lines
-    xid_processes: Mapping[tuple[int, int | None, str, str], int] = field(default_factory=dict)  # GpuStatus.
+    xid_processes: Mapping[tuple[int, int | None, str, str, str], int] = field(default_factory=dict)  # GpuStatus.
     # by LINE_JUDGED code, the monotonic times of its XID events no line has explained yet: judged by their tier
     # once XID_LINE_WAIT_SECONDS pass without one
     unexplained: dict[int, deque[float]] = field(default_factory=dict)
@@ -558,10 +558,12 @@ class WearTracker:
         """The processes the kernel log's XID lines named (GpuStatus.xid_processes), each new one an event "xid
         process" with who ran on the GPU then: which run raised the XID, where the line says (the XID's own event
         may come a tick before, from NVML)."""
-        for (code, pid, name, instance), n in status.xid_processes.items():
-            if (new := n - seen.xid_processes.get((code, pid, name, instance), 0)) > 0:
+        for key, n in status.xid_processes.items():
+            if (new := n - seen.xid_processes.get(key, 0)) > 0:
+                code, pid, name, instance, unit = key
                 self._event(w, wall, "xid process", {"xid": code, "pid": pid, "process": name or None, "count": new,
-                                                     "instance": instance or None, "jobs": self.jobs.who(w.uuid)})
+                                                     "instance": instance or None, "unit": unit or None,
+                                                     "jobs": self.jobs.who(w.uuid)})
         seen.xid_processes = status.xid_processes
 
     def _xid_lines(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:
