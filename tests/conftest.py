@@ -3,9 +3,11 @@ backend through the real pynvml binding, on a manual clock."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,6 +89,42 @@ def make_rig(scenario: str | dict[str, object], slow_interval: float = 30.0) -> 
                       fatal_errors=(NvmlVersionMismatchError,))
     sampler.open()
     return Rig(sim, clock, library, backend, sampler)
+
+
+def follow_kernel_log(rig: Rig, tracker: Any, ready: Callable[[Snapshot], bool], first: int = 0, after: int = 1,
+                      held: bool = False, events: bool = False) -> None:
+    """The rig's GPUs read with the fake driver's kernel log followed as the daemon follows it (the reader's XID,
+    NVLink and process callbacks; NVML's event set too where ``events``), each tick observed by ``tracker``: ``first``
+    ticks of a simulated second, then ticks until ``ready(snapshot)`` (the reader's thread in real time, 30 s at most;
+    with the clock ``held``, ticks that do not advance it), then ``after`` more; the reader stopped and the backend
+    closed."""
+    from gpuwear.kernlog import KernelLogXids
+
+    def tick(advance: bool = True) -> None:
+        if advance:
+            rig.run(1)
+        else:
+            rig.sampler.tick()
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+
+    if events:
+        rig.sampler.start_events(wait_ms=20)
+    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log,
+                           rig.simulation.wake_kernel_log, on_nvlink=rig.sampler.record_kernel_nvlink,
+                           on_process=rig.sampler.record_kernel_process)
+    kernel.start()
+    try:
+        for _ in range(first):
+            tick()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not ready(rig.sampler.snapshot):
+            tick(not held)
+            time.sleep(0.01)
+        for _ in range(after):
+            tick()
+    finally:
+        kernel.stop()
+        rig.backend.close()
 
 
 @pytest.fixture(autouse=True)

@@ -714,34 +714,14 @@ def _judged_with_lines(products: list[str], faults: list[dict[str, object]], lin
     """The tracker and the last snapshot after the fake's GPUs of ``products`` trained through ``faults`` (XIDs with
     their kernel-log lines, each told by NVML's events and the fake driver's kernel log, read by the reader as the
     daemon runs it), once each GPU's kept lines number ``lines``."""
-    import time
-
-    from conftest import make_rig
-    from gpuwear.kernlog import KernelLogXids
+    from conftest import follow_kernel_log, make_rig
     from gpuwear.tracker import WearTracker
 
     schedule = [{"kind": "train", "seconds": 3600}]
     rig = make_rig({"gpus": [{"product": p, "schedule": schedule} for p in products], "faults": faults})
     tracker = WearTracker({}, WearConfig())
-    rig.sampler.start_events(wait_ms=20)
-    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log,
-                           rig.simulation.wake_kernel_log, on_nvlink=rig.sampler.record_kernel_nvlink)
-    kernel.start()
-    try:
-        for _ in range(8):
-            rig.run(1)
-            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-        deadline = time.monotonic() + 30  # the event and kernel-log threads, in real time, with the clock held
-        while time.monotonic() < deadline and [sum(g.xid_lines.values()) for g in rig.sampler.snapshot.gpus] != lines:
-            rig.sampler.tick()
-            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-            time.sleep(0.01)
-        for _ in range(30):
-            rig.run(1)
-            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-    finally:
-        kernel.stop()
-        rig.backend.close()
+    follow_kernel_log(rig, tracker, lambda snap: [sum(g.xid_lines.values()) for g in snap.gpus] == lines, first=8,
+                      after=30, held=True, events=True)  # the event and kernel-log threads, with the clock held
     return tracker, rig.sampler.snapshot
 
 
@@ -792,7 +772,7 @@ def test_an_xid_74_repeat_is_counted_across_a_restart() -> None:
     ledger's JSON and a new tracker, and the second line on that link within 24 h calls for service; one on another
     link, or after 24 h, is watched."""
     from gpuwear.health.xids import NVLINK_STEPS
-    from gpuwear.tracker import REPEATS_KEPT, WearTracker, _Seen
+    from gpuwear.tracker import REPEATS_KEPT, WearTracker
 
     assert max(s for bits in NVLINK_STEPS.values() for s in bits.values() if isinstance(s, int)) <= REPEATS_KEPT
 
@@ -801,15 +781,15 @@ def test_an_xid_74_repeat_is_counted_across_a_restart() -> None:
 
     w = GpuWear("GPU-x", name="card")
     w.first_seen = w.last_seen = T0
-    WearTracker._xid_step(w, _Seen(), 74, 14, 2, 1, T0)
+    WearTracker._xid_step(w, 74, 14, 2, 1, T0)
     assert "xid 74 watch" in w.last_event and "xid 74" not in w.last_event
     again = restarted(w)
-    WearTracker._xid_step(again, _Seen(), 74, 3, 2, 1, T0 + 600)  # another link: its first
+    WearTracker._xid_step(again, 74, 3, 2, 1, T0 + 600)  # another link: its first
     assert "xid 74" not in again.last_event
-    WearTracker._xid_step(again, _Seen(), 74, 14, 2, 1, T0 + 3600)  # the same link, an hour on, after a restart
+    WearTracker._xid_step(again, 74, 14, 2, 1, T0 + 3600)  # the same link, an hour on, after a restart
     assert again.last_event["xid 74"] == T0 + 3600 and len(again.incidents) == 1
     late = restarted(w)
-    WearTracker._xid_step(late, _Seen(), 74, 14, 2, 1, T0 + DAY + 1)  # the same link, past 24 h
+    WearTracker._xid_step(late, 74, 14, 2, 1, T0 + DAY + 1)  # the same link, past 24 h
     assert "xid 74" not in late.last_event
     assert sum(k.startswith("xid 74 link 14 #") for k in late.last_event) == 1  # the old one dropped
 
@@ -1018,10 +998,7 @@ def test_an_xid_13_line_gives_its_process_instance_and_place_on_the_chip() -> No
     exception came ("(GPC 1, TPC 3, SM 0)": NVIDIA's Xid 13 workflow compares repeats at the same GPC and TPC). Through
     the fake's kernel log and the reader as the daemon runs it, the tracker's "xid process" event keeps all three
     with who ran; `report`'s words say them."""
-    import time
-
-    from conftest import make_rig
-    from gpuwear.kernlog import KernelLogXids
+    from conftest import follow_kernel_log, make_rig
     from gpuwear.report import xid_lines
     from gpuwear.sim.simulated import synthetic_pid
     from gpuwear.tracker import WearTracker
@@ -1031,20 +1008,7 @@ def test_an_xid_13_line_gives_its_process_instance_and_place_on_the_chip() -> No
                                                                      "job": "train-x"}]}],
                     "faults": [{"at": 2, "gpu": 0, "kind": "xid", "xid": 13, "process": True, "text": text}]})
     tracker = WearTracker({}, WearConfig())
-    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log,
-                           rig.simulation.wake_kernel_log, on_process=rig.sampler.record_kernel_process)
-    kernel.start()
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(g.xid_processes for g in rig.sampler.snapshot.gpus):
-            rig.run(1)
-            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-            time.sleep(0.01)
-        rig.run(1)
-        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-    finally:
-        kernel.stop()
-        rig.backend.close()
+    follow_kernel_log(rig, tracker, lambda snap: any(g.xid_processes for g in snap.gpus))
     _, events, _ = tracker.take()
     (process,) = [e.detail for e in events if e.kind == "xid process"]
     # (the rig's tracker is given no jobs: who ran is its idle line, or "not known yet" before its first interval)

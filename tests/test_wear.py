@@ -19,7 +19,7 @@ import rainflow
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, make_rig
+from conftest import REPO, follow_kernel_log, make_rig
 from gpuwear.config import WearConfig
 from gpuwear.health import verdict
 from gpuwear.ledger import Event
@@ -243,27 +243,10 @@ def test_verdict_for_each_health_criterion_through_fake_nvml(product: str, fault
 def test_xids_through_the_nvml_event_set_and_the_kernel_log_reach_the_verdict() -> None:
     """XID 13 comes through NVML's event set (and the kernel log: counted once); 79, which NVML cannot report,
     through the kernel log alone."""
-    from gpuwear.kernlog import KernelLogXids
-
     rig = make_rig(fault_scenario("h100-sxm", {"at": 5, "gpu": 0, "kind": "xid", "xid": 79},
                                   {"at": 6, "gpu": 0, "kind": "xid", "xid": 13}))
     tracker = WearTracker({}, WearConfig())
-    rig.sampler.start_events(wait_ms=20)
-    kernel = KernelLogXids("simulation", rig.sampler.record_kernel_xid, rig.simulation.kernel_log,
-                           rig.simulation.wake_kernel_log)
-    kernel.start()
-    try:
-        import time
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(rig.sampler.snapshot.gpus[0].xids) < 2:
-            rig.run(1)
-            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-            time.sleep(0.01)
-        rig.run(1)
-        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-    finally:
-        kernel.stop()
-        rig.backend.close()
+    follow_kernel_log(rig, tracker, lambda snap: len(snap.gpus[0].xids) >= 2, events=True)
     w = tracker.wear(rig.sampler.snapshot.gpus[0].identity.uuid)
     assert w is not None and w.xids == {"79": 1, "13": 1}
     codes = {r["code"]: r["severity"] for r in verdict(w, WearConfig(), resistance_trend(w))["reasons"]}

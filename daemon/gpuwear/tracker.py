@@ -578,15 +578,15 @@ class WearTracker:
             waiting = seen.unexplained.get(code, deque())
             for _ in range(min(lines, len(waiting))):
                 waiting.popleft()
-            self._xid_step(w, seen, code, link, line_step(code, registers, architecture), lines, wall)
+            self._xid_step(w, code, link, line_step(code, registers, architecture), lines, wall)
         seen.xid_lines = status.xid_lines
         for code, waiting in seen.unexplained.items():
             while waiting and monotonic - waiting[0] > XID_LINE_WAIT_SECONDS:
                 waiting.popleft()
-                self._xid_step(w, seen, code, -1, SERVICE, 1, wall)
+                self._xid_step(w, code, -1, SERVICE, 1, wall)
 
     @staticmethod
-    def _xid_step(w: GpuWear, seen: _Seen, code: int, link: int, step: str | int, lines: int, wall: float) -> None:
+    def _xid_step(w: GpuWear, code: int, link: int, step: str | int, lines: int, wall: float) -> None:
         """``lines`` XID lines of ``code`` on ``link`` at ``wall`` given ``step``: act (an incident), watched (a
         repeat step not yet repeated enough on its link within NVLINK_REPEAT_SECONDS) or ignored. A link's recent
         repeat-step lines are kept in the record (:func:`_repeats`), so a restart does not count them again from 0."""

@@ -346,7 +346,7 @@ def _xid_card(f: Facts) -> Findings:
             found.append(("watch", "xid_card", f"likely the card, not the code: XID {code} ({lookup(code).meaning}) "
                           f"on this GPU under {len(apps)} different applications within {hp.xid_card_days:g} days ("
                           + ", ".join(apps) + ")"))
-    return tuple(found[:1]) if len(found) <= 1 else ((found[0][0], "xid_card", "; ".join(t for *_, t in found)),)
+    return (("watch", "xid_card", "; ".join(t for *_, t in found)),) if found else NONE  # one reason, every code
 
 
 def _gpu_lost(f: Facts) -> Findings:
