@@ -654,23 +654,34 @@ def test_jobs_and_report_give_each_gpu_the_same_time_energy_aging_and_cycles(tmp
     against 3.33 in the issue's ledger; 4.02 against 6.03 on a demo card here). A swing is given to the lines once it
     closes; the card's figure in `report` holds its open swings too, which are in no line yet. The listing now gives
     them (open_cycle_fatigue, and a line of words): time, energy, heat aging, and lines' cycle fatigue plus the open
-    swings, add up card by card to `report`'s."""
+    swings, add up card by card to `report`'s. On a ledger with overlapping jobs, as the issue asks: two jobs
+    sharing one GPU at once (tests/scenarios/shared-gpu.yaml), each given its share of the time they shared."""
+    from gpuwear.jobs.lines import MILLI, NANO
     from helpers import run_simulated
 
-    run_simulated(tmp_path, "demo", 3600.0, 3.0)
-    jobs = json.loads(gpuwear("jobs", "--json", "--simulated", "--state-dir", str(tmp_path)).stdout)
-    cards = report(tmp_path, "--simulated")["gpus"]
-    assert cards and jobs["jobs_in_window"] > 0
+    run_simulated(tmp_path, str(Path(__file__).parent / "scenarios" / "shared-gpu.yaml"), 3600.0, 3.0)
+    flags = ("--simulated", "shared-gpu", "--state-dir", str(tmp_path))
+    jobs = json.loads(gpuwear("jobs", "--json", *flags).stdout)
+    cards = report(tmp_path, "--simulated", "shared-gpu")["gpus"]
+    assert len(cards) == 2 and jobs["jobs_in_window"] > 0
+    spans: dict[str, list[tuple[str, float, float]]] = {}
+    for job in jobs["jobs"]:
+        for line in job["gpus"]:
+            spans.setdefault(line["uuid"], []).append((job["id"], line["start"], line["end"] or line["start"]))
+    overlaps = {(a[0], b[0]) for lines in spans.values() for a in lines for b in lines
+                if a[0] < b[0] and min(a[2], b[2]) - max(a[1], b[1]) >= 600}
+    assert {("eval-b", "llama-lora"), ("eval-b", "resnet50")} <= overlaps, spans  # shared, on each GPU
     for card in cards:
         listed = jobs["totals"][card["uuid"]]
-        assert listed["observed_seconds"] == pytest.approx(card["observed_seconds"], abs=1e-3)
-        assert listed["energy_joules"] == pytest.approx(card["energy_joules"], abs=1e-3)
+        ends = len(spans[card["uuid"]]) / 2  # each line keeps whole milli- and nano-units (jobs/lines.py)
+        assert listed["observed_seconds"] == pytest.approx(card["observed_seconds"], abs=ends / MILLI)
+        assert listed["energy_joules"] == pytest.approx(card["energy_joules"], abs=ends / MILLI)
         assert listed["thermal_aging_equivalent_hours"] == pytest.approx(
-            card["thermal_aging_equivalent_hours"]["central"], abs=1e-6)
-        assert jobs["open_cycle_fatigue"][card["uuid"]] > 0  # a demo box's swings: some still open
+            card["thermal_aging_equivalent_hours"]["central"], abs=ends / NANO)
+        assert jobs["open_cycle_fatigue"][card["uuid"]] > 0  # a busy card's swings: some still open
         assert listed["cycle_fatigue_equivalent_cycles"] + jobs["open_cycle_fatigue"][card["uuid"]] == pytest.approx(
-            card["cycle_fatigue_equivalent_cycles"]["central"], abs=1e-6)
-    words = gpuwear("jobs", "--simulated", "--state-dir", str(tmp_path)).stdout
+            card["cycle_fatigue_equivalent_cycles"]["central"], abs=ends / NANO)
+    words = gpuwear("jobs", *flags).stdout
     assert "the lines' cycle fatigue adds up to the card's too" in " ".join(words.split()), words[:1200]
     assert "Open swings (in the card's cycles in `report`, in no line until they close): GPU 0 " in words, words
 

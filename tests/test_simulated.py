@@ -187,10 +187,23 @@ def test_training_has_evaluation_dips() -> None:
     ({"gpus": [{"product": "v100"}], "faults": [{"kind": "meteor", "at": 1}]}, "faults[0]"),
     ({"gpus": [{"product": "v100"}], "faults": [{"kind": "lost", "at": 1, "gpu": 3}]}, "faults[0].gpu"),
     ({"gpus": [{"product": "v100"}], "faults": [{"kind": "gpu_missing", "at": 60}]}, "gpu_missing: expected at 0"),
+    ({"gpus": [{"product": "v100", "schedule": [{"kind": "train", "seconds": 1, "job": ["a", "a"]}]}]},
+     "schedule[0].job: expected a job name or a list of 1 to 8 different names"),
+    ({"gpus": [{"product": "v100", "schedule": [{"kind": "train", "seconds": 1, "job": ["a", 3]}]}]},
+     "schedule[0].job: expected a job name"),
 ])
 def test_bad_scenarios_are_named(doc: Any, message: str) -> None:
     with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_scenario(doc, "bad")
+
+
+def test_jobs_sharing_a_gpu_each_run_a_process() -> None:
+    """A phase's ``job`` may list several jobs that share the GPU at once (issue 53's overlapping jobs): NVML lists one
+    process of each, and the simulation resolves each to its job."""
+    doc = one_gpu("v100", {"kind": "train", "seconds": 600, "job": ["train-a", "eval-b"]})
+    sim = parse_scenario(doc, "t")
+    pids = sim.gpus[0].state.processes
+    assert len(pids) == 2 and sorted(sim.jobs[p] for p in pids) == ["eval-b", "train-a"]
 
 
 def test_missing_scenario_file(tmp_path: Path) -> None:

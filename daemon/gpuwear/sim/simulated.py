@@ -220,7 +220,13 @@ class Phase:
     eval_seconds: float = 0.0
     eval_utilization: float = 0.3
     job: str | None = None  # a simulated job (a synthetic PID, resolved by the simulation)
+    also: tuple[str, ...] = ()  # more simulated jobs on the GPU at once (``job: [a, b]``: one process each)
     pids: tuple[int, ...] = ()  # real processes (started by tests) running on the GPU
+
+    @property
+    def job_names(self) -> tuple[str, ...]:
+        """The simulated jobs whose processes share the GPU in this phase, in order."""
+        return ((self.job,) if self.job else ()) + self.also
 
     def utilization_at(self, t: float) -> float:
         """Utilization ``t`` seconds into the phase."""
@@ -441,7 +447,7 @@ class SimGpu:
             s.ecc_bleed_carry = bled - int(bled)
             s.ecc_corrected_volatile += int(bled)
             s.ecc_corrected_aggregate += int(bled)
-        s.processes = phase.pids or ((synthetic_pid(phase.job),) if phase.job else ())
+        s.processes = phase.pids or tuple(synthetic_pid(j) for j in phase.job_names)
         s.process_name = (phase.job or "python3")[:15] if s.processes else ""
         reasons = 0
         # Thermal slowdown: software steps the clocks down above gpu_max, hardware halves them
@@ -579,7 +585,7 @@ class Simulation:
         self.time = 0.0  # simulated seconds since the scenario started
         self.max_step_seconds = self.MAX_STEP_SECONDS  # coarser steps make long simulations cheaper
         self._next_fault = 0
-        self.jobs = {synthetic_pid(p.job): p.job for g in gpus for p in g.schedule if p.job}
+        self.jobs = {synthetic_pid(j): j for g in gpus for p in g.schedule for j in p.job_names}
         self.kernel_written = threading.Event()  # set when a GPU writes a kernel-log line
         for gpu in gpus:  # power, reasons and processes of the first phase, before any time passes
             gpu.step(0.0, 0.0)
@@ -714,6 +720,7 @@ def _phase(spec: Any, where: str) -> Phase:
     for key in spec:
         if key not in known:
             raise ScenarioError(f"{where}.{key}: unknown key")
+    names = _job_names(spec.get("job"), f"{where}.job")
     return Phase(
         kind=kind,
         seconds=_number(spec.get("seconds"), f"{where}.seconds", 0.001),
@@ -721,9 +728,22 @@ def _phase(spec: Any, where: str) -> Phase:
         eval_every=_number(spec.get("eval_every", 0), f"{where}.eval_every"),
         eval_seconds=_number(spec.get("eval_seconds", 0), f"{where}.eval_seconds"),
         eval_utilization=_number(spec.get("eval_utilization", 0.3), f"{where}.eval_utilization", 0, 1),
-        job=_job_name(spec.get("job"), f"{where}.job"),
+        job=names[0] if names else None,
+        also=names[1:],
         pids=tuple(int(_number(p, f"{where}.pids", 1, 2**22)) for p in spec.get("pids", []) or []),
     )
+
+
+def _job_names(value: Any, where: str) -> tuple[str, ...]:
+    """A phase's job: a name, or a list of 1 to 8 different names (jobs sharing the GPU at once)."""
+    if not isinstance(value, list):
+        name = _job_name(value, where)
+        return (name,) if name else ()
+    names = tuple(_job_name(v, where) or "" for v in value)
+    if not 1 <= len(names) <= 8 or not all(names) or len(set(names)) != len(names):
+        raise ScenarioError(f"{where}: expected a job name or a list of 1 to 8 different names, got "
+                            f"{short_repr(value)}")
+    return names
 
 
 def _job_name(value: Any, where: str) -> str | None:
