@@ -159,6 +159,40 @@ def _no_mig_devices(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.parametrize("privileged", [True, False], ids=["root", "unprivileged"])
+def test_mig_jobs_are_charged_for_their_slices_and_the_rest_is_idle(privileged: bool, tmp_path: Path) -> None:
+    """Issue 54, item 4: on MIG a job was booked the whole card's wear (shared equally by the GPU's jobs): one job
+    on a 1g device of an idle A100 took 100 %, a 1g job beside a 4g job half. Each job now holds its MIG devices'
+    compute slices (nvmlDeviceGetAttributes_v2), the slices no job holds go to the GPU's idle line, and the lines
+    still add up to the card: a 1g and a 4g job are charged 1/7 and 4/7, idle 2/7; the H100 beside it, without
+    MIG, books its job whole. Root reads the GPU's process list, an unprivileged daemon each MIG device's."""
+    train = {"kind": "train", "seconds": 3600, "utilization": 0.9}
+    doc = {"driver": "r550", "privileged": privileged, "faults": [],
+           "gpus": [{"product": "a100-sxm", "mig": True, "mig_devices": ["1g.10gb", "4g.40gb"],
+                     "schedule": [{**train, "job": ["small-job", "large-job"]}]},  # first on 1g, second on 4g
+                    {"product": "h100-sxm", "schedule": [{**train, "job": "whole-job"}]}]}
+    with daemon_over(doc, tmp_path) as (daemon, clock):
+        run(daemon, clock, 60)
+        a100, h100 = (g.identity.uuid for g in daemon.source.sampler.snapshot.gpus)
+        sample = daemon.source.sampler.snapshot.gpus[0].sample
+        assert sample is not None and sample.mig_slice_count == 7 and sorted(n for _, n in sample.mig_slices or ()) \
+            == [1, 4]
+        card = daemon.tracker.wear(a100)
+        assert card is not None and card.observed_seconds > 50
+        jobs = {rec.id: rec.gpus for rec in daemon.tracker.jobs.active.values()}
+        idle = daemon.tracker.jobs.lines[a100].gpus[a100].wear
+        for name, part in (("small-job", 1 / 7), ("large-job", 4 / 7)):
+            wear = jobs[name][a100].wear
+            assert wear.observed_seconds == pytest.approx(part * card.observed_seconds)
+            assert wear.energy_joules == pytest.approx(part * card.energy_joules)
+        assert idle.observed_seconds == pytest.approx(2 / 7 * card.observed_seconds)
+        assert card.kinds["job"]["seconds"] == pytest.approx(5 / 7 * card.observed_seconds)
+        assert card.kinds["idle"]["seconds"] == pytest.approx(2 / 7 * card.observed_seconds)
+        whole = daemon.tracker.wear(h100)
+        assert whole is not None and h100 not in daemon.tracker.jobs.lines
+        assert jobs["whole-job"][h100].wear.observed_seconds == pytest.approx(whole.observed_seconds)
+
+
 def test_time_on_a_gpu_whose_processes_cannot_be_read_is_unattributed_never_idle(tmp_path: Path) -> None:
     """MIG on and the daemon not root (the shipped unit): NVML answers NO_PERMISSION for the GPU's processes (and
     here no MIG device answers its own: none was made), and the A100 trained while its time went to its idle line.
@@ -912,6 +946,21 @@ def test_doctor_says_what_makes_a_mig_gpus_processes_readable(tmp_path: Path) ->
     assert len(unseen) == 1 and not unseen[0].ok, findings  # the A100 with MIG, not the H100 beside it
     assert "GPU 0" in unseen[0].what and "no permission" in unseen[0].what and "unattributed" in unseen[0].what
     assert "root" in unseen[0].fix
+    mig = [f for f in findings if "MIG on" in f.what]
+    assert len(mig) == 1 and "no MIG device's compute slices read" in mig[0].what and "equally" in mig[0].note
+
+
+def test_doctor_says_how_a_mig_gpus_jobs_are_charged(tmp_path: Path) -> None:
+    """Issue 54, item 4: doctor says a MIG GPU's jobs are charged for their slices, and how many are held."""
+    from gpuwear.doctor import Doctor
+
+    simulation = parse_scenario(scenario_doc("r550", "mig-unprivileged"), "mig")  # 3g.40gb and 4g.40gb
+    doctor = Doctor(Config(state_dir=str(tmp_path)), NvmlBackend(FakeNvmlLibrary(simulation, ManualClock())),
+                    tmp_path / "ledger.sqlite", dev=tmp_path)
+    mig = [f for f in doctor.run() if "MIG on" in f.what]
+    assert len(mig) == 1 and mig[0].ok and "GPU 0" in mig[0].what, mig  # the A100, not the H100 beside it
+    assert "2 MIG device(s) holding 7 of its 7 compute slices" in mig[0].what
+    assert "charged for the slices" in mig[0].note and "1/7" in mig[0].note
 
 
 def test_doctor_says_a_vgpu_is_a_share_of_a_physical_gpu(tmp_path: Path) -> None:

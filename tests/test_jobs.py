@@ -270,3 +270,33 @@ def test_a_listing_that_shows_some_lines_counts_all_of_them_as_one_that_shows_al
             _json.dumps({k: v for k, v in every.items() if k != "jobs"})
         assert jobreport.text(part, {}, shown) == jobreport.text(every, {}, shown)
     assert every["jobs_in_window"] == 300 and every["hottest_label"]
+
+
+def test_mig_shares_follow_the_compute_slices_of_each_jobs_mig_devices() -> None:
+    """Issue 54, item 4 (gpuwear.jobs.mig): a job holds its MIG devices' slices, shared equally with the jobs on the
+    same device, summed over several devices; where some job's place or some device's slices are unknown, or they
+    add up past the GPU, no share is given (the jobs are then shared equally: never a guess)."""
+    from gpuwear.jobs.mig import slice_shares
+
+    slices = {"MIG-a": 1, "MIG-b": 4, "MIG-c": 2}
+    assert slice_shares({"small": {"MIG-a"}, "large": {"MIG-b"}}, slices, 7) == pytest.approx(
+        {"small": 1 / 7, "large": 4 / 7})
+    assert slice_shares({"x": {"MIG-b"}, "y": {"MIG-b"}, "z": {"MIG-a", "MIG-c"}}, slices, 7) == pytest.approx(
+        {"x": 2 / 7, "y": 2 / 7, "z": 3 / 7})
+    assert slice_shares({"x": {"MIG-a"}, "y": {"MIG-unknown"}}, slices, 7) is None
+    assert slice_shares({"x": {"MIG-a"}, "y": set()}, slices, 7) is None
+    assert slice_shares({"x": {"MIG-b"}, "y": {"MIG-c"}}, slices, 4) is None  # 6 slices of a 4-slice GPU
+    assert slice_shares({}, slices, 7) is None
+
+
+def test_a_job_not_placed_on_a_mig_device_leaves_the_gpu_shared_equally() -> None:
+    """JobWatcher gives shares on a MIG GPU only where every process is placed on a MIG device NVML names."""
+    names = {101: "small", 102: "large", 103: "elsewhere"}
+    watcher = JobWatcher(lambda pid: Job("simulated", names[pid]))
+    places = {"GPU-a": {101: "MIG-a", 102: "MIG-b"}}
+    slices = {"GPU-a": ({"MIG-a": 1, "MIG-b": 4}, 7)}
+    placed = watcher.jobs([("GPU-a", [101, 102])], places, slices)["GPU-a"]
+    assert isinstance(placed, list) and {j.id: j.share for j in placed} == pytest.approx({"small": 1 / 7,
+                                                                                          "large": 4 / 7})
+    unplaced = watcher.jobs([("GPU-a", [101, 102, 103])], places, slices)["GPU-a"]
+    assert isinstance(unplaced, list) and [j.share for j in unplaced] == [None, None, None]

@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuwear.backends.aer import AerCounters, host_root
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
@@ -134,6 +135,7 @@ class Doctor:
                 continue
             self.check(not reading.errors, f"{where}: {len(supported)} fields read{unavailable}",
                        f"NVML errors while reading: {', '.join(sorted(set(reading.errors)))}")
+            self._mig(where, reading.values)
             why = reading.unavailable.get("processes")
             if why is not None:
                 self.check(False, f"{where}: its processes cannot be read ({why.replace('_', ' ')}): its time is "
@@ -143,6 +145,21 @@ class Doctor:
 
         self._pci(gpus)
         self.backend.close()
+
+    def _mig(self, where: str, values: dict[str, Any]) -> None:
+        """How a MIG GPU's jobs are charged (gpuwear.jobs.mig): by their MIG devices' compute slices, where NVML
+        gives them."""
+        if not values.get("mig_enabled"):
+            return
+        slices, total = values.get("mig_slices"), values.get("mig_slice_count")
+        if slices and total:
+            held = sum(n for _, n in slices)
+            self.remark(f"{where}: MIG on, {len(slices)} MIG device(s) holding {held} of its {total} compute slices",
+                        "each job is charged for the slices of the MIG devices it runs on (a 1g device: 1/"
+                        f"{total} of the card's wear); the slices no job holds go to the GPU's idle line")
+        else:
+            self.remark(f"{where}: MIG on, no MIG device's compute slices read",
+                        "the jobs on it share its wear equally, as on a GPU without MIG")
 
     def _pci(self, gpus: list[GpuIdentity]) -> None:
         """What the host's sysfs tells beyond NVML (health.host_root): each GPU's PCIe AER counts, and NVIDIA GPUs

@@ -144,6 +144,10 @@ class GpuSample:
     # (nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId,
     # nvmlDeviceGetUUID)
     mig_devices: tuple[tuple[int, int, str], ...] | None = None
+    # their compute slices (slow): (MIG UUID, slices) each, and the GPU's slices in all (7 on an A100 or H100)
+    # (nvmlDeviceGetAttributes_v2's computeInstanceSliceCount, nvmlDeviceGetMaxMigDeviceCount); none and 0 with MIG off
+    mig_slices: tuple[tuple[str, int], ...] | None = None
+    mig_slice_count: int | None = None
 
     @classmethod
     def of(cls, timestamp: float, monotonic: float, values: Mapping[str, Any]) -> GpuSample:

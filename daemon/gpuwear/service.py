@@ -290,7 +290,9 @@ class Daemon:
                 jobs = self.job_watcher.jobs(
                     ((g.identity.uuid, self._pids(g.sample.processes, g.unavailable.get("processes")))
                      for g in snapshot.gpus if g.sample is not None),
-                    {uuid: places for uuid, s in samples if (places := mig_places(s))})
+                    {uuid: places for uuid, s in samples if (places := mig_places(s))},
+                    {uuid: (dict(s.mig_slices), s.mig_slice_count) for uuid, s in samples
+                     if s.mig_slices and s.mig_slice_count})
                 self.tracker.observe(snapshot, self.source.clock.monotonic(), self.source.clock.wall(), jobs)
                 if self._bus is not None and self.source.clock.monotonic() >= self._next_bus:
                     self._next_bus = self.source.clock.monotonic() + self.config.sampling.slow_interval_seconds

@@ -539,6 +539,21 @@ def _mig_devices(h: Any, api: Api) -> Values:
                                  for mig in _mig_handles(h))}
 
 
+def _mig_slices(h: Any, api: Api) -> Values:
+    """Each MIG device's compute slices, (MIG UUID, slices) each (nvmlDeviceGetAttributes_v2's
+    computeInstanceSliceCount: "3g.40gb" holds 3), and the GPU's slices in all, its largest MIG device count
+    (nvmlDeviceGetMaxMigDeviceCount: 7 on an A100 or H100, 4 on an A30, one 1-slice device each); none and 0 with
+    MIG off.
+    A count outside 1 to that total is not kept (the device left out: its jobs are then shared equally)."""
+    total = min(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)), MAX_MIG_DEVICES)
+    slices = []
+    for mig in _mig_handles(h):
+        count = int(pynvml.nvmlDeviceGetAttributes_v2(mig).computeInstanceSliceCount)
+        if 1 <= count <= total:
+            slices.append((_text(pynvml.nvmlDeviceGetUUID(mig)), count))
+    return {"mig_slices": tuple(slices), "mig_slice_count": total}
+
+
 def _instance_ids(mig: Any) -> tuple[int, int]:
     """A MIG device's GPU instance and compute instance (nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId)."""
     return int(pynvml.nvmlDeviceGetGpuInstanceId(mig)), int(pynvml.nvmlDeviceGetComputeInstanceId(mig))
@@ -613,6 +628,7 @@ READERS: tuple[Reader, ...] = (
            ("clock_graphics_max_hz", "clock_sm_max_hz", "clock_memory_max_hz")),
     Reader("mig_mode", True, _mig, ("mig_enabled",)),
     Reader("mig_devices", True, _mig_devices, ("mig_devices",)),
+    Reader("mig_slices", True, _mig_slices, ("mig_slices", "mig_slice_count")),
     Reader("ecc_mode", True, _ecc_mode, ("ecc_enabled",)),
     Reader("retired_pages", True, _retired_pages,
            ("retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending")),

@@ -1,9 +1,10 @@
 """Attributing each GPU's wear to the jobs that ran on it, and to idle time between them.
 
 Every integrated interval of a GPU goes, whole, to somebody: shared equally by the jobs
-whose processes were on the GPU, to the GPU's current "idle" line when there were none, or to
-its "unattributed" line, named with the reason, when its processes could not be read (MIG
-without root, a vGPU guest): a job may have run then, so that time is never idle.
+whose processes were on the GPU (on a MIG GPU, by the compute slices of the MIG devices they ran on,
+:mod:`gpuwear.jobs.mig`, the slices no job held going to the idle line), to the GPU's current "idle"
+line when there were none, or to its "unattributed" line, named with the reason, when its processes
+could not be read (MIG without root, a vGPU guest): a job may have run then, so that time is never idle.
 So the jobs, idle and unattributed lines of a GPU add up to its totals (closed thermal cycles included;
 the GPU's still-open rainflow residue belongs to nobody yet). No clock and no I/O here.
 """
@@ -124,28 +125,38 @@ class JobAccounts:
         self._last_wall[uuid] = wall
         if isinstance(jobs, Unseen) or not jobs:
             kind, name = (UNATTRIBUTED, f"unattributed: {jobs.reason}") if isinstance(jobs, Unseen) else (IDLE, IDLE)
-            rec = self.lines.get(uuid)
-            if rec is not None and rec.kind != kind:
-                self._close(self.lines.pop(uuid), start)
-                rec = None
+            self._line(uuid, kind, name, start, wall, interval, temps, 1.0, gpu_wear)
+            return
+        shares = [job.share for job in jobs if job.share is not None]
+        if len(shares) < len(jobs):
+            shares = [1.0 / len(jobs)] * len(jobs)
+        rest = 1.0 - math.fsum(shares)  # (jobs.mig) a MIG GPU's slices no job holds: its idle line's
+        if rest > 1e-9:
+            self._line(uuid, IDLE, IDLE, start, wall, interval, temps, rest, gpu_wear)
+        elif uuid in self.lines:
+            self._close(self.lines.pop(uuid), start)
+        for job, share in zip(jobs, shares, strict=True):
+            rec = self.active.get(job.key)
             if rec is None:
-                rec = self.lines[uuid] = JobRecord(f"{kind}:{uuid}@{start:.0f}", kind, uuid, None, name, start, wall)
-            self._give(rec, uuid, start, wall, interval, temps, 1.0, gpu_wear)
-            self._bucket(gpu_wear, kind, interval, 1.0)
-        else:
-            if uuid in self.lines:
-                self._close(self.lines.pop(uuid), start)
-            share = 1.0 / len(jobs)
-            for job in jobs:
-                rec = self.active.get(job.key)
-                if rec is None:
-                    rec = self.active[job.key] = JobRecord(f"{job.key}@{start:.0f}", job.kind, job.id, job.user,
-                                                           job.name, start, wall)
-                self._give(rec, uuid, start, wall, interval, temps, share, gpu_wear)
-                if job.pod is not None:  # the kubelet's names: they replace a process name taken before it answered
-                    rec.name, rec.namespace, rec.pod = job.name, job.namespace, job.pod
-                    rec.gpus[uuid].container = job.container
-                self._bucket(gpu_wear, "job", interval, share)
+                rec = self.active[job.key] = JobRecord(f"{job.key}@{start:.0f}", job.kind, job.id, job.user,
+                                                       job.name, start, wall)
+            self._give(rec, uuid, start, wall, interval, temps, share, gpu_wear)
+            if job.pod is not None:  # the kubelet's names: they replace a process name taken before it answered
+                rec.name, rec.namespace, rec.pod = job.name, job.namespace, job.pod
+                rec.gpus[uuid].container = job.container
+            self._bucket(gpu_wear, "job", interval, share)
+
+    def _line(self, uuid: str, kind: str, name: str, start: float, wall: float, interval: Interval,
+              temps: dict[str, float], share: float, gpu_wear: GpuWear) -> None:
+        """Give ``share`` of the interval to the GPU's idle or unattributed line (a new one where it had the other)."""
+        rec = self.lines.get(uuid)
+        if rec is not None and rec.kind != kind:
+            self._close(self.lines.pop(uuid), start)
+            rec = None
+        if rec is None:
+            rec = self.lines[uuid] = JobRecord(f"{kind}:{uuid}@{start:.0f}", kind, uuid, None, name, start, wall)
+        self._give(rec, uuid, start, wall, interval, temps, share, gpu_wear)
+        self._bucket(gpu_wear, kind, interval, share)
 
     def _give(self, rec: JobRecord, uuid: str, start: float, wall: float, interval: Interval,
               temps: dict[str, float], share: float, gpu_wear: GpuWear) -> None:

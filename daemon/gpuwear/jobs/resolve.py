@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from gpuwear.jobs.mig import slice_shares
+
 log = logging.getLogger(__name__)
 
 MAX_FIELD = 128  # job ids and names are clipped: they come from other users' processes
@@ -37,6 +39,9 @@ class Job:
     namespace: str | None = None
     pod: str | None = None
     container: str | None = None
+    # on a MIG GPU, its share of the GPU by its MIG devices' compute slices (jobs.mig; None: the GPU's jobs share it
+    # equally, as without MIG); per GPU, set in the watcher's answer only
+    share: float | None = None
 
     @property
     def key(self) -> str:
@@ -229,10 +234,12 @@ class JobWatcher:
         self._cache: dict[int, Job] = {}
 
     def jobs(self, gpus: Iterable[tuple[str, Iterable[int] | Unseen]],
-             instances: Mapping[str, Mapping[int, str]] | None = None) -> dict[str, list[Job] | Unseen]:
+             instances: Mapping[str, Mapping[int, str]] | None = None,
+             slices: Mapping[str, tuple[Mapping[str, int], int]] | None = None) -> dict[str, list[Job] | Unseen]:
         """``gpus``: (UUID, PIDs on it, or :class:`Unseen` where they could not be read) pairs; returns the
         distinct jobs per UUID (Unseen passed through). ``instances``: GPU UUID -> PID -> the MIG device (UUID)
-        the process runs on, where NVML says (pods are then matched by MIG device)."""
+        the process runs on, where NVML says (pods are then matched by MIG device). ``slices``: GPU UUID -> (MIG
+        device -> its compute slices, the GPU's slices): each job there gets its ``share`` (:mod:`gpuwear.jobs.mig`)."""
         out: dict[str, list[Job] | Unseen] = {}
         seen: set[int] = set()
         allocated = None
@@ -243,6 +250,7 @@ class JobWatcher:
             found: dict[str, Job] = {}
             on = (instances or {}).get(uuid, {})
             places: dict[str, set[str]] = {}
+            unplaced: set[str] = set()
             for pid in pids:
                 seen.add(pid)
                 job = self._cache.get(pid)
@@ -251,12 +259,18 @@ class JobWatcher:
                 found.setdefault(job.key, job)
                 if pid in on:
                     places.setdefault(job.key, set()).add(on[pid])
+                else:
+                    unplaced.add(job.key)
             jobs = list(found.values())
             if self._pods is not None and any(job.kind == "kubernetes" for job in jobs):
                 if allocated is None:
                     allocated = self._pods() or {}  # asked once per snapshot, and only with a pod on a GPU
                 jobs = with_pod_names(jobs, allocated.get(uuid, frozenset()),
                                       {key: frozenset(devices) for key, devices in places.items()})
+            if jobs and slices and uuid in slices and not unplaced:
+                shares = slice_shares(places, *slices[uuid])
+                if shares is not None and all(job.key in shares for job in jobs):
+                    jobs = [replace(job, share=shares[job.key]) for job in jobs]
             out[uuid] = jobs
         self._cache = {pid: job for pid, job in self._cache.items() if pid in seen}
         return out

@@ -897,6 +897,29 @@ class SimulatedDriver:
             _out(is_mig).value = 1
         return SUCCESS
 
+    def nvmlDeviceGetAttributes_v2(self, handle: Any, attributes: Any) -> int:
+        """A MIG device's share of its GPU (nvmlDeviceAttributes_t): its GPU instance's and compute instance's slices
+        of the 7 (the profile's "3g": 3; one compute instance spans its GPU instance, as ``-C`` makes it), its
+        frame buffer in MiB, and SMs and engines in proportion (14 SMs a slice on an A100, 16 on an H100 class,
+        NVIDIA's MIG user guide). nvml.h: "This API currently only supports MIG device handles": NOT_SUPPORTED for
+        a whole GPU's."""
+        mig = self._mig(handle)
+        if mig is None:
+            self._gpu(handle, identity=True)
+            return ERROR_NOT_SUPPORTED
+        gpu, device = mig
+        slices = int(device.profile[0])
+        out = _out(attributes)
+        out.multiprocessorCount = slices * (14 if "A100" in gpu.product.name else 16)
+        out.sharedCopyEngineCount = slices
+        out.sharedDecoderCount = slices * 5 // 7
+        out.sharedEncoderCount = 0
+        out.sharedJpegCount = slices // 7
+        out.sharedOfaCount = slices // 7
+        out.gpuInstanceSliceCount = out.computeInstanceSliceCount = slices
+        out.memorySizeMB = device.memory_bytes >> 20
+        return SUCCESS
+
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, count: Any) -> int:
         """7 on a MIG-capable GPU with MIG on; "zero if MIG is not supported or enabled" (nvml.h)."""
         gpu = self._gpu(handle, "mig_mode")
