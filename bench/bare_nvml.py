@@ -13,8 +13,9 @@ out here in plain pynvml, independently of the daemon's code):
   ``nvmlDeviceGetFanSpeed_v2`` and ``nvmlDeviceGetFanSpeedRPM``;
 * slow set, every ``--slow-interval`` seconds (30): temperature thresholds x4, enforced and
   default power limit, max clock info x3, MIG mode, ECC mode, retired pages x2 and pending
-  status, remapped rows, and the slow field values (ECC x4, PCIe replays, recovery action)
-  batched into the same ``nvmlDeviceGetFieldValues`` call as the fast ones;
+  status, remapped rows and the row remapper's histogram, and the slow field values (ECC x4,
+  PCIe replays, recovery action) batched into the same ``nvmlDeviceGetFieldValues`` call as the
+  fast ones;
 * like the daemon, a call that answers NOT_SUPPORTED / FUNCTION_NOT_FOUND is not made again
   for that GPU;
 * like the daemon, an XID event listener thread waits in ``nvmlEventSetWait`` (500 ms)
@@ -79,6 +80,7 @@ SLOW: tuple[tuple[str, Callable[[Any], Any]], ...] = (
         pynvml.nvmlDeviceGetRetiredPages(h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
         pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h))),
     ("remapped_rows", pynvml.nvmlDeviceGetRemappedRows),
+    ("remap_histogram", pynvml.nvmlDeviceGetRowRemapperHistogram),
 )
 
 

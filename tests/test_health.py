@@ -43,7 +43,7 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
             h[k] = r.choice([True, False])
     for k in ("recovery_action", "ecc_uncorrected_volatile", "retired_pages_single_bit", "retired_pages_double_bit",
               "pcie_aer_fatal", "pcie_aer_nonfatal", "remapped_rows_uncorrected", "remapped_rows_corrected",
-              "ecc_uncorrected_aggregate", "nvlink_recovery_errors"):
+              "ecc_uncorrected_aggregate", "nvlink_recovery_errors", "remap_banks_low", "remap_banks_none"):
         if r.random() < 0.15:
             h[k] = r.choice([0, 1, 3, 40, 61])
     if r.random() < 0.2:
@@ -1018,3 +1018,42 @@ def test_an_xid_13_line_gives_its_process_instance_and_place_on_the_chip() -> No
     words = xid_lines({"events": [{"wall": e.wall, "kind": e.kind, **e.detail} for e in events]})
     assert any(f"XID 13's line names process train-x (pid {synthetic_pid('train-x')}), at GPC 1 TPC 3 of the chip; "
                "running: " in w for w in words), words
+
+
+def test_an_a100_whose_failing_bank_runs_out_of_spare_rows_over_months_is_watched_each_time_it_gets_worse() -> None:
+    """Issue 55, item 4: the row remapper's bank histogram (nvmlDeviceGetRowRemapperHistogram) was not read. The fake
+    now keeps each bank's spare rows (one remap moves a bank of a never-remapped A100 from max to high: 639 and 1, as
+    a real A100's nvidia-smi -q shows after its first remap); the rule remap_headroom watches while the banks with few
+    (low) or no (none) spare rows left grow, for wear.health.growth_watch_days (7) after each time. Over four months
+    a failing bank takes 2 remaps every 30 days: partial (not named), low (named), then none (named, in words), and
+    each watch ends 7 days after."""
+    from dataclasses import replace
+
+    from conftest import make_rig
+    from gpuwear.tracker import WearTracker
+
+    step = 6 * 3600
+    remaps = [{"at": d * DAY, "gpu": 0, "kind": "remap_rows", "corrected": 2, "bank": 5} for d in (10, 40, 70, 100)]
+    rig = make_rig({"gpus": [{"product": "a100-sxm", "schedule": [{"kind": "train", "seconds": 130 * DAY}]}],
+                    "faults": remaps}, slow_interval=step)
+    rig.simulation.max_step_seconds = 3600.0  # months of physics in coarse steps: the histogram is what matters
+    tracker = WearTracker({}, replace(WearConfig(), max_gap_seconds=2.0 * step))
+    seen: dict[int, list[str]] = {}
+    histograms: dict[int, tuple[int, int]] = {}
+    for k in range(1, int(125 * DAY) // step + 1):
+        rig.run(step, interval=step)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        day = int(k * step // DAY)
+        if k * step % DAY == 0 and day in (5, 12, 45, 71, 76, 78, 101, 106, 108, 124):
+            sample = rig.sampler.snapshot.gpus[0].sample
+            assert sample is not None and sample.remap_banks_low is not None and sample.remap_banks_none is not None
+            histograms[day] = (sample.remap_banks_low, sample.remap_banks_none)
+            reasons = tracker.views[rig.sampler.snapshot.gpus[0].identity.uuid].verdict["reasons"]
+            seen[day] = [r["text"] for r in reasons if r["code"] == "remap_headroom"]
+    assert rig.simulation.gpus[0].remap_histogram() == (639, 0, 0, 0, 1)
+    assert histograms == {5: (0, 0), 12: (0, 0), 45: (0, 0), 71: (1, 0), 76: (1, 0), 78: (1, 0), 101: (0, 1),
+                          106: (0, 1), 108: (0, 1), 124: (0, 1)}
+    assert [d for d, texts in seen.items() if texts] == [71, 76, 101, 106]
+    assert seen[71][0].startswith("1 bank(s) with few left, the last new one on ")
+    assert "cannot be remapped" in seen[71][0]
+    assert seen[101][0].startswith("1 memory bank(s) have no spare rows left; none carried when gpuwear first read")

@@ -236,6 +236,29 @@ def test_row_remap_failure_is_reported() -> None:
     assert (sample.remapped_rows_uncorrected, sample.remapped_rows_failure) == (3, True)
 
 
+def test_the_row_remappers_histogram_moves_a_bank_per_remap_as_a_real_a100s_does() -> None:
+    """Issue 55, item 6: nvmlDeviceGetRowRemapperHistogram, through the real pynvml binding over the fake: a
+    never-remapped H100 has its 2560 banks at max; one remap moves a bank to high (a real A100's nvidia-smi -q after
+    its first correctable remap: 639 max, 1 high), and the sample keeps the banks at low and none; a card that
+    remaps no rows (the V100) answers NOT_SUPPORTED."""
+    import pynvml
+
+    rig = make_rig(scenario({"at": 5, "gpu": 0, "kind": "remap_rows", "corrected": 1},
+                            products=("h100-sxm", "v100")), slow_interval=1.0)
+    rig.run(2)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    before = pynvml.nvmlDeviceGetRowRemapperHistogram(h)
+    assert (before.max, before.high, before.partial, before.low, before.none) == (2560, 0, 0, 0, 0)
+    snap = rig.run(10)
+    after = pynvml.nvmlDeviceGetRowRemapperHistogram(h)
+    assert (after.max, after.high, after.partial, after.low, after.none) == (2559, 1, 0, 0, 0)
+    sample = snap.gpus[0].sample
+    assert sample is not None and (sample.remap_banks_low, sample.remap_banks_none) == (0, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRowRemapperHistogram(pynvml.nvmlDeviceGetHandleByIndex(1))
+    assert snap.gpus[1].unavailable.get("remap_histogram") == "not_supported"
+
+
 def test_missing_nvml_library_is_a_clear_error() -> None:
     with pytest.raises(NvmlUnavailableError, match=r"install the NVIDIA driver.*--simulate"):
         NvmlBackend("/nonexistent/libnvidia-ml.so.1").open()

@@ -101,6 +101,9 @@ class GpuSample:
     remapped_rows_uncorrected: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
+    # nvmlDeviceGetRowRemapperHistogram (Ampere+): memory banks with low / with no spare rows left for the remapper
+    remap_banks_low: int | None = None
+    remap_banks_none: int | None = None
     pcie_replays: int | None = None  # field NVML_FI_DEV_PCIE_REPLAY_COUNTER
     # nvmlDeviceGetCurrPcieLinkGeneration / Width, and the Max ones: "possible with this device and system" (a
     # card in a slot of 8 lanes has a maximum of 8), so a current value below its maximum is a link trained down

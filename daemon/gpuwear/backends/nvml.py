@@ -400,6 +400,13 @@ def _remapped_rows(h: Any, api: Api) -> Values:
             "remapped_rows_pending": bool(pending), "remapped_rows_failure": bool(failure)}
 
 
+def _remap_histogram(h: Any, api: Api) -> Values:
+    """The row remapper's banks with few and with no spare rows left: nvmlDeviceGetRowRemapperHistogram's low and
+    none (nvmlRowRemapperHistogramValues_t; "none means that there are no reserved rows available")."""
+    values = pynvml.nvmlDeviceGetRowRemapperHistogram(h)
+    return {"remap_banks_low": int(values.low), "remap_banks_none": int(values.none)}
+
+
 _FABRIC_NONE: Values = {"fabric_state": None, "fabric_status": None, "fabric_degraded_bandwidth": None}
 
 
@@ -635,6 +642,7 @@ READERS: tuple[Reader, ...] = (
     Reader("remapped_rows", True, _remapped_rows,
            ("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
             "remapped_rows_failure")),
+    Reader("remap_histogram", True, _remap_histogram, ("remap_banks_low", "remap_banks_none")),
     Reader("pcie_link", True, _pcie_link,
            ("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max")),
     Reader("fabric", True, _fabric, ("fabric_state", "fabric_status", "fabric_degraded_bandwidth")),

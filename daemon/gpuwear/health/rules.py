@@ -299,6 +299,18 @@ def _remapped_rows(f: Facts) -> Findings:
     return NONE
 
 
+def _remap_headroom(f: Facts) -> Findings:
+    low, none = int(f.h.get("remap_banks_low", 0)), int(f.h.get("remap_banks_none", 0))
+    if low + none > 0 and (last := f.growing("remap_banks_low", "remap_banks_none")) is not None:
+        carried, inherited = f.carried("at none", "remap_banks_none")
+        where = (f"{none} memory bank(s) have no spare rows left{carried}" if none else "") + \
+            (", and " if none and low else "") + (f"{low} bank(s) with few left" if low else "")
+        return (("watch", "remap_headroom", f"{where}{'' if inherited else last} (the row remapper's histogram): a "
+                 "failing row in a bank with none left cannot be remapped, and a failed remap means the GPU needs "
+                 "service; plan for it"),)
+    return NONE
+
+
 def _xid_severity(f: Facts, tier: str, when: float | None) -> str | None:
     """An XID's severity by its tier and last occurrence (None: ended)."""
     if tier == "act":
@@ -609,6 +621,11 @@ TABLE: tuple[Rule, ...] = (
          _FABRIC + "; the health mask's NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW (R550+)", _fabric_degraded),
     Rule("remapped_rows", "nvmlDeviceGetRemappedRows: corrRows + uncRows", "the card's lifetime count, judged while "
          "it grows", "> 0", "watch", _GROWTH, _MEMORY_ERRORS, _remapped_rows),
+    Rule("remap_headroom", "nvmlDeviceGetRowRemapperHistogram: banks at low and at none", "the card's lifetime "
+         "counts, judged while they grow", "> 0", "watch", _GROWTH,
+         "nvml.h, nvmlRowRemapperHistogramValues_t: each bank's remap availability, none meaning no reserved rows "
+         "available; " + _MEMORY_ERRORS + ": every bank has spare rows, and a failed remap means the GPU needs "
+         "service", _remap_headroom),
     Rule("xid_N", "XIDs from NVML's events and the kernel log, by code (health.xids)", "from the code's last "
          "occurrence, in the record's time",
          "any XID of the catalog's act, watch or app tier, or newer than the catalog (watch); XID 74 on a Hopper "

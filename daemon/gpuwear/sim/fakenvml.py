@@ -714,6 +714,17 @@ class SimulatedDriver:
         _out(pending).value, _out(failure).value = int(s.remap_pending), int(s.remap_failure)
         return SUCCESS
 
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: Any, values: Any) -> int:
+        """The banks by spare rows left (nvmlRowRemapperHistogramValues_t), on cards that remap rows (Ampere and newer
+        datacenter and workstation cards); NOT_SUPPORTED elsewhere, as nvidia-smi's "N/A" on them."""
+        gpu = self._gpu(handle, "remapped_rows")
+        if not gpu.product.remapped_rows or not gpu.product.remap_banks:
+            raise _UnsupportedError()
+        out = _out(values)
+        with self._lock:
+            out.max, out.high, out.partial, out.low, out.none = gpu.remap_histogram()
+        return SUCCESS
+
     def _fabric(self, handle: Any) -> tuple[int, int]:
         """(state, status) of the GPU's registration with the NVLink fabric. Hopper and newer only ("For Hopper or
         newer fully supported devices", nvml.h); a board without NVSwitch links answers STATE_NOT_SUPPORTED."""

@@ -95,6 +95,10 @@ class Product:
     wander_celsius: float = 0.0  # the standard deviation of the die's wander (wander); 0: none
     nvlinks: int = 0  # NVLink links (an SXM board's, wired to NVSwitches: all active); 0: none
     pci_device: int = 0  # the PCI device ID under NVIDIA's vendor ID 0x10DE (the pci.ids database); 0: not on PCI
+    # memory banks the row remapper keeps spare rows for (nvidia-smi -q "Bank Remap Availability Histogram" of a card
+    # never remapped: 640 banks on an A100, 2560 on an H100 80GB, 3072 on a 96 GB Hopper, 192 on an Ada workstation
+    # card, as real captures show); 0 where the card does not remap rows
+    remap_banks: int = 0
 
 
 PRODUCTS: dict[str, Product] = {
@@ -119,6 +123,7 @@ PRODUCTS: dict[str, Product] = {
             r_th_memory=0.0, tau_memory_seconds=60.0,
             sm_max_hz=3.105e9, memory_max_hz=10.001e9, min_branch="r525",
             pci_device=0x26B1,
+            remap_banks=192,
         ),
         Product(  # the card of the rtx4060laptop trace, with that trace's fit (a laptop: no fan NVML can read)
             key="rtx4060-laptop", name="NVIDIA GeForce RTX 4060 Laptop GPU", architecture=8,
@@ -150,6 +155,7 @@ PRODUCTS: dict[str, Product] = {
             r_th_memory=0.082, tau_memory_seconds=60.0,
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r525", nvlinks=18,
             pci_device=0x2330,
+            remap_banks=2560,
         ),
         Product(
             key="a100-sxm", name="NVIDIA A100-SXM4-80GB", architecture=7,
@@ -160,6 +166,7 @@ PRODUCTS: dict[str, Product] = {
             r_th_memory=0.12, tau_memory_seconds=60.0,
             sm_max_hz=1.41e9, memory_max_hz=1.593e9, mig_capable=True, nvlinks=12,
             pci_device=0x20B2,
+            remap_banks=640,
         ),
         Product(
             key="gh200", name="NVIDIA GH200 480GB", architecture=9,
@@ -171,6 +178,7 @@ PRODUCTS: dict[str, Product] = {
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, module_extra_watts=150.0,
             min_branch="r535", nvlinks=18,
             pci_device=0x2342,
+            remap_banks=3072,
         ),
         Product(
             key="jetson-orin", name="Orin (nvgpu)", architecture=7,
@@ -195,6 +203,10 @@ PRODUCTS: dict[str, Product] = {
 }
 
 PHASE_KINDS = ("idle", "train", "stress")
+# spare rows a bank has for the row remapper: NVIDIA's RMA policy sets the failure flag on a remap for a bank that
+# already has eight uncorrectable remaps (GPU Memory Error Management, "RMA Policy Thresholds"); the classes' bounds
+# below it are the fake's (NVIDIA names them, not their bounds)
+BANK_SPARE_ROWS = 8
 # nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY 0, _RECOVERY 1, _CRC_FLIT 2, _CRC_DATA 3 -> the fault's key
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 NVML_SILENT_XIDS = frozenset({79, 119, 120})  # in the kernel log only: NVML's events do not carry them (DCGM #162)
@@ -314,6 +326,8 @@ class GpuState:
     retired_pending: bool = False
     remapped_corrected: int = 0
     remapped_uncorrected: int = 0
+    # spare rows left in each bank a remap used (the others have all BANK_SPARE_ROWS): the row remapper's histogram
+    bank_spares: dict[int, int] = field(default_factory=dict)
     remap_pending: bool = False
     remap_failure: bool = False
     pcie_replays: int = 0
@@ -502,6 +516,25 @@ class SimGpu:
         if code not in NVML_SILENT_XIDS:
             self.state.pending_xids.append(code)
 
+    def _use_spares(self, rows: int, bank: Any) -> None:
+        """Each remapped row takes a spare row of a bank: of ``bank`` (a scenario's failing bank: its spares run out),
+        else of the next bank in turn (remaps spread over the memory); a bank with none left takes no more."""
+        banks, spares = self.product.remap_banks, self.state.bank_spares
+        for _ in range(rows if banks else 0):
+            k = int(bank) % banks if bank is not None else (sum(BANK_SPARE_ROWS - v for v in spares.values())) % banks
+            if spares.get(k, BANK_SPARE_ROWS) > 0:
+                spares[k] = spares.get(k, BANK_SPARE_ROWS) - 1
+
+    def remap_histogram(self) -> tuple[int, int, int, int, int]:
+        """The banks by spare rows left (nvmlRowRemapperHistogramValues_t: max, high, partial, low, none). NVIDIA names
+        the classes, not their bounds (max: "all reserved rows are available"; none: "no reserved rows available");
+        the fake's bounds, with BANK_SPARE_ROWS a bank: max all, high at least 6, partial at least 3, low 1 or 2."""
+        counts = [0, 0, 0, 0, 0]
+        for left in self.state.bank_spares.values():
+            counts[0 if left >= BANK_SPARE_ROWS else 1 if left >= 6 else 2 if left >= 3 else 3 if left >= 1 else 4] += 1
+        counts[0] += self.product.remap_banks - len(self.state.bank_spares)
+        return (counts[0], counts[1], counts[2], counts[3], counts[4])
+
     def apply(self, fault: Fault) -> None:
         """Make a scripted fault happen now."""
         s, k, prm = self.state, fault.kind, fault.params
@@ -542,8 +575,10 @@ class SimGpu:
             s.retired_double_bit += int(prm.get("double_bit", 0))
             s.retired_pending = bool(prm.get("pending", False))
         elif k == "remap_rows":
+            rows = int(prm.get("corrected", 0)) + int(prm.get("uncorrected", 0))
             s.remapped_corrected += int(prm.get("corrected", 0))
             s.remapped_uncorrected += int(prm.get("uncorrected", 0))
+            self._use_spares(rows, prm.get("bank"))
             s.remap_pending = bool(prm.get("pending", False))
             s.remap_failure = bool(prm.get("failure", False))
         elif k == "pcie_replays":

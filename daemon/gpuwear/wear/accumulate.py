@@ -262,19 +262,22 @@ HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volat
                  "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
                  "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
                  "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
-                 "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors")
+                 "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors", "remap_banks_low",
+                 "remap_banks_none")
 
 FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
 # the card's lifetime counts whose growth the verdict judges within a window (health.rules): the time each last grew
 GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bit", "remapped_rows_corrected",
-                            "remapped_rows_uncorrected", "ecc_uncorrected_aggregate"})
+                            "remapped_rows_uncorrected", "ecc_uncorrected_aggregate", "remap_banks_low",
+                            "remap_banks_none"})
 
 
 # the card's lifetime counts it keeps from before gpuwear met it (nvml.h: the aggregate ECC counts persist "for the
 # lifetime of the device"; retired pages and remapped rows in its InfoROM): what each held at gpuwear's first read
 # of it is kept as "carried NAME" in ``health``, its time as "first read NAME" in ``last_event`` (issue 55)
-CARRIED_COUNTS = GROWING_COUNTS | {"ecc_corrected_aggregate"}
+# (banks at "low" are not one: they fall to "none" as their last spare rows go)
+CARRIED_COUNTS = GROWING_COUNTS - {"remap_banks_low"} | {"ecc_corrected_aggregate"}
 
 
 def _sticky(what: str) -> bool:
