@@ -294,7 +294,7 @@ def default_gzip() -> Callable[[bytes], bytes]:
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     """Two render keys name the same state: the same snapshot and wear objects (identity: an equal-looking copy is
-    another state), an equal ledger status, missing GPUs, kernel log state and detail setting."""
+    another state), an equal ledger status, missing GPUs, kernel log state, OTLP counts and detail setting."""
     return a[0] is b[0] and a[1] is b[1] and a[2:] == b[2:]
 
 
@@ -323,7 +323,7 @@ class Exposition:
         pub = self._published()
         # the state itself, not its id(): the cache holds what it is keyed on, so a freed state's address can never
         # be handed to a new state that would then be served the old body
-        key = (pub.snapshot, pub.wear, pub.ledger, pub.missing, pub.kernel_log_following, self.detail)
+        key = (pub.snapshot, pub.wear, pub.ledger, pub.missing, pub.kernel_log_following, pub.otlp_pushes, self.detail)
         with self._lock:
             return self._render(pub, key, openmetrics, gzipped)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,62 @@ class MetricsConfig:
     detail: bool = _key(False, _boolean)
 
 
+def _otlp_enabled(v: Any) -> str | None:
+    """otlp.enabled: auto (OTEL_METRICS_EXPORTER decides), true or false."""
+    if v in ("auto", True, False):
+        return None
+    return f"expected auto, true or false, got {short_repr(v)}"
+
+
+def _otlp_endpoint(v: Any) -> str | None:
+    """otlp.endpoint: "" (the OTEL_EXPORTER_OTLP_* variables', else the SDK's default) or an http(s) URL."""
+    if not isinstance(v, str):
+        return f"expected an http:// or https:// URL, or \"\", got {short_repr(v)}"
+    if v and (not v.startswith(("http://", "https://")) or not v.isprintable() or " " in v):
+        return f"expected an http:// or https:// URL, or \"\", got {short_repr(v)}"
+    return None
+
+
+def otlp_headers(text: str) -> dict[str, str]:
+    """``key=value,key2=value2`` (the format of OTEL_EXPORTER_OTLP_HEADERS) as a mapping; ValueError naming a bad
+    pair."""
+    out: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not pair.isprintable():
+            raise ValueError(f"expected key=value pairs separated by commas, got {short_repr(pair)}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _otlp_headers(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"expected key=value pairs separated by commas, got {short_repr(v)}"
+    try:
+        otlp_headers(v)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    enabled: Any = _key("auto", _otlp_enabled)
+    endpoint: str = _key("", _otlp_endpoint)
+    protocol: str = _key("", _choice("", "http/protobuf", "grpc"))
+    headers: str = _key("", _otlp_headers)
+    certificate: str = _key("", _string)
+    interval_seconds: float = _key(60.0, _number(1, 86400))
+    timeout_seconds: float = _key(10.0, _number(0.1, 300))
+
+    def on(self, environ: Mapping[str, str]) -> bool:
+        """Whether to push: ``enabled`` true, or auto with OTEL_METRICS_EXPORTER naming otlp (the SDK's own switch;
+        OTEL_EXPORTER_OTLP_ENDPOINT alone, which operators inject into every pod, turns nothing on)."""
+        if self.enabled != "auto":
+            return bool(self.enabled)
+        return "otlp" in {e.strip() for e in environ.get("OTEL_METRICS_EXPORTER", "").split(",")}
+
+
 def _kernel_log(v: Any) -> str | None:
     """health.kernel_log: auto, journal, kmsg, off, or the absolute path of a file to follow."""
     if v is False:  # YAML 1.1 reads an unquoted off as false
@@ -273,6 +329,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     health: HostHealthConfig = field(default_factory=HostHealthConfig)
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -112,6 +112,8 @@ class Published:
     # whether the kernel log (health.kernel_log) is being followed now (False: it cannot be read, and is tried
     # again); None when it is off
     kernel_log_following: bool | None = None
+    # OTLP pushes (otlp: gpuwear.otlp.push) the collector took and that failed since start; None when OTLP is off
+    otlp_pushes: tuple[int, int] | None = None
 
 
 
@@ -391,6 +393,11 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
                     "come from NVML's events alone, which do not report 79, 119 or 120; /healthz says why); absent "
                     "when it is off.", (),
                     lambda pub: [] if pub.kernel_log_following is None else [((), float(pub.kernel_log_following))]),
+    MetricDef("gpuwear_otlp_pushes_total", "counter", "", "OTLP pushes since start (otlp in config), by result: ok "
+                    "(the collector took it) or failed (refused, unreachable, past otlp.timeout_seconds: dropped, the "
+                    "next push sends the state then); absent when OTLP is off.", ("result",),
+                    lambda pub: [] if pub.otlp_pushes is None else [
+                        (("ok",), float(pub.otlp_pushes[0])), (("failed",), float(pub.otlp_pushes[1]))]),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
                     lambda pub: [((), float(pub.snapshot.ticks))]),
     MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "

@@ -272,6 +272,7 @@ class Daemon:
         self.fatal: str | None = None  # why the daemon must exit non-zero (a new process is the only cure)
         self._server: FrontDoor | None = None
         self._kernel_log: KernelLogXids | None = None
+        self._otlp: Any = None  # gpuwear.otlp.push.Pusher while OTLP is on (the SDK is imported only then)
 
     @property
     def port(self) -> int:
@@ -663,6 +664,10 @@ class Daemon:
         if self._watchdog_interval is not None:
             watchdog_interval = self._watchdog_interval
             loops.append(("watchdog", lambda: watchdog_interval, self._watchdog))
+        self._otlp = self._start_otlp()
+        if self._otlp is not None:
+            otlp_interval = self.config.otlp.interval_seconds
+            loops.append(("otlp", lambda: otlp_interval, self._otlp.push))
         for name, seconds, action in loops:
             threading.Thread(target=self._every, args=(seconds, action), name=name, daemon=True).start()
         sd_notify(f"READY=1\nSTATUS=sampling {len(sampler.snapshot.gpus)} GPU(s)")
@@ -678,13 +683,34 @@ class Daemon:
                  self.config.sampling.interval_seconds, wall_interval, self.ledger_file,
                  "HTTPS" if self.web.tls else "HTTP", where, " with basic auth" if self.web.users else "")
 
+    def _start_otlp(self) -> Any:
+        """The OTLP pusher where otlp is on (gpuwear.config.OtlpConfig.on), else None; where it cannot push (the SDK
+        not installed, a protocol this release does not speak), one line says why and /metrics is served as ever."""
+        if not self.config.otlp.on(os.environ):
+            return None
+        try:
+            from gpuwear.otlp.push import Pusher, UnsupportedError
+        except ImportError as exc:
+            log.error("otlp is on, but the OpenTelemetry SDK cannot be imported (%s): pip install 'gpuwear[otlp]'; "
+                      "nothing is pushed, /metrics is served as ever", exc)
+            return None
+        try:
+            pusher = Pusher(self.config.otlp, self.collector.collect)
+        except UnsupportedError as exc:
+            log.error("otlp: %s; nothing is pushed, /metrics is served as ever", exc)
+            return None
+        log.info("pushing OTLP (http/protobuf) to %s every %gs", pusher.endpoint, self.config.otlp.interval_seconds)
+        return pusher
+
     def published(self) -> Published:
         """What a scrape reads now: each part an immutable object, read by reference."""
         snapshot = self.source.sampler.snapshot
         reader = self._kernel_log
         following = None if reader is None or reader.source == "off" else reader.problem() is None
+        otlp = self._otlp
         return Published(snapshot, self.tracker.views, self._ledger_status, self.source.info,
-                         self._missing(snapshot), self._unlisted, following)
+                         self._missing(snapshot), self._unlisted, following,
+                         None if otlp is None else (otlp.pushed, otlp.failed))
 
     def _wear_params(self, config: Config) -> WearConfig:
         """The wear parameters, with the gap limit at least as many ticks as it is at 1 s
@@ -778,6 +804,8 @@ class Daemon:
             self._server.close()
         if self._kernel_log is not None:
             self._kernel_log.stop()
+        if self._otlp is not None:
+            self._otlp.close()
         # let a tick in flight finish (not a hung one), so the last save holds what was served
         if self._tick_lock.acquire(timeout=1.0):
             self._tick_lock.release()

@@ -1,0 +1,257 @@
+"""OTLP push (issue 57): received by an in-process OTLP/HTTP receiver and held to /metrics of the same moment."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwear.config import ConfigError, OtlpConfig, parse_config
+from gpuwear.metrics import catalog
+from gpuwear.otlp.names import PUSHED
+from helpers import free_port
+from test_drivers import daemon_over, run, scenario_doc
+
+GOLDEN = Path(__file__).parent / "golden" / "otlp.txt"
+DOCS = Path(__file__).parent.parent / "docs" / "otlp.md"
+
+
+class Receiver:
+    """An OTLP/HTTP metrics receiver on a free port: each request decoded (ExportMetricsServiceRequest), answered
+    ``status`` (200: taken)."""
+
+    def __init__(self) -> None:
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.status = 200
+        self.paths: list[str] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportMetricsServiceRequest()
+                request.ParseFromString(body)
+                receiver.requests.append(request)
+                receiver.paths.append(self.path)
+                answer = ExportMetricsServiceResponse().SerializeToString()
+                self.send_response(receiver.status)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextmanager
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def points(request: ExportMetricsServiceRequest) -> dict[str, list[tuple[dict[str, str], float, str, str]]]:
+    """name -> (attributes, value, unit, kind) of each data point of a push."""
+    out: dict[str, list[tuple[dict[str, str], float, str, str]]] = {}
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = m.WhichOneof("data")
+                data = getattr(m, kind)
+                for p in data.data_points:
+                    attrs = {a.key: a.value.string_value for a in p.attributes}
+                    value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+                    label = f"{kind}{'' if kind != 'sum' else ' monotonic' if data.is_monotonic else ' up-down'}"
+                    out.setdefault(m.name, []).append((attrs, value, m.unit, label))
+    return out
+
+
+def test_a_push_holds_what_metrics_serves_at_the_same_moment(tmp_path: Path,
+                                                              request: pytest.FixtureRequest) -> None:
+    """Issue 57's done-when: the push, received in process, checked against /metrics read at the same moment (the
+    same published state): every series of a pushed family is a data point under its OTLP name with the same
+    value, the GPU's identity as hw.* attributes, the host's in the resource; the names, units, kinds and
+    attribute keys are a golden list (tests/golden/otlp.txt, --update-golden)."""
+    from gpuwear.otlp.push import Pusher
+
+    doc = scenario_doc("r570", "datacenter", [{"at": 5, "gpu": 1, "kind": "ecc", "corrected": 3, "uncorrected": 1},
+                                              {"at": 5, "gpu": 1, "kind": "pcie_replays", "count": 4}])
+    with daemon_over(doc, tmp_path) as (daemon, clock), receiver() as r:
+        run(daemon, clock, 30)
+        pusher = Pusher(OtlpConfig(enabled=True, endpoint=r.url), daemon.collector.collect,
+                        environ={"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=test"})
+        assert pusher.push() and pusher.pushed == 1 and r.paths == ["/v1/metrics"]
+        body = daemon.exposition.render(False).decode()
+    pushed = points(r.requests[0])
+    resource = {a.key: a.value.string_value for a in r.requests[0].resource_metrics[0].resource.attributes}
+    assert resource["service.name"] == "gpuwear" and resource["host.name"]
+    assert resource["deployment.environment.name"] == "test"  # OTEL_RESOURCE_ATTRIBUTES, as the SDK reads it
+    want: dict[tuple[str, str], list[float]] = {}
+    for family in text_string_to_metric_families(body):
+        push = PUSHED.get(family.name + "_total" if family.type == "counter" else family.name)
+        if push is None:
+            continue
+        for s in family.samples:
+            if s.name.endswith("_created") or any(s.labels.get(k) != v for k, v in push.only.items()):
+                continue
+            renamed = [push.labels[k] for k in s.labels if isinstance(push.labels.get(k), tuple)]
+            if any(s.labels[k] not in push.labels[k][1] for k in s.labels
+                   if isinstance(push.labels.get(k), tuple)):
+                assert renamed and family.name == "gpuwear_health_status" and s.labels["status"] == "unknown"
+                continue  # not a state of hw.status
+            want.setdefault((push.name, s.labels["uuid"]), []).append(s.value)
+    got: dict[tuple[str, str], list[float]] = {}
+    for name, ps in pushed.items():
+        for attrs, value, _, _ in ps:
+            got.setdefault((name, attrs["hw.id"]), []).append(value)
+    assert {k: sorted(v) for k, v in got.items()} == {k: sorted(v) for k, v in want.items()}
+    h100 = next(a for a, _, _, _ in pushed["hw.power"] if a["hw.model"] == "NVIDIA H100 80GB HBM3")
+    assert h100["hw.type"] == "gpu" and h100["hw.vendor"] == "NVIDIA" and h100["hw.serial_number"]
+    assert h100["hw.driver_version"] == "570.195.03"
+    assert {a["hw.name"] for a, _, _, _ in pushed["hw.power"]} == {"GPU 0", "GPU 1"}
+    errors = {(a["hw.id"][-1], a["error.type"], a.get("gpuwear.error.category"), a.get("gpuwear.ecc.counter")): v
+              for a, v, _, _ in pushed["hw.errors"]}
+    assert errors[("1", "ecc", "correctable", "aggregate")] == 3
+    assert errors[("1", "ecc", "uncorrectable", "volatile")] == 1
+    assert errors[("1", "pcie_replay", "correctable", None)] == 4
+    assert errors[("0", "pcie_replay", "correctable", None)] == 0
+    shapes = sorted({f"{name} {unit} {kind} {' '.join(sorted({k for a, _, _, _ in ps for k in a}))}"
+                     for name, ps in pushed.items() for _, _, unit, kind in ps})
+    text = "\n".join(shapes) + "\n"
+    if request.config.getoption("--update-golden"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "the pushed names changed; if intended, run pytest --update-golden"
+
+
+def test_every_family_of_metrics_is_pushed_or_said_not_to_be_in_the_docs(request: pytest.FixtureRequest) -> None:
+    """Issue 57, item 3: docs/otlp.md maps every /metrics family (metrics.detail's included) to its OTLP name, or says
+    why it is not pushed; generated from gpuwear.otlp.names (--update-golden)."""
+    from gpuwear.otlp.names import table
+
+    text = table([(source, m.name) for source, m in catalog(True).in_order()])
+    doc = DOCS.read_text()
+    start, end = doc.index("<!-- table -->\n") + len("<!-- table -->\n"), doc.index("<!-- end table -->")
+    if request.config.getoption("--update-golden"):
+        DOCS.write_text(doc[:start] + text + doc[end:])
+        doc = DOCS.read_text()
+    assert doc[start:doc.index("<!-- end table -->")] == text, "docs/otlp.md's table is stale: --update-golden"
+    assert all(f"`{name}`" in text for _, m in catalog(True).in_order() for name in [m.name])
+
+
+def test_a_collector_that_refuses_is_counted_said_once_a_minute_and_never_queued(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 57, item 4: a refused push is counted (gpuwear_otlp_pushes_total on /metrics, absent with OTLP off) and
+    dropped, not kept for later: the next push after the collector is back sends the state of then, and nothing
+    else; a line at most once a minute says how many failed."""
+    from gpuwear.otlp.push import Pusher
+
+    caplog.set_level(logging.WARNING, logger="gpuwear.otlp.push")
+    now = [0.0]
+    with daemon_over(scenario_doc("r570", "datacenter"), tmp_path) as (daemon, clock), receiver() as r:
+        run(daemon, clock, 5)
+        assert "gpuwear_otlp_pushes_total{" not in daemon.exposition.render(False).decode()  # absent: off
+        pusher = Pusher(OtlpConfig(enabled=True, endpoint=r.url, timeout_seconds=2.0), daemon.collector.collect,
+                        environ={}, clock=lambda: now[0])
+        daemon._otlp = pusher  # as Daemon.start sets it (the daemon's own loop is tested below)
+        r.status = 400  # refused, not retried by the exporter
+        for t in (0.0, 20.0, 40.0, 61.0):
+            now[0] = t
+            assert not pusher.push()
+        assert pusher.failed == 4 and len(r.requests) == 4
+        lines = [rec.getMessage() for rec in caplog.records if "OTLP push" in rec.getMessage()]
+        assert len(lines) == 2 and "3 failed since the last line, 4 in all" in lines[1], lines
+        body = daemon.exposition.render(False).decode()  # no tick since: the counts' change alone renders again
+        assert 'gpuwear_otlp_pushes_total{result="failed"} 4.0' in body
+        r.status = 200
+        run(daemon, clock, 1)
+        assert pusher.push() and len(r.requests) == 5  # one request: the state of now, nothing kept from before
+        assert 'gpuwear_otlp_pushes_total{result="ok"} 1.0' in daemon.exposition.render(False).decode()
+
+
+def test_otlp_is_off_unless_asked_and_the_sdk_is_not_imported_then(tmp_path: Path) -> None:
+    """Issue 57, items 1 and 2: off by default and with OTEL_EXPORTER_OTLP_ENDPOINT alone (operators inject it into
+    every pod); on with otlp.enabled or OTEL_METRICS_EXPORTER=otlp, off with enabled: false whatever it says. With it
+    off, a running daemon imports nothing of the OpenTelemetry SDK; grpc is refused in one line at start."""
+    assert not OtlpConfig().on({}) and not OtlpConfig().on({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
+    assert OtlpConfig().on({"OTEL_METRICS_EXPORTER": "prometheus,otlp"})
+    assert OtlpConfig(enabled=True).on({}) and not OtlpConfig(enabled=False).on({"OTEL_METRICS_EXPORTER": "otlp"})
+    for bad, words in (({"enabled": "yes"}, "otlp.enabled: expected auto, true or false"),
+                       ({"endpoint": "collector:4318"}, "otlp.endpoint: expected an http:// or https:// URL"),
+                       ({"headers": "api-key"}, "otlp.headers: expected key=value pairs"),
+                       ({"protocol": "udp"}, "otlp.protocol: expected one of")):
+        with pytest.raises(ConfigError, match=words):
+            parse_config({"otlp": bad})
+    script = f"""
+import json, os, sys, time
+from gpuwear.config import Config
+from gpuwear.service import Daemon, open_source
+os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
+config = Config(listen="127.0.0.1:{free_port()}", state_dir={str(tmp_path)!r})
+daemon = Daemon(config, open_source(config, "demo", 600.0, False))
+daemon.start()
+time.sleep(1.0)
+daemon.stop()
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("opentelemetry"))))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+    from gpuwear.otlp.push import Pusher, UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="OTLP protocol 'grpc' is not supported by this release"):
+        Pusher(OtlpConfig(enabled=True), lambda: [], environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+
+
+@pytest.mark.slow
+def test_the_daemon_pushes_on_its_own_loop_to_the_configured_endpoint(tmp_path: Path) -> None:
+    """The running daemon (otlp.enabled, interval 1 s) pushes on its own loop: the receiver gets pushes at the
+    configured endpoint's /v1/metrics, and /metrics counts them."""
+    from dataclasses import replace
+
+    from gpuwear.config import Config
+    from gpuwear.service import Daemon, open_source
+    from helpers import fetch
+
+    with receiver() as r:
+        config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
+        config = replace(config, otlp=OtlpConfig(enabled=True, endpoint=r.url, interval_seconds=1.0))
+        daemon = Daemon(config, open_source(config, "demo", 60.0, False))
+        daemon.start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(r.requests) < 2:
+                assert time.monotonic() < deadline, "no OTLP push within 60 s"
+                time.sleep(0.05)
+            status, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
+        finally:
+            daemon.stop()
+    assert status == 200 and set(r.paths) == {"/v1/metrics"}
+    ok = [float(line.split()[-1]) for line in body.splitlines()
+          if line.startswith('gpuwear_otlp_pushes_total{result="ok"}')]
+    assert ok and ok[0] >= 1
+    assert "hw.temperature" in points(r.requests[-1])
