@@ -640,7 +640,8 @@ TABLE: tuple[Rule, ...] = (
     Rule("xid_card", "the applications (job names) on the GPU when each XID of the catalog's app tier came "
          "(tracker: the jobs running then)", "wear.health.xid_card_days (14) before the GPU's last sight",
          "the same code under wear.health.xid_card_applications (2) or more different applications", "watch",
-         "fewer applications within the window: the older ones leave it", _XID_CARD_SOURCE, _xid_card),
+         "fewer applications within the window: the older ones leave it", _XID_CARD_SOURCE, _xid_card,
+         "GpuwearXidCard"),
     Rule("gpu_lost", "NVML_ERROR_GPU_IS_LOST from any read", "from its last occurrence, in the record's time", "any",
          "act",
          _ACT_THEN_WATCH, _XID_CATALOG.replace("this XID", "XID 79 (fallen off the bus)"), _gpu_lost,
