@@ -740,8 +740,17 @@ def test_each_xid_says_what_ran_and_the_process_its_line_names(tmp_path: Path) -
         "  - product: h100-sxm\n    schedule: [{kind: train, seconds: 80, job: train-a},"
         " {kind: train, seconds: 7200, job: eval-b}]\n"
         "  - product: h100-sxm\n    schedule: [{kind: idle, seconds: 7200}]\n"
+        "  - product: h100-sxm\n    schedule: [{kind: train, seconds: 60, job: app-a},"
+        " {kind: train, seconds: 60, job: app-b}, {kind: train, seconds: 7200, job: app-c}]\n"
+        "  - product: h100-sxm\n    schedule: [{kind: train, seconds: 80, job: app-d},"
+        " {kind: train, seconds: 7200, job: app-e}]\n"
         "faults:\n  - {at: 40, gpu: 0, kind: xid, xid: 31, process: true}\n"
-        "  - {at: 40, gpu: 1, kind: xid, xid: 79}\n  - {at: 140, gpu: 0, kind: xid, xid: 31, process: true}\n")
+        "  - {at: 40, gpu: 1, kind: xid, xid: 79}\n  - {at: 140, gpu: 0, kind: xid, xid: 31, process: true}\n"
+        "  - {at: 30, gpu: 2, kind: xid, xid: 13, gpc: 1, tpc: 3}\n"
+        "  - {at: 90, gpu: 2, kind: xid, xid: 13, gpc: 1, tpc: 3}\n"
+        "  - {at: 150, gpu: 2, kind: xid, xid: 13, gpc: 1, tpc: 3}\n"
+        "  - {at: 40, gpu: 3, kind: xid, xid: 13, gpc: 0, tpc: 0}\n"
+        "  - {at: 140, gpu: 3, kind: xid, xid: 13, gpc: 2, tpc: 1}\n")
     state = tmp_path / "state"
     run_simulated(state, str(scenario), 60.0, 3.0)
     doc = report(state, "--simulated", "xidjobs")
@@ -770,3 +779,11 @@ def test_each_xid_says_what_ran_and_the_process_its_line_names(tmp_path: Path) -
     assert "XID 79 ×1 while it ran\n" in listing, listing
     judged = json.loads(gpuwear("jobs", "--json", "--state-dir", str(state), "--simulated", "xidjobs").stdout)
     assert [j["judgement"] for j in judged["card_or_code"][busy["uuid"]]] == ["likely the card"]
+    # issue 54, items 2 and 5: XID 13 (its line gives the GPC and TPC, as the driver writes it) under three
+    # applications at one place on the chip: the card, said with the place; under two at two places: not one spot
+    same, apart = ({r["code"]: r["text"] for r in doc["gpus"][i]["health"]["reasons"]} for i in (2, 3))
+    assert "XID 13 (Graphics Engine Exception) on this GPU under 3 different applications at GPC 1 TPC 3 within 14 " \
+           "days (app-a, app-b, app-c)" in same["xid_card"], same
+    assert "xid_card" not in apart, apart
+    (j,) = doc["gpus"][3]["card_or_code"]
+    assert j["judgement"] == "check the application first" and "at different places on the chip" in j["text"], j

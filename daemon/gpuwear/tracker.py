@@ -18,7 +18,16 @@ from typing import Any, NamedTuple
 from gpuwear.config import WearConfig
 from gpuwear.health import XID_ACT, verdict
 from gpuwear.health.signals import peer_and_own_rates
-from gpuwear.health.xids import IGNORE, LINE_JUDGED, NVLINK_REPEAT_SECONDS, SERVICE, XID_APP, line_step, lookup
+from gpuwear.health.xids import (
+    IGNORE,
+    LINE_JUDGED,
+    NVLINK_REPEAT_SECONDS,
+    SERVICE,
+    XID_APP,
+    XID_UNIT_APP,
+    line_step,
+    lookup,
+)
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.sample import VGPU_GUEST, GpuSample
@@ -197,14 +206,17 @@ REPEATS_KEPT = 3  # a link's newest repeat-step lines kept: the workflow's large
 APPLICATIONS_KEPT = 8  # per XID code of the app tier, the newest applications it came under (health rule xid_card)
 
 
-def note_xid_applications(w: GpuWear, code: int, applications: list[str], wall: float) -> None:
+def note_xid_applications(w: GpuWear, code: int, applications: list[str], wall: float, unit: str = "") -> None:
     """Keep in the record's last_event which applications (job names) ran when an XID of the catalog's app tier
     came, as "xid CODE app NAME" -> its last time, newest APPLICATIONS_KEPT per code: the health rule xid_card reads
-    them. A job without a name is not an application gpuwear can tell apart from another run: not kept."""
-    prefix = XID_APP.format(code=code)
+    them. ``unit``: where on the chip its kernel-log line said it came ("GPC 1 TPC 3"), kept apart as "xid CODE at
+    UNIT app NAME" (health.xids.card_evidence: XID 13's workflow compares repeats there). A job without a name is
+    not an application gpuwear can tell apart from another run: not kept."""
+    prefix = XID_UNIT_APP.format(code=code, unit=unit) if unit else XID_APP.format(code=code)
     for name in applications:
         w.last_event[prefix + name[:48]] = wall
-    kept = sorted((when, k) for k, when in w.last_event.items() if k.startswith(prefix))
+    kind = f"xid {code} at " if unit else prefix
+    kept = sorted((when, k) for k, when in w.last_event.items() if k.startswith(kind))
     for _, key in kept[:-APPLICATIONS_KEPT]:
         del w.last_event[key]
 
@@ -564,6 +576,8 @@ class WearTracker:
                 self._event(w, wall, "xid process", {"xid": code, "pid": pid, "process": name or None, "count": new,
                                                      "instance": instance or None, "unit": unit or None,
                                                      "jobs": self.jobs.who(w.uuid)})
+                if unit and lookup(code).tier == "app":
+                    note_xid_applications(w, code, self.jobs.applications(w.uuid), wall, unit)
         seen.xid_processes = status.xid_processes
 
     def _xid_lines(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:

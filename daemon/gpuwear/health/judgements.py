@@ -1,7 +1,8 @@
 """Card or code: each XID of the catalog's application tier (13, 31, 94, the engine exceptions) judged with the
 applications it came under, across the host's GPUs, as NVIDIA's Xid 13 and 31 workflows say to (the same XID
 repeating on one GPU under different applications points to the card; the same application's XID on several GPUs
-points to the code; a solo XID is checked as the application's first). Pure: a function of the GPUs' records.
+points to the code; a solo XID is checked as the application's first; for XID 13, repeats at the same GPC and TPC,
+where the lines say: health.xids.card_evidence). Pure: a function of the GPUs' records.
 
 The applications are the job names the tracker saw running when each XID came (health.xids.applications). What it
 cannot see: a job without a name, jobs on other hosts, the processes of a PID namespace the daemon does not share,
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuwear.config import WearConfig
-from gpuwear.health.xids import applications, lookup
+from gpuwear.health.xids import applications, card_evidence, lookup
 from gpuwear.wear.accumulate import GpuWear
 
 CARD, CODE, SOLO = "likely the card", "likely the code", "check the application first"
@@ -46,14 +47,19 @@ def card_or_code(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, list[
             names = sorted(apps)
             what = f"XID {code} ({lookup(code).meaning})"
             days = f"{hp.xid_card_days:g} days"
-            if len(names) >= hp.xid_card_applications:
-                judgement = CARD
-                text = (f"{CARD}: {what} on this GPU under {len(names)} different applications within {days} ("
-                        + ", ".join(names) + ")")
+            on_card, unit = card_evidence(wears[uuid].last_event, code, since)
+            if len(on_card) >= hp.xid_card_applications:
+                judgement, names = CARD, on_card
+                text = (f"{CARD}: {what} on this GPU under {len(names)} different applications"
+                        f"{f' at {unit}' if unit else ''} within {days} (" + ", ".join(names) + ")")
             elif others:
                 judgement = CODE
                 text = (f"{CODE}: {names[0]} raised {what} on this GPU and on " + ", ".join(others)
                         + f" within {days}; no other application did on this GPU")
+            elif len(names) > 1:  # applications at different places on the chip (XID 13's workflow): not one spot
+                judgement = SOLO
+                text = (f"{SOLO}: {what} under {len(names)} different applications on this GPU, but at different "
+                        f"places on the chip within {days} (" + ", ".join(names) + ")")
             else:
                 judgement = SOLO
                 text = f"{SOLO}: {what} under {names[0]} on this GPU alone within {days}"

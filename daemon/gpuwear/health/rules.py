@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
-from gpuwear.health.xids import LINE_JUDGED, NVLINK5_SOURCE, NVLINK_SOURCE, Xid, applications, lookup
+from gpuwear.health.xids import LINE_JUDGED, NVLINK5_SOURCE, NVLINK_SOURCE, Xid, card_evidence, lookup
 from gpuwear.wear.accumulate import CARRIED_COUNTS, FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
@@ -347,17 +347,18 @@ def _xids(f: Facts) -> Findings:
 
 def _xid_card(f: Facts) -> Findings:
     """An XID NVIDIA's catalog resolves by restarting the application (tier "app": 13, 31, the engine exceptions) on
-    this GPU under wear.health.xid_card_applications different applications within xid_card_days: the card, not
-    the code (tracker.note_xid_applications keeps the applications in last_event)."""
+    this GPU under wear.health.xid_card_applications different applications within xid_card_days, at one place on
+    the chip where its lines say where (XID 13's GPC and TPC): the card, not the code (tracker.note_xid_applications
+    keeps the applications in last_event; health.xids.card_evidence reads them)."""
     found = []
     hp = f.p.health
+    since = None if f.w.last_seen is None else f.w.last_seen - hp.xid_card_days * 86400.0
     for code in sorted(int(x) for x in f.w.xids if x.isdigit() and lookup(int(x)).tier == "app"):
-        apps = sorted(app for app, when in applications(f.w.last_event, code, None).items()
-                      if f.within(when, hp.xid_card_days))
+        apps, unit = card_evidence(f.w.last_event, code, since)
         if len(apps) >= hp.xid_card_applications:
             found.append(("watch", "xid_card", f"likely the card, not the code: XID {code} ({lookup(code).meaning}) "
-                          f"on this GPU under {len(apps)} different applications within {hp.xid_card_days:g} days ("
-                          + ", ".join(apps) + ")"))
+                          f"on this GPU under {len(apps)} different applications{f' at {unit}' if unit else ''} "
+                          f"within {hp.xid_card_days:g} days (" + ", ".join(apps) + ")"))
     return (("watch", "xid_card", "; ".join(t for *_, t in found)),) if found else NONE  # one reason, every code
 
 

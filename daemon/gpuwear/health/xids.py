@@ -82,6 +82,8 @@ XID_NONE = frozenset(x.code for x in CATALOG if x.tier == "none")
 
 
 XID_APP = "xid {code} app "  # a record's last_event key prefix: an application an XID of the app tier came under
+# ... and where on the chip the XID's line said it came, where it said ("xid 13 at GPC 1 TPC 3 app NAME")
+XID_UNIT_APP = "xid {code} at {unit} app "
 
 
 def applications(last_event: dict[str, float], code: int, since: float | None) -> dict[str, float]:
@@ -90,6 +92,22 @@ def applications(last_event: dict[str, float], code: int, since: float | None) -
     prefix = XID_APP.format(code=code)
     return {k[len(prefix):]: when for k, when in last_event.items()
             if k.startswith(prefix) and (since is None or when >= since)}
+
+
+def card_evidence(last_event: dict[str, float], code: int, since: float | None) -> tuple[list[str], str | None]:
+    """The applications an XID of ``code`` came under on a GPU since ``since``, and where: NVIDIA's Xid 13 workflow
+    reads a repeat at the same GPC and TPC as the hardware, so where the lines said where (XID 13's do), the most
+    applications at one place on the chip and that place; else all of them and None."""
+    prefix = f"xid {code} at "
+    at: dict[str, set[str]] = {}
+    for key, when in last_event.items():
+        if key.startswith(prefix) and " app " in key and (since is None or when >= since):
+            unit, _, app = key[len(prefix):].partition(" app ")
+            at.setdefault(unit, set()).add(app)
+    if at:
+        unit, apps = max(at.items(), key=lambda kv: (len(kv[1]), kv[0]))
+        return sorted(apps), unit
+    return sorted(applications(last_event, code, since)), None
 
 
 def lookup(code: int) -> Xid:

@@ -499,13 +499,17 @@ class SimGpu:
         mem_target = self.ambient_celsius + demand * p.r_th_memory
         s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
 
-    def xid(self, code: int, text: str | None = None, process: bool = False) -> None:
+    def xid(self, code: int, text: str | None = None, process: bool = False, unit: tuple[int, int] = (0, 0)) -> None:
         """An XID as the driver reports it: a line in the kernel log, always; an NVML event too, except for the
         codes NVML cannot report (79, 119, 120: an NVIDIA maintainer, NVIDIA/DCGM #162). ``text``: what the line
         says after its process (by default, the code's words). ``process``: the line names the process running on
         the GPU (krcReportXid's "pid=%s, name=%s" of the faulting context: an application's fault), else it says
-        the process is unknown (a fault of the GPU's own, or none running)."""
+        the process is unknown (a fault of the GPU's own, or none running). ``unit``: the GPC and TPC an XID 13's
+        default line names ("Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0): Out Of Range Address", as the
+        driver writes it; the fault's gpc and tpc)."""
         domain, bus, device = self.pci_bus_id.split(".")[0].split(":")
+        if text is None and code == 13:
+            text = f"Graphics SM Warp Exception on (GPC {unit[0]}, TPC {unit[1]}, SM 0): Out Of Range Address"
         s = self.state
         who = (f"pid={s.processes[0]}, name={s.process_name}" if process and s.processes
                else "pid='<unknown>', name=<unknown>")
@@ -546,7 +550,8 @@ class SimGpu:
         elif k == "reset_required":
             s.reset_required = True
         elif k == "xid":
-            self.xid(int(prm.get("xid", 79)), prm.get("text"), bool(prm.get("process", False)))
+            self.xid(int(prm.get("xid", 79)), prm.get("text"), bool(prm.get("process", False)),
+                     (int(prm.get("gpc", 0)), int(prm.get("tpc", 0))))
         elif k == "nvlink_errors":  # errors counted on one link (nvmlNvLinkErrorCounter_t), which may go down
             link = int(prm.get("link", 0))
             for counter, key in NVLINK_COUNTERS.items():
@@ -892,6 +897,9 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
                 params["process"] = True
             if isinstance(spec.get("text"), str):  # the line's text after its process, as the driver writes it
                 params["text"] = "".join(c for c in spec["text"] if c.isprintable())[:200]
+            for key in ("gpc", "tpc"):  # where on the chip an XID 13's default line says it came
+                if key in spec:
+                    params[key] = int(_number(spec[key], f"{where}.{key}", 0, 63))
         if spec["kind"] == "pcie_downgrade":  # the lanes and generation a link can train at
             params = {key: int(_number(params[key], f"{where}.{key}", 1, top))
                       for key, top in (("width", 16), ("generation", 5)) if key in params}
