@@ -1057,3 +1057,37 @@ def test_an_a100_whose_failing_bank_runs_out_of_spare_rows_over_months_is_watche
     assert seen[71][0].startswith("1 bank(s) with few left, the last new one on ")
     assert "cannot be remapped" in seen[71][0]
     assert seen[101][0].startswith("1 memory bank(s) have no spare rows left; none carried when gpuwear first read")
+
+
+def test_an_xid_45_burst_after_another_xid_is_counted_with_its_cause() -> None:
+    """Issue 54, item 2: XID 45 (preemptive cleanup, due to previous errors) comes on every GPU of a run when one GPU's
+    fault stops it; NVIDIA's catalog (WORKFLOW_XID_45) says to ignore it then and follow the other XID, and to
+    restart the fabric manager when it comes alone. Judged so: each GPU's 45s within 300 s after another XID on the
+    host are that XID's collateral, named with it; a 45 with none before it is alone; in report's JSON and words."""
+    from gpuwear.health.judgements import COLLATERAL, SOLO_45, card_or_code
+    from gpuwear.report import document, text_report
+
+    wears = []
+    for i in range(5):
+        w = GpuWear(f"GPU-{i}", name="NVIDIA H100 80GB HBM3", index=i)
+        w.first_seen, w.last_seen = T0 - 2 * DAY, T0
+        wears.append(w)
+    wears[3].add_xids({79: 1}, T0 - 100)  # GPU 3 fell off the bus; the run's other GPUs clean up after it
+    for w in wears[:3]:
+        w.add_xids({45: 4}, T0 - 95)
+    wears[3].add_xids({45: 1}, T0 - 99)
+    wears[4].add_xids({45: 2}, T0 - DAY)  # alone: nothing on the host within 300 s before it
+    judged = card_or_code({w.uuid: w for w in wears}, WearConfig())
+    kinds = [[(j["xid"], j["judgement"]) for j in judged.get(w.uuid, [])] for w in wears]
+    assert kinds == [[(45, COLLATERAL)]] * 4 + [[(45, SOLO_45)]], kinds
+    assert judged["GPU-0"][0]["text"].startswith("collateral: XID 45 (Preemptive cleanup, due to previous errors) ×4 "
+                                                 "on this GPU, the last 5 s after XID 79 (")
+    assert "on GPU 3: the driver cleaning up the work that error stopped" in judged["GPU-0"][0]["text"]
+    assert "after XID 79" in judged["GPU-3"][0]["text"] and "on this GPU:" in judged["GPU-3"][0]["text"]
+    assert judged["GPU-4"][0]["text"].startswith("restart the fabric manager: XID 45")
+    wears[4].add_xids({31: 1}, T0 - DAY - 200)  # now another XID came 200 s before it: not alone
+    assert card_or_code({w.uuid: w for w in wears}, WearConfig())["GPU-4"][0]["judgement"] == COLLATERAL
+    doc = document(wears, WearConfig(), {}, "test", False)
+    assert doc["gpus"][1]["card_or_code"][0]["cause"] == {"xid": 79, "gpu": "GPU 3"}
+    assert "Card or code? collateral: XID 45" in text_report(doc)
+    assert all("xid_45" not in {r["code"] for r in g["health"]["reasons"]} for g in doc["gpus"])  # no reason of its own

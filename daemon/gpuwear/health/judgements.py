@@ -18,6 +18,12 @@ from gpuwear.health.xids import applications, card_evidence, lookup
 from gpuwear.wear.accumulate import GpuWear
 
 CARD, CODE, SOLO = "likely the card", "likely the code", "check the application first"
+COLLATERAL, SOLO_45 = "collateral", "restart the fabric manager"
+# XID 45 (preemptive cleanup, due to previous errors): NVIDIA's catalog, WORKFLOW_XID_45 ("Not Solo: IGNORE (follow
+# other Xid)"; "Solo: RESTART_FM"). With another XID on the host this long before its last: not solo, its cause's.
+COLLATERAL_SECONDS = 300.0
+SOURCE_45 = ("NVIDIA's Xid catalog, XID 45's resolution WORKFLOW_XID_45: with another Xid, ignore it and follow that "
+             "one; alone, restart the fabric manager")
 SOURCE = ("NVIDIA's Xid catalog, WORKFLOW_XID_13 and WORKFLOW_XID_31, as quoted in NVIDIA/NVSentinel #270 and #271; "
           "gpuwear applies them to the job names it saw on this host's GPUs")
 
@@ -65,4 +71,35 @@ def card_or_code(wears: Mapping[str, GpuWear], p: WearConfig) -> dict[str, list[
                 text = f"{SOLO}: {what} under {names[0]} on this GPU alone within {days}"
             out.setdefault(uuid, []).append({"xid": code, "judgement": judgement, "applications": names,
                                              "other_gpus": others, "text": text, "rule": SOURCE})
+    for uuid, judged in _collateral(wears, since).items():
+        out.setdefault(uuid, []).append(judged)
+    return out
+
+
+def _collateral(wears: Mapping[str, GpuWear], since: float | None) -> dict[str, dict[str, Any]]:
+    """Each GPU's XID 45 (the driver's cleanup of work an earlier error stopped) within the window, counted with its
+    cause: the host's latest other XID at most COLLATERAL_SECONDS before the 45s' last (a run's GPUs all clean up
+    after one GPU's fault), else said to be alone (NVIDIA's catalog: restart the fabric manager)."""
+    causes = sorted((when, int(key[4:]), uuid) for uuid, w in wears.items() for key, when in w.last_event.items()
+                    if key.startswith("xid ") and key[4:].isdigit() and int(key[4:]) != 45)
+    out: dict[str, dict[str, Any]] = {}
+    for uuid, w in wears.items():
+        last, n = w.last_event.get("xid 45"), w.xids.get("45", 0)
+        if last is None or not n or (since is not None and last < since):
+            continue
+        before = [c for c in causes if last - COLLATERAL_SECONDS <= c[0] <= last]
+        what = f"XID 45 ({lookup(45).meaning.split(' -- ')[0]}) ×{n}"
+        if before:
+            when, code, where = before[-1]
+            there = "this GPU" if where == uuid else _name(wears[where])
+            text = (f"{COLLATERAL}: {what} on this GPU, the last {last - when:.0f} s after XID {code} "
+                    f"({lookup(code).meaning}) on {there}: the driver cleaning up the work that error stopped, "
+                    "not a fault of its own; follow that XID")
+            out[uuid] = {"xid": 45, "judgement": COLLATERAL, "cause": {"xid": code, "gpu": there}, "text": text,
+                         "rule": SOURCE_45, "applications": [], "other_gpus": []}
+        else:
+            text = (f"{SOLO_45}: {what} on this GPU with no other XID on the host within "
+                    f"{COLLATERAL_SECONDS:.0f} s before it (NVIDIA's catalog for XID 45 alone)")
+            out[uuid] = {"xid": 45, "judgement": SOLO_45, "text": text, "rule": SOURCE_45, "applications": [],
+                         "other_gpus": []}
     return out
