@@ -234,7 +234,9 @@ def scenario_doc(kind: str, gpus: int, folder: Path) -> dict[str, Any]:
             {"kind": "idle", "seconds": 120}], 0)}
     elif kind == "stress":
         doc = {"ambient_celsius": 33, "gpus": cards(("v100", "h100-sxm"), [
-            {"kind": "stress", "seconds": 300, "job": "burn-in"}, {"kind": "idle", "seconds": 300}], 37)}
+            {"kind": "stress", "seconds": 300, "job": "burn-in"}, {"kind": "idle", "seconds": 300}], 37),
+               # an incident for the fleet's answer to count: a double-bit ECC error on each stress node's first card
+               "faults": [{"at": 20, "gpu": 0, "kind": "xid", "xid": 48}]}
     elif kind == "mixed":
         doc = yaml.safe_load(gen.scenario(gpus, folder).read_text())
     else:
@@ -306,6 +308,7 @@ class Results:
     queries: list[dict[str, Any]] = field(default_factory=list)
     lifetime: list[dict[str, Any]] = field(default_factory=list)
     freeze: dict[str, Any] = field(default_factory=dict)
+    answer: dict[str, Any] = field(default_factory=dict)  # `gpuwear fleet --json` against p2, the long-term store
     notes: list[str] = field(default_factory=list)
     elapsed: float = 0.0
 
@@ -358,7 +361,10 @@ class Fleet(contextlib.AbstractContextManager["Fleet"]):
         for i in range(o.nodes):
             kind = o.kinds[i % len(o.kinds)]
             host = node_host(i)
-            node = Node(i, kind, scenarios[kind], f"{host}:{free_port(host)}", self.work / f"node{i:03d}")
+            scenario = self.work / f"fleet-{kind}-node{i:03d}.yaml"  # the kind's, with the node's own cards (seed)
+            scenario.write_text(yaml.safe_dump({**yaml.safe_load(scenarios[kind].read_text()), "seed": i + 1},
+                                               sort_keys=False))
+            node = Node(i, kind, scenario, f"{host}:{free_port(host)}", self.work / f"node{i:03d}")
             node.proc = self._start(f"node{i:03d}", [
                 sys.executable, "-m", "gpuwear", "run", "--simulate", str(node.scenario), "--listen", node.address,
                 "--state-dir", str(node.state), "--speed", f"{o.speed:g}", "--config", str(self.config)], 0)
@@ -755,7 +761,25 @@ def _measure(opts: Options, res: Results, work: Path, t_start: float, binary: st
         res.names_p1 = set(instant_names(p1))
         res.names_p2 = set(instant_names(fleet.prom["p2"]))
         res.lifetime = compare_lifetime(fleet, ledgers, time.monotonic() - t_start + 60, res.freeze["declared"])
+        log("the fleet's answer: gpuwear fleet against p2")
+        res.answer = fleet_answer(fleet.prom["p2"], time.monotonic() - t_start + 3600)
         res.notes += findings(res)
+
+
+def fleet_answer(address: str, span: float) -> dict[str, Any]:
+    """`gpuwear fleet --json` against the store at ``address`` over the last ``span`` seconds, through the CLI's
+    entry point in this process (its queries, seconds and bytes with it)."""
+    from gpuwear.cli import main as gpuwear_main
+
+    out = io.StringIO()
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(out):
+        code = gpuwear_main(["fleet", "--prometheus", f"http://{address}", "--span", f"{int(span)}s", "--json"])
+    if code != 0:
+        raise RuntimeError(f"gpuwear fleet exited with {code}")
+    doc: dict[str, Any] = json.loads(out.getvalue())
+    doc["cost"]["seconds"] = time.monotonic() - t0
+    return doc
 
 
 def findings(res: Results) -> list[str]:

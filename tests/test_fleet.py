@@ -94,3 +94,25 @@ def test_the_report_says_it_all(results: fleet.Results) -> None:
     text = fleet.report(results)
     assert fleet.command_line(results.options) in text
     assert "## Findings" in text and "none: every check above passed" in text, text[-3000:]
+
+
+@pytest.mark.e2e
+def test_gpuwear_fleet_answers_from_the_long_term_store(results: fleet.Results) -> None:
+    """Issue 56, item 3: `gpuwear fleet --json` against p2 (the store remote_write fills, as Thanos, Mimir or
+    VictoriaMetrics would be) finds every card of the fleet once, by product, with the time each was observed in the
+    span and the incidents the scenarios scripted (a double-bit ECC error, XID 48, on each stress node's first card)
+    and no other; the rates and intervals come with them, and what it cannot see."""
+    doc = results.answer
+    cards = {c["uuid"]: c for c in doc["cards"]}
+    assert len(cards) == NODES * GPUS and doc["source"] in ("recording rules", "raw series")
+    stress = [n for n in results.nodes if n.kind == "stress"]
+    incidents = {c["uuid"]: c["incidents"] for c in cards.values() if c["incidents"]}
+    assert len(incidents) == len(stress) and set(incidents.values()) == {1}, incidents
+    assert all(c["product"] == "Tesla V100-PCIE-16GB" for u, c in cards.items() if u in incidents)
+    assert all(c["exposure_seconds"] > 0 for c in cards.values())
+    total = sum(p["total"]["incidents"] for p in doc["products"])
+    assert total == len(stress) and {p["product"] for p in doc["products"]} >= {"NVIDIA H100 80GB HBM3"}
+    v100 = next(p for p in doc["products"] if p["product"] == "Tesla V100-PCIE-16GB")
+    low, high = v100["total"]["interval"]
+    assert low < v100["total"]["rate_per_gpu_year"] < high
+    assert doc["cannot_see"] and doc["cost"]["queries"] >= 6 and doc["retention_short"] is None

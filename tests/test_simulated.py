@@ -191,10 +191,20 @@ def test_training_has_evaluation_dips() -> None:
      "schedule[0].job: expected a job name or a list of 1 to 8 different names"),
     ({"gpus": [{"product": "v100", "schedule": [{"kind": "train", "seconds": 1, "job": ["a", 3]}]}]},
      "schedule[0].job: expected a job name"),
+    ({"seed": 0, "gpus": [{"product": "v100"}]}, "seed: 0 is outside"),
 ])
 def test_bad_scenarios_are_named(doc: Any, message: str) -> None:
     with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_scenario(doc, "bad")
+
+
+def test_a_scenarios_seed_gives_its_box_cards_of_its_own() -> None:
+    """A fleet's simulated boxes ran the same scenario and so the same cards (one UUID on every box): a scenario's
+    seed now gives its box its own (the UUID and serial follow it; the default is the seed before, 1)."""
+    one, other = (parse_scenario({"gpus": [{"product": "v100"}], **extra}, "t") for extra in ({}, {"seed": 7}))
+    assert one.gpus[0].uuid == "GPU-00000001-5111-4a7e-9c3d-000000000000"
+    assert other.gpus[0].uuid == "GPU-00000007-5111-4a7e-9c3d-000000000000"
+    assert other.gpus[0].serial != one.gpus[0].serial
 
 
 def test_jobs_sharing_a_gpu_each_run_a_process() -> None:

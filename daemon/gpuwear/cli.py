@@ -10,6 +10,7 @@ import logging
 import os
 import sqlite3
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -103,6 +104,18 @@ def _parser() -> argparse.ArgumentParser:
     forget.add_argument("gpu", metavar="GPU", help="its index, UUID or the start of its UUID")
     _ledger_arguments(forget)
     forget.add_argument("--yes", action="store_true", help="do not ask (needed where there is no terminal to ask)")
+
+    fleet = sub.add_parser("fleet", help="the fleet's answer from its Prometheus-compatible store: incident rates by "
+                           "heat aging, per product, with exact intervals")
+    fleet.add_argument("--prometheus", metavar="URL", required=True,
+                       help="the store's HTTP API: Prometheus, Thanos Query, Mimir (with --tenant), VictoriaMetrics")
+    fleet.add_argument("--span", metavar="DURATION", default="90d", help="how far back (default 90d)")
+    fleet.add_argument("--json", action="store_true", help="the answer as JSON")
+    fleet.add_argument("--bearer-token-file", metavar="FILE", help="send this file's token as a bearer token")
+    fleet.add_argument("--basic-user", metavar="USER", help="basic auth's user (with --basic-password-file)")
+    fleet.add_argument("--basic-password-file", metavar="FILE", help="basic auth's password, from this file")
+    fleet.add_argument("--ca-file", metavar="FILE", help="trust this CA (PEM) for https")
+    fleet.add_argument("--tenant", metavar="ID", help="Mimir's tenant (the X-Scope-OrgID header)")
 
     export = sub.add_parser("export", help="one GPU's history as a file another box can import")
     export.add_argument("uuid", metavar="GPU", help="its index, UUID or the start of its UUID")
@@ -351,8 +364,6 @@ def _open_read_only(path: Path, simulated: str | None) -> Ledger:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    import time
-
     from gpuwear.jobs import report as jobreport
 
     config = _ledger_config(args)
@@ -574,8 +585,6 @@ class _Progress:
     """Rows read, rate and time left of a long import, on one terminal line (stderr is a terminal)."""
 
     def __init__(self, path: Path) -> None:
-        import time
-
         self.path, self.clock = path, time.monotonic
         self.start = self.shown = self.clock()
         self.total: int | None = None
@@ -801,8 +810,70 @@ def _forget(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secret(path: str | None, flag: str) -> str | None:
+    """A token or password from a file (its first line), or None; OSError names the flag."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text().splitlines()[0].strip() if Path(path).stat().st_size else ""
+    except (OSError, UnicodeDecodeError, IndexError) as exc:
+        raise OSError(f"{flag} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+FLEET_CANNOT_SEE = ["cards never scraped into this store", "a card's history before gpuwear first read it",
+                    "daemons older than the lifetime series (no gpuwear_lifetime_observed_seconds_total)",
+                    "incidents of a span the store no longer holds"]
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from gpuwear.fleet.answer import answer, words
+    from gpuwear.fleet.client import FleetError, Store, figures
+    from gpuwear.jobs.report import parse_duration
+
+    try:
+        span = parse_duration(args.span)
+    except ValueError as exc:
+        return _fail(f"--span: {exc}", EXIT_USAGE)
+    if (args.basic_user is None) != (args.basic_password_file is None):
+        return _fail("--basic-user and --basic-password-file go together", EXIT_USAGE)
+    try:
+        token = _secret(args.bearer_token_file, "--bearer-token-file")
+        password = _secret(args.basic_password_file, "--basic-password-file")
+        store = Store(args.prometheus, token, (args.basic_user, password or "") if args.basic_user else None,
+                      args.ca_file, args.tenant)
+        got = figures(store, span)
+    except (OSError, FleetError) as exc:
+        return _fail(str(exc), 1)
+    doc = answer(got.cards)
+    start = got.at - got.span_seconds
+    short = got.earliest is not None and got.earliest > start + 2 * 3600
+    begins = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(got.earliest or 0))
+    retention = (None if not short else f"the store's data begins {begins}: the {args.span} asked reach before it "
+                 "(its retention?); the rates cover what it holds")
+    result = {"schema_version": 1, "store": args.prometheus, "source": got.source, "span_seconds": got.span_seconds,
+              "at": got.at, "earliest": got.earliest, "retention_short": retention,
+              "cards": [vars(c) for c in got.cards], **doc, "cannot_see": FLEET_CANNOT_SEE,
+              "cost": {"queries": store.queries, "bytes": store.bytes}}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    lines = [f"{len(got.cards)} card(s) in {args.prometheus}, over the last {args.span} (from its {got.source}"
+             + ("; XID counters count since each daemon started: a restart within the span loses its earlier events"
+               if got.source == "raw series" else "") + ")"]
+    if retention:
+        lines.append(retention)
+    if not got.cards:
+        lines.append("no gpuwear card in the span: is the store scraping gpuwear (job gpuwear), and for this long?")
+    else:
+        lines += words(doc)
+    lines.append("It cannot see: " + "; ".join(FLEET_CANNOT_SEE) + ".")
+    lines.append(f"({store.queries} queries, {store.bytes} bytes read)")
+    _show("\n".join(lines))
+    return 0
+
+
 COMMANDS = {"run": _run, "report": _report, "jobs": _jobs, "import": _import, "export": _export,
-            "forget": _forget, "doctor": _doctor, "check-config": _check_config}
+            "forget": _forget, "doctor": _doctor, "check-config": _check_config, "fleet": _fleet}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -805,8 +805,10 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         raise ScenarioError(f"scenario {name}: expected a mapping at the top level")
     for key in doc:
         if key not in {"description", "ambient_celsius", "gpus", "faults", "driver", "privileged", "struct_versions",
-                       "windows_driver"}:
+                       "windows_driver", "seed"}:
             raise ScenarioError(f"scenario {name}: {key}: unknown key")
+    if "seed" in doc:  # the box's own cards: their UUIDs and serials (simulated boxes of a fleet hold different cards)
+        seed = int(_number(doc["seed"], f"scenario {name}: seed", 1, 2**31 - 1))
     from gpuwear.sim.drivers import NEWEST, PROFILES
     from gpuwear.sim.nvml_symbols import BRANCHES
 

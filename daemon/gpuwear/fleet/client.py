@@ -1,0 +1,149 @@
+"""Each card's figures over a span, from a Prometheus-compatible HTTP API (/api/v1/query): Prometheus, Thanos Query,
+Mimir (its tenant in X-Scope-OrgID), VictoriaMetrics. Basic or bearer auth, a CA file.
+
+The recording rules of deploy/prometheus/gpuwear-fleet-rules.yml (one series per card and figure an hour) where
+the store holds them; else the raw series gpuwear exports, said as such (its XID counter counts since the daemon
+started: a restart within the span loses the events before it).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwear.fleet.answer import Card
+
+# GpuwearXidCritical's codes (NVIDIA's catalog's act tier), as the fleet rules count them
+CRITICAL = "46|48|54|61|62|64|79|95|109|110|119|120|136|140|143|155|156|158|167|168|169"
+_BY = "job, instance, gpu, uuid"
+_XIDS = f'gpuwear_xid_events_total{{{{xid=~"{CRITICAL}"}}}}'
+
+RULES = {
+    "product": "last_over_time(gpuwear:gpu_product[{span}])",
+    "lifetime": "max_over_time(gpuwear:lifetime_observed_seconds[{span}])",
+    "before": "min_over_time(gpuwear:lifetime_observed_seconds[{span}])",
+    "aging": "max_over_time(gpuwear:thermal_aging_equivalent_seconds:central[{span}])",
+    "incidents": "sum_over_time(gpuwear:xid_critical_events:increase1h[{span}])",
+    "act_hours": "sum_over_time(gpuwear:health_act:max1h[{span}])",
+    "earliest": "min_over_time(timestamp(gpuwear:lifetime_observed_seconds)[{span}:1h])",
+}
+RAW = {
+    "product": "last_over_time(gpuwear_gpu_info[{span}])",
+    "lifetime": "max_over_time(gpuwear_lifetime_observed_seconds_total[{span}])",
+    "before": "min_over_time(gpuwear_lifetime_observed_seconds_total[{span}])",
+    "aging": 'max_over_time(gpuwear_thermal_aging_equivalent_seconds{{sensor="gpu", band="central"}}[{span}])',
+    # a series there at the span's start: its increase; one that appeared within it: its largest value (increase()
+    # misses an appearing series' first events; a restarted daemon's are then its new series' alone)
+    "incidents": f'sum by ({_BY}) ((increase({_XIDS}[{{span}}]) and last_over_time({_XIDS}[1h] offset {{span}})) '
+                 f'or max_over_time({_XIDS}[{{span}}]))',
+    "earliest": "min_over_time(timestamp(gpuwear_lifetime_observed_seconds_total)[{span}:5m])",
+}
+
+
+class FleetError(Exception):
+    """The store could not be asked or did not answer (one line: what and why)."""
+
+
+@dataclass
+class Store:
+    """A Prometheus-compatible HTTP API at ``url``."""
+
+    url: str
+    bearer_token: str | None = None
+    basic: tuple[str, str] | None = None
+    ca_file: str | None = None
+    tenant: str | None = None  # Mimir's X-Scope-OrgID
+    timeout: float = 60.0
+    queries: int = 0
+    bytes: int = 0
+    _context: ssl.SSLContext | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise FleetError(f"--prometheus: expected an http:// or https:// URL, got {self.url[:80]!r}")
+        if self.ca_file:
+            try:
+                self._context = ssl.create_default_context(cafile=self.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise FleetError(f"--ca-file {self.ca_file}: {exc}") from None
+
+    def query(self, promql: str, at: float) -> list[dict[str, Any]]:
+        """An instant query's vector (/api/v1/query at ``at``)."""
+        data = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"}).encode()
+        request = urllib.request.Request(self.url.rstrip("/") + "/api/v1/query", data=data, method="POST")
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+        if self.bearer_token:
+            request.add_header("Authorization", f"Bearer {self.bearer_token}")
+        elif self.basic:
+            pair = base64.b64encode(f"{self.basic[0]}:{self.basic[1]}".encode()).decode()
+            request.add_header("Authorization", f"Basic {pair}")
+        if self.tenant:
+            request.add_header("X-Scope-OrgID", self.tenant)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode(errors="replace")
+            raise FleetError(f"{self.url} answered {exc.code} to {promql[:80]!r}: {detail}") from None
+        except (OSError, ValueError) as exc:
+            raise FleetError(f"{self.url}: {exc}") from None
+        self.queries += 1
+        self.bytes += len(body)
+        try:
+            doc = json.loads(body)
+            if doc.get("status") != "success":
+                raise FleetError(f"{self.url}: {doc.get('error', 'no success')} for {promql[:80]!r}")
+            if doc["data"]["resultType"] != "vector":
+                raise FleetError(f"{self.url}: a {doc['data']['resultType']} for {promql[:80]!r}, not a vector")
+            return list(doc["data"]["result"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FleetError(f"{self.url}: not a Prometheus API answer ({exc})") from None
+
+
+@dataclass
+class Figures:
+    """What the store holds for the span: the cards, which series they came from, and when its data begins."""
+
+    cards: list[Card]
+    source: str  # "recording rules" or "raw series"
+    earliest: float | None  # the oldest sample within the span (Unix s), None where none
+    span_seconds: float
+    at: float
+
+
+def _value(sample: dict[str, Any]) -> float:
+    return float(sample["value"][1])
+
+
+def figures(store: Store, span_seconds: float, at: float | None = None) -> Figures:
+    """Each card's figures over the ``span_seconds`` before ``at`` (now), by UUID (a card seen on several instances
+    counted once: its largest lifetime figures, its incidents added up)."""
+    at = time.time() if at is None else at
+    span = f"{int(span_seconds)}s"
+    rules = bool(store.query("count(gpuwear:lifetime_observed_seconds)", at))
+    queries = RULES if rules else RAW
+    got = {name: store.query(q.format(span=span), at) for name, q in queries.items()}
+    by_uuid: dict[str, dict[str, Any]] = {}
+    for sample in got["product"]:
+        labels = sample["metric"]
+        card = by_uuid.setdefault(labels.get("uuid", "?"), {})
+        card["product"] = labels.get("name") or "?"
+        card["where"] = f"{labels.get('instance', '?')} GPU {labels.get('gpu', '?')}"
+    for name in ("lifetime", "before", "aging", "incidents", "act_hours"):
+        for sample in got.get(name, []):
+            card = by_uuid.setdefault(sample["metric"].get("uuid", "?"), {})
+            value = _value(sample)
+            card[name] = card.get(name, 0.0) + value if name == "incidents" else max(card.get(name, value), value)
+    cards = [Card(uuid, c.get("product", "?"), c.get("where", "?"), c.get("aging", 0.0) / 3600.0,
+                  max(0.0, c.get("lifetime", 0.0) - c.get("before", 0.0)), round(c.get("incidents", 0.0)),
+                  c.get("act_hours") if rules else None)
+             for uuid, c in sorted(by_uuid.items()) if "lifetime" in c]
+    earliest = min((_value(s) for s in got["earliest"]), default=None)
+    return Figures(cards, "recording rules" if rules else "raw series", earliest, span_seconds, at)
