@@ -60,6 +60,9 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
         x = r.choice([*sorted(BY_CODE), 999])
         w.xids[str(x)] = r.randint(1, 5)
         w.last_event[f"xid {x}"] = w.last_seen - r.uniform(0, 20 * DAY)
+    if r.random() < 0.15:  # firmware: a change (firmware_changed), an InfoROM failing its validation
+        w.firmware = {"now": {"inforom_valid": r.choice([True, False])},
+                      "changed": {"vbios": ["96.00.30.00.01", "96.00.30.00.02", w.last_seen - r.uniform(0, 10 * DAY)]}}
     if r.random() < 0.15:  # a lifetime count read lower than before (counts_went_down)
         w.health["went down ecc_corrected_aggregate"] = 5
         w.last_event["went down ecc_corrected_aggregate"] = w.last_seen - r.uniform(0, 10 * DAY)
@@ -1091,3 +1094,49 @@ def test_an_xid_45_burst_after_another_xid_is_counted_with_its_cause() -> None:
     assert doc["gpus"][1]["card_or_code"][0]["cause"] == {"xid": 79, "gpu": "GPU 3"}
     assert "Card or code? collateral: XID 45" in text_report(doc)
     assert all("xid_45" not in {r["code"] for r in g["health"]["reasons"]} for g in doc["gpus"])  # no reason of its own
+
+
+def test_a_cards_firmware_at_first_sight_and_a_reflash_later_are_said() -> None:
+    """Issue 55, items 1, 3 and 6: nothing read the card's VBIOS or InfoROM. The backend now reads them at each open
+    (nvmlDeviceGetVbiosVersion, nvmlDeviceGetInforomImageVersion, ...ConfigurationChecksum, nvmlDeviceValidateInforom)
+    and the record keeps what it had at gpuwear's first sight and each change since. The same card (UUID) met again
+    with another VBIOS and InfoROM checksum (a scenario's reflashed card) is watched (firmware_changed) with both
+    values, for 7 days; a corrupted InfoROM (CORRUPTED_INFOROM) is watched while it stays so; report says the first
+    sight; the record goes through the ledger's validator."""
+    from conftest import make_rig
+    from gpuwear.report import document, firmware_words
+    from gpuwear.tracker import WearTracker
+    from gpuwear.wear.schema import check_wear
+
+    def sight(**card: Any) -> tuple[WearTracker, dict[str, str]]:
+        rig = make_rig({"gpus": [{"product": "a100-sxm", "schedule": [{"kind": "train", "seconds": 3600}], **card}]})
+        for _ in range(3):
+            rig.run(1)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        uuid = rig.sampler.snapshot.gpus[0].identity.uuid
+        return tracker, {r["code"]: r["text"] for r in tracker.views[uuid].verdict["reasons"]}
+
+    tracker = WearTracker({}, WearConfig())
+    _, said = sight()
+    (w,) = tracker._wears.values()
+    first = dict(w.firmware["first"])
+    assert first["vbios"] == "97.00.30.00.01" and first["inforom_image"] == "G500.0200.00.01"
+    assert isinstance(first["inforom_checksum"], int) and first["inforom_valid"] is True
+    assert "firmware_changed" not in said and "inforom_invalid" not in said
+    tracker = WearTracker({w.uuid: GpuWear.from_json(json.loads(json.dumps(check_wear(w.to_json()))), 2.0)},
+                          WearConfig())  # the next start, from the ledger
+    _, said = sight(vbios="97.00.30.00.07", inforom_checksum=3, inforom_corrupt=True)
+    assert said["firmware_changed"].startswith("its InfoROM configuration checksum changed from 0x")
+    assert "to 0x00000003 on " in said["firmware_changed"] and "VBIOS changed from 97.00.30.00.01 to 97.00.30.00.07" \
+        in said["firmware_changed"], said
+    assert "InfoROM is corrupted" in said["inforom_invalid"]
+    (w,) = tracker._wears.values()
+    assert w.firmware["first"] == first  # the first sight stays what it was
+    check_wear(w.to_json())
+    w.last_seen = (w.last_seen or 0) + 7.1 * DAY
+    codes = {r["code"] for r in verdict(w, WearConfig(), None)["reasons"]}
+    assert "firmware_changed" not in codes and "inforom_invalid" in codes  # the change ages out; corruption stays
+    words = firmware_words(document([w], WearConfig(), {}, "test", False)["gpus"][0])
+    assert words is not None and words.startswith("Firmware when gpuwear first saw it on ")
+    assert "VBIOS 97.00.30.00.01, InfoROM G500.0200.00.01, configuration checksum 0x" in words
+    assert words.endswith("changed since: inforom_checksum, inforom_valid, vbios"), words

@@ -69,6 +69,8 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         # what the card carried of its lifetime counts when gpuwear first read each (before gpuwear: inherited)
         "carried": {name: {"count": w.health[f"carried {name}"], "first_read": w.last_event.get(f"first read {name}")}
                     for name in sorted(CARRIED_COUNTS) if f"carried {name}" in w.health},
+        # its firmware: at gpuwear's first sight of it ("first", with "at"), now, and the latest change of each
+        "firmware": dict(w.firmware),
         "observed_seconds": round(w.observed_seconds, 3),
         "busy_seconds": round(w.busy_seconds(p.busy_utilization_ratio), 3),
         "busy_utilization_ratio": p.busy_utilization_ratio,
@@ -480,6 +482,23 @@ def carried_words(d: dict[str, Any]) -> str | None:
             + ", ".join(f"{c['count']:,} {CARRIED_WORDS.get(name, name)}" for name, c in held.items()))
 
 
+def firmware_words(d: dict[str, Any]) -> str | None:
+    """The card's firmware when gpuwear first saw it, and what changed since, in a line; None where not read."""
+    first = (d.get("firmware") or {}).get("first")
+    if not first:
+        return None
+    day = f" on {time.strftime('%Y-%m-%d', time.gmtime(first['at']))}" if isinstance(first.get("at"), (int, float)) \
+        else ""
+    parts = [f"VBIOS {first['vbios']}" if first.get("vbios") else "",
+             f"InfoROM {first['inforom_image']}" if first.get("inforom_image") else "",
+             f"configuration checksum 0x{first['inforom_checksum']:08x}" if isinstance(first.get("inforom_checksum"),
+                                                                                      int) else "",
+             "InfoROM failing its validation" if first.get("inforom_valid") is False else ""]
+    changed = d["firmware"].get("changed") or {}
+    since = "; changed since: " + ", ".join(sorted(changed)) if changed else ""
+    return f"Firmware when gpuwear first saw it{day}: " + ", ".join(p for p in parts if p) + since
+
+
 XIDS_SHOWN = 5  # the newest XIDs a card's words list with what ran
 
 
@@ -571,6 +590,8 @@ def text_report(doc: dict[str, Any]) -> str:
         out.extend(f"    {line}" for line in xid_lines(d))
         if carried := carried_words(d):
             out.append(f"    {carried}")
+        if firmware := firmware_words(d):
+            out.append(f"    {firmware}")
         out.append(f"  In plain words: {plain_words(d)}")
         out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]

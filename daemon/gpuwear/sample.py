@@ -21,7 +21,15 @@ class GpuIdentity:
     memory_total_bytes: int | None  # nvmlDeviceGetMemoryInfo().total ("memory.total")
     fan_count: int  # nvmlDeviceGetNumFans; 0 on passive cards
     virtualization_mode: int | None = None  # nvmlDeviceGetVirtualizationMode; None where the GPU does not say
+    # its firmware (None where the card does not answer): nvmlDeviceGetVbiosVersion, nvmlDeviceGetInforomImageVersion,
+    # nvmlDeviceGetInforomConfigurationChecksum, and nvmlDeviceValidateInforom (False: CORRUPTED_INFOROM)
+    vbios: str | None = None
+    inforom_image: str | None = None
+    inforom_checksum: int | None = None
+    inforom_valid: bool | None = None
 
+
+FIRMWARE = ("vbios", "inforom_image", "inforom_checksum", "inforom_valid")  # GpuIdentity's, kept per card
 
 # NVML_GPU_VIRTUALIZATION_MODE_VGPU: "Device is associated with vGPU inside virtual machine" (0: bare metal,
 # 1: pass-through, 3 and 4: a hypervisor's view)

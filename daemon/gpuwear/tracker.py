@@ -30,7 +30,7 @@ from gpuwear.health.xids import (
 )
 from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
-from gpuwear.sample import VGPU_GUEST, GpuSample
+from gpuwear.sample import FIRMWARE, VGPU_GUEST, GpuIdentity, GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.wear.accumulate import LOADED_UTILIZATION, GpuWear
 from gpuwear.wear.events import Event
@@ -200,6 +200,7 @@ class _Seen:
     before_memory: tuple[float, float] | None = None  # (wall, °C) of the last memory (HBM) reading believed
     # a suspect sample (sample, dt, jobs): judged by the next
     held: tuple[GpuSample, float, list[Job] | Unseen] | None = None
+    identity: GpuIdentity | None = None  # the identity whose firmware was last read into the record
 
 
 REPEATS_KEPT = 3  # a link's newest repeat-step lines kept: the workflow's largest repeat count (health.xids)
@@ -418,6 +419,9 @@ class WearTracker:
                 self._event(w, wall, "clock_jump", {"seconds": wall - w.last_seen})
                 self._clock_behind(w, wall)
                 self.clock_jumped = True
+        if seen.identity is not ident:  # read at the GPU's open (a restart, a reopen after a driver reload)
+            self._firmware(w, ident, wall)
+            seen.identity = ident
         self._xids(w, seen, status, wall, monotonic)
         self._reset_required(w, seen, status, wall)
         stalls = status.errors.get("stalled", 0)
@@ -543,6 +547,23 @@ class WearTracker:
             w.health["reset_required"] = False
             self._event(w, wall, "health", {"field": "reset_required", "from": True, "to": False})
         seen.reset_required = answered
+
+    def _firmware(self, w: GpuWear, ident: GpuIdentity, wall: float) -> None:
+        """The card's firmware (sample.FIRMWARE) into its record: the first read kept as its first sight, each
+        change from the last read kept (from, to, when) with an event "firmware" (rule firmware_changed)."""
+        now = {k: v for k in FIRMWARE if (v := getattr(ident, k)) is not None}
+        if not now:
+            return
+        fw = w.firmware
+        if "first" not in fw:
+            fw["first"] = {**now, "at": wall}
+        before = fw.get("now", {})
+        for k, v in now.items():
+            if k in before and before[k] != v:
+                fw.setdefault("changed", {})[k] = [before[k], v, wall]
+                self._event(w, wall, "firmware", {"field": k, "from": before[k], "to": v})
+        if before != now:
+            fw["now"] = {**before, **now}
 
     def _xids(self, w: GpuWear, seen: _Seen, status: GpuStatus, wall: float, monotonic: float) -> None:
         new = {code: n - seen.xids.get(code, 0) for code, n in status.xids.items() if n > seen.xids.get(code, 0)}

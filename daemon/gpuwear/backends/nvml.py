@@ -908,6 +908,9 @@ class NvmlBackend:
         pci = optional(lambda: pynvml.nvmlDeviceGetPciInfo(h))
         serial = optional(lambda: pynvml.nvmlDeviceGetSerial(h))
         virtualization = optional(lambda: pynvml.nvmlDeviceGetVirtualizationMode(h))
+        vbios = optional(lambda: pynvml.nvmlDeviceGetVbiosVersion(h))
+        inforom = optional(lambda: pynvml.nvmlDeviceGetInforomImageVersion(h))
+        checksum = optional(lambda: pynvml.nvmlDeviceGetInforomConfigurationChecksum(h))
         return GpuIdentity(
             index=index,
             uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
@@ -919,7 +922,24 @@ class NvmlBackend:
             memory_total_bytes=int(memory.total) if memory is not None else None,
             fan_count=self._fan_count(h),
             virtualization_mode=int(virtualization) if virtualization is not None else None,
+            vbios=_text(vbios) if vbios else None,
+            inforom_image=_text(inforom) if inforom else None,
+            inforom_checksum=int(checksum) if checksum is not None else None,
+            inforom_valid=self._inforom_valid(h),
         )
+
+    @staticmethod
+    def _inforom_valid(h: Any) -> bool | None:
+        """nvmlDeviceValidateInforom: True where the InfoROM's checksums verify, False where NVML answers
+        CORRUPTED_INFOROM ("the infoROM is corrupted": the counts it keeps, ECC and retirements, cannot be trusted),
+        None where it cannot say."""
+        try:
+            pynvml.nvmlDeviceValidateInforom(h)
+            return True
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            return False if exc.value == pynvml.NVML_ERROR_CORRUPTED_INFOROM else None
 
     MAX_FANS = 8
 

@@ -311,6 +311,32 @@ def _remap_headroom(f: Facts) -> Findings:
     return NONE
 
 
+FIRMWARE_NAMES = {"vbios": "VBIOS", "inforom_image": "InfoROM image", "inforom_checksum": "InfoROM configuration "
+                  "checksum", "inforom_valid": "InfoROM validity"}
+
+
+def _firmware_changed(f: Facts) -> Findings:
+    changed = f.w.firmware.get("changed", {})
+    said = [f"its {FIRMWARE_NAMES.get(k, k)} changed from {_shown(old)} to {_shown(new)} on "
+            f"{time.strftime('%Y-%m-%d', time.gmtime(when))}" for k, (old, new, when) in sorted(changed.items())
+            if k != "inforom_valid" and f.within(when, f.p.health.growth_watch_days)]
+    if said:
+        return (("watch", "firmware_changed", "; ".join(said) + ": the card was flashed, its InfoROM rewritten, or it "
+                 "is not the card it was; its lifetime counts from before may not be its own"),)
+    return NONE
+
+
+def _shown(value: Any) -> str:
+    return f"0x{value:08x}" if isinstance(value, int) and not isinstance(value, bool) else str(value)[:40]
+
+
+def _inforom_invalid(f: Facts) -> Findings:
+    if f.w.firmware.get("now", {}).get("inforom_valid") is False:
+        return (("watch", "inforom_invalid", "NVML says its InfoROM is corrupted (nvmlDeviceValidateInforom): the "
+                 "ECC, retired-page and remap counts it keeps cannot be trusted; NVIDIA's tools can reflash it"),)
+    return NONE
+
+
 def _xid_severity(f: Facts, tier: str, when: float | None) -> str | None:
     """An XID's severity by its tier and last occurrence (None: ended)."""
     if tier == "act":
@@ -622,6 +648,16 @@ TABLE: tuple[Rule, ...] = (
          _FABRIC + "; the health mask's NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW (R550+)", _fabric_degraded),
     Rule("remapped_rows", "nvmlDeviceGetRemappedRows: corrRows + uncRows", "the card's lifetime count, judged while "
          "it grows", "> 0", "watch", _GROWTH, _MEMORY_ERRORS, _remapped_rows),
+    Rule("firmware_changed", "nvmlDeviceGetVbiosVersion, nvmlDeviceGetInforomImageVersion, "
+         "nvmlDeviceGetInforomConfigurationChecksum, read at each open of the GPU", "from the change, in the record's "
+         "time", "any change from the last read", "watch", "wear.health.growth_watch_days (7) after the latest change",
+         "gpuwear's own rule (issue 55): a card's firmware changes only when someone flashes it or its InfoROM is "
+         "rewritten; the lifetime counts the InfoROM keeps (nvml.h: aggregate ECC, retired pages, remapped rows) may "
+         "then not be this card's history", _firmware_changed),
+    Rule("inforom_invalid", "nvmlDeviceValidateInforom (NVML_ERROR_CORRUPTED_INFOROM)", _LATEST, "set", "watch",
+         "a read that validates (after a reflash)", "nvml.h, nvmlDeviceValidateInforom: \"reads the infoROM from the "
+         "flash and verifies the checksums\"; the counts it keeps are the card's lifetime memory history",
+         _inforom_invalid),
     Rule("remap_headroom", "nvmlDeviceGetRowRemapperHistogram: banks at low and at none", "the card's lifetime "
          "counts, judged while they grow", "> 0", "watch", _GROWTH,
          "nvml.h, nvmlRowRemapperHistogramValues_t: each bank's remap availability, none meaning no reserved rows "

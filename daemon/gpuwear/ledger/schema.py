@@ -27,8 +27,9 @@ from gpuwear.ledger.errors import LedgerRefusedError, printable
 # counters by loaded and idle time), for the same reason; 11: records may hold "error_days" (the error counters'
 # loaded time and events by UTC day), for the same reason; 12: records may hold "slow_reads" (the GPU's slow
 # NVML reads by load), for the same reason; 13: records may hold "health_days" (the health rules' windows by UTC
-# day), for the same reason
-SCHEMA_VERSION = 13
+# day), for the same reason; 14: records may hold "firmware" (the card's VBIOS and InfoROM at first sight, now, and
+# their changes), for the same reason
+SCHEMA_VERSION = 14
 PAGE_SIZE = 1024
 FILENAME = "ledger.sqlite"
 
@@ -224,6 +225,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], object]] = {
     10: lambda db: None,  # nothing to change: records without "error_days" are read as before
     11: lambda db: None,  # nothing to change: records without "slow_reads" are read as before
     12: lambda db: None,  # nothing to change: records without "health_days" are read as before
+    13: lambda db: None,  # nothing to change: records without "firmware" are read as before
 }
 
 

@@ -49,6 +49,7 @@ ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
+ERROR_CORRUPTED_INFOROM = 14
 ERROR_GPU_IS_LOST = 15
 ERROR_RESET_REQUIRED = 16
 ERROR_LIB_RM_VERSION_MISMATCH = 18
@@ -1267,7 +1268,7 @@ class SimulatedDriver:
     def nvmlDeviceGetVbiosVersion(self, handle: Any, buf: Any, size: Any) -> int:
         """"For all products": a placeholder in the form nvidia-smi shows ("96.00.30.00.01")."""
         gpu = self._gpu(handle)
-        text = f"{0x90 + gpu.product.architecture:02X}.00.30.00.01"
+        text = gpu.vbios
         if _in(size) <= len(text):
             return ERROR_INSUFFICIENT_SIZE
         buf.value = text.encode()
@@ -1282,6 +1283,19 @@ class SimulatedDriver:
             return ERROR_INSUFFICIENT_SIZE
         buf.value = text.encode()
         return SUCCESS
+
+    def nvmlDeviceGetInforomConfigurationChecksum(self, handle: Any, checksum: Any) -> int:
+        """"For all products with an inforom": the checksum of its configuration (the card's own; a reflashed or
+        cleared InfoROM, a scenario's inforom_checksum, another)."""
+        gpu = self._gpu(handle)
+        _out(checksum).value = gpu.inforom_checksum
+        return SUCCESS
+
+    def nvmlDeviceValidateInforom(self, handle: Any) -> int:
+        """"Reads the infoROM from the flash and verifies the checksums": CORRUPTED_INFOROM for a scenario's
+        inforom_corrupt card, else SUCCESS."""
+        gpu = self._gpu(handle)
+        return ERROR_CORRUPTED_INFOROM if gpu.inforom_corrupt else SUCCESS
 
     def nvmlDeviceGetInforomVersion(self, handle: Any, kind: Any, buf: Any, size: Any) -> int:
         """An infoROM object's version (nvmlInforomObject_t OEM 0, ECC 1, POWER 2): the ECC object only on boards

@@ -411,6 +411,12 @@ class SimGpu:
         self.uuid = f"GPU-{seed:08x}-5111-4a7e-9c3d-{index:012x}"
         self.serial = f"13{seed % 10**6:06d}{index:04d}"
         self.pci_bus_id = f"00000000:{0x17 + index * 0x20:02X}:00.0"
+        # its firmware, as nvmlDeviceGetVbiosVersion and the InfoROM calls give it: the VBIOS in nvidia-smi's form
+        # ("96.00.30.00.01"), the InfoROM's configuration checksum, and whether it fails its validation (a scenario's
+        # vbios, inforom_checksum and inforom_corrupt: a reflashed card, one whose InfoROM was cleared)
+        self.vbios = f"{0x90 + product.architecture:02X}.00.30.00.01"
+        self.inforom_checksum = zlib.crc32(self.uuid.encode())
+        self.inforom_corrupt = False
         # the kernel log's lines the driver writes of this GPU (its XIDs), taken by Simulation.kernel_log; a deque
         # is appended to under the fake library's lock and emptied by the follower's thread without it
         self.kernel_lines: deque[str] = deque()
@@ -849,7 +855,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         # > 1: a dusty heatsink or dried paste; up to 5, a failed fan or a heatsink off its die
         cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 5.0)
         unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig",
-                               "mig_devices", "vgpu"}
+                               "mig_devices", "vgpu", "vbios", "inforom_checksum", "inforom_corrupt"}
         if unknown:
             raise ScenarioError(f"{where}.{sorted(map(str, unknown))[0][:60]}: unknown key")
         if BRANCHES.index(PROFILES[driver].branch) < BRANCHES.index(product.min_branch):
@@ -876,6 +882,15 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             gpu.vgpu = (vgpu, int(size.group(1)) << 30)
         for fld in spec.get("unsupported", []) or []:
             gpu.state.unsupported.add(str(fld))
+        if "vbios" in spec:  # a reflashed card's
+            if not isinstance(spec["vbios"], str) or not re.fullmatch(r"[0-9A-F]{2}(\.[0-9A-F]{2}){4}", spec["vbios"]):
+                raise ScenarioError(f"{where}.vbios: expected a VBIOS version such as 96.00.30.00.01, got "
+                                    f"{short_repr(spec['vbios'])}")
+            gpu.vbios = spec["vbios"]
+        if "inforom_checksum" in spec:
+            gpu.inforom_checksum = int(_number(spec["inforom_checksum"], f"{where}.inforom_checksum", 0, 2**32 - 1))
+        if spec.get("inforom_corrupt") is True:
+            gpu.inforom_corrupt = True
         gpus.append(gpu)
     faults = []
     for i, spec in enumerate(doc.get("faults", []) or []):

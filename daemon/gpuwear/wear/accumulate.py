@@ -330,6 +330,10 @@ class GpuWear:
     thermal: ThermalState = field(default_factory=ThermalState)
     thresholds: dict[str, float] = field(default_factory=dict)  # the device's own, last read
     health: dict[str, Any] = field(default_factory=dict)  # last measured memory/device health
+    # the card's firmware (sample.FIRMWARE: VBIOS, InfoROM image, its configuration checksum and validity): "first",
+    # what gpuwear read at its first sight of the card (and "at", when); "now", the latest; "changed", per field the
+    # latest change seen (from, to, wall time): a reflash, a cleared InfoROM, or not the card it was (issue 55)
+    firmware: dict[str, Any] = field(default_factory=dict)
     xids: dict[str, int] = field(default_factory=dict)  # XID code -> events, lifetime
     # which kinds of reading this history ever held (READING_GROUPS -> 1): "none measured" vs "never reported"
     seen: dict[str, int] = field(default_factory=dict)
@@ -973,7 +977,7 @@ class GpuWear:
             "throttle_seconds": self.throttle_seconds, "violation_seconds": self.violation_seconds,
             "fans": [vars(f) for f in self.fans], "thermal_resistance": self.thermal_resistance,
             "thermal": {"idle_celsius": self.thermal.idle_celsius, "idle_watts": self.thermal.idle_watts},
-            "thresholds": self.thresholds, "health": self.health,
+            "thresholds": self.thresholds, "health": self.health, "firmware": self.firmware,
             "xids": self.xids, "lost_events": self.lost_events, "last_event": self.last_event,
             "incidents": self.incidents, "error_counts": self.error_counts,
             "error_days": self.error_days, "health_days": self.health_days, "slow_reads": self.slow_reads,
@@ -996,7 +1000,8 @@ class GpuWear:
             setattr(w, key, float(d.get(key, 0.0)))
         w.gaps, w.lost_events = int(d.get("gaps", 0)), int(d.get("lost_events", 0))
         for key in ("utilization_seconds", "temperature_seconds", "cycles", "throttle_seconds", "violation_seconds",
-                    "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event", "incidents"):
+                    "thermal_resistance", "thresholds", "health", "xids", "kinds", "last_event", "incidents",
+                    "firmware"):
             setattr(w, key, d.get(key, {}))
         w.covered = {k: float(v) for k, v in d.get("covered", {}).items()}
         w.error_counts = {k: [float(x) for x in v] for k, v in d.get("error_counts", {}).items()}

@@ -159,6 +159,44 @@ def _health_value(value: Any, where: str) -> None:
         integer(value, where)
 
 
+_FIRMWARE_KEYS = ("vbios", "inforom_image", "inforom_checksum", "inforom_valid")  # sample.FIRMWARE
+
+
+def _firmware_value(value: Any, where: str) -> None:
+    """A firmware reading: a version (text), a checksum (a whole number below 2**32) or a validity (a boolean)."""
+    if isinstance(value, str):
+        text(value, where, limit=64)
+    elif not isinstance(value, bool):
+        integer(value, where, 0, 2**32 - 1)
+
+
+def _firmware_read(value: Any, where: str) -> None:
+    mapping(value, where, lambda k: k in _FIRMWARE_KEYS or k == "at")
+    for key, item in value.items():
+        if key == "at":
+            wall(item, _join(where, key), optional=False)
+        else:
+            _firmware_value(item, _join(where, key))
+
+
+def _firmware_change(value: Any, where: str) -> None:
+    if not isinstance(value, list) or len(value) != 3:
+        raise SchemaError(where, "expected [from, to, wall time]")
+    _firmware_value(value[0], _join(where, 0))
+    _firmware_value(value[1], _join(where, 1))
+    wall(value[2], _join(where, 2), optional=False)
+
+
+def _firmware(value: Any, where: str) -> None:
+    """GpuWear.firmware: "first" and "now" readings, and the latest "changed" of each field."""
+    mapping(value, where, lambda k: k in ("first", "now", "changed"))
+    for key in ("first", "now"):
+        if key in value:
+            _firmware_read(value[key], _join(where, key))
+    if "changed" in value:
+        mapping(value["changed"], _join(where, "changed"), lambda k: k in _FIRMWARE_KEYS, _firmware_change)
+
+
 def _kind(value: Any, where: str) -> None:
     mapping(value, where, lambda k: k in ("seconds", "energy_joules", "temperature_seconds"))
     number(value.get("seconds", 0.0), _join(where, "seconds"))
@@ -179,6 +217,7 @@ _MAPS: dict[str, Callable[[Any, str], Any]] = {
     "thermal_resistance": lambda v, w: mapping(v, w, lambda k: bool(_DAY.fullmatch(k)), _thermal_day),
     "thresholds": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: number(x, p, -100.0, 1e5)),
     "health": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, _health_value),
+    "firmware": _firmware,
     "xids": lambda v, w: mapping(v, w, lambda k: bool(_INT.fullmatch(k)), lambda x, p: integer(x, p)),
     "seen": lambda v, w: mapping(v, w, lambda k: k in READING_GROUPS, lambda x, p: integer(x, p)),
     "last_event": lambda v, w: mapping(v, w, lambda k: len(k) <= 64, lambda x, p: wall(x, p, optional=False)),
