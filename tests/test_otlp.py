@@ -197,7 +197,8 @@ def test_a_collector_that_refuses_is_counted_said_once_a_minute_and_never_queued
 def test_otlp_is_off_unless_asked_and_the_sdk_is_not_imported_then(tmp_path: Path) -> None:
     """Issue 57, items 1 and 2: off by default and with OTEL_EXPORTER_OTLP_ENDPOINT alone (operators inject it into
     every pod); on with otlp.enabled or OTEL_METRICS_EXPORTER=otlp, off with enabled: false whatever it says. With it
-    off, a running daemon imports nothing of the OpenTelemetry SDK; grpc is refused in one line at start."""
+    off, a running daemon imports nothing of the OpenTelemetry SDK; a protocol the SDK has no exporter for is refused
+    in one line at start."""
     assert not OtlpConfig().on({}) and not OtlpConfig().on({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
     assert OtlpConfig().on({"OTEL_METRICS_EXPORTER": "prometheus,otlp"})
     assert OtlpConfig(enabled=True).on({}) and not OtlpConfig(enabled=False).on({"OTEL_METRICS_EXPORTER": "otlp"})
@@ -223,8 +224,8 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("opentelemetry"))
     assert json.loads(out.stdout.splitlines()[-1]) == []
     from gpuwear.otlp.push import Pusher, UnsupportedError
 
-    with pytest.raises(UnsupportedError, match="OTLP protocol 'grpc' is not supported by this release"):
-        Pusher(OtlpConfig(enabled=True), lambda: [], environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    with pytest.raises(UnsupportedError, match="OTLP protocol 'http/json' is not supported: use http/protobuf or grpc"):
+        Pusher(OtlpConfig(enabled=True), lambda: [], environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
 
 
 @pytest.mark.slow
@@ -255,3 +256,42 @@ def test_the_daemon_pushes_on_its_own_loop_to_the_configured_endpoint(tmp_path: 
           if line.startswith('gpuwear_otlp_pushes_total{result="ok"}')]
     assert ok and ok[0] >= 1
     assert "hw.temperature" in points(r.requests[-1])
+
+
+def test_the_same_push_over_grpc(tmp_path: Path) -> None:
+    """Issue 57, item 1: OTLP/gRPC (otlp.protocol grpc, the extra gpuwear[otlp-grpc]) pushes the same data points as
+    OTLP/HTTP for the same published state, to an in-process gRPC receiver of the collector's MetricsService."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+
+    from gpuwear.otlp.push import Pusher
+
+    got: list[ExportMetricsServiceRequest] = []
+
+    class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: ExportMetricsServiceRequest, context: Any) -> ExportMetricsServiceResponse:  # noqa: N802
+            got.append(request)
+            return ExportMetricsServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with daemon_over(scenario_doc("r570", "datacenter"), tmp_path) as (daemon, clock), receiver() as r:
+            run(daemon, clock, 10)
+            over_grpc = Pusher(OtlpConfig(enabled=True, endpoint=f"http://127.0.0.1:{port}", protocol="grpc"),
+                               daemon.collector.collect, environ={})
+            over_http = Pusher(OtlpConfig(enabled=True, endpoint=r.url), daemon.collector.collect, environ={})
+            assert over_grpc.protocol == "grpc" and over_grpc.push() and over_http.push()
+            over_grpc.close()
+    finally:
+        server.stop(None)
+
+    def values(request: ExportMetricsServiceRequest) -> list[tuple[str, str, float]]:
+        return sorted((name, json.dumps(a, sort_keys=True), v) for name, ps in points(request).items()
+                      for a, v, _, _ in ps)
+
+    assert len(got) == 1 and values(got[0]) == values(r.requests[0]) and len(values(got[0])) > 40

@@ -699,7 +699,8 @@ class Daemon:
         except UnsupportedError as exc:
             log.error("otlp: %s; nothing is pushed, /metrics is served as ever", exc)
             return None
-        log.info("pushing OTLP (http/protobuf) to %s every %gs", pusher.endpoint, self.config.otlp.interval_seconds)
+        log.info("pushing OTLP (%s) to %s every %gs", pusher.protocol, pusher.endpoint,
+                 self.config.otlp.interval_seconds)
         return pusher
 
     def published(self) -> Published:

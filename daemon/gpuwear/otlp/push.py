@@ -1,5 +1,5 @@
 """Each OTLP push: the families /metrics serves for one published state, named as :mod:`gpuwear.otlp.names` says,
-sent over OTLP/HTTP (protobuf) by the OpenTelemetry SDK's exporter. Imported only when OTLP is on.
+sent over OTLP/HTTP (protobuf) or OTLP/gRPC by the OpenTelemetry SDK's exporters. Imported only when OTLP is on.
 
 A push is built fresh from the state of the moment and sent once, within ``otlp.timeout_seconds`` (the exporter's
 own retries included); one that fails is counted and dropped, never queued: a collector that is down costs one
@@ -14,6 +14,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -46,10 +48,13 @@ class UnsupportedError(Exception):
     """An OTLP setting this release cannot push with (said in one line; the daemon serves /metrics on)."""
 
 
-def endpoint_of(config: OtlpConfig, environ: Mapping[str, str]) -> str:
-    """Where the pushes go: the config's endpoint (with /v1/metrics where its path is empty), else the SDK's
-    variables' (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT as is; OTEL_EXPORTER_OTLP_ENDPOINT with /v1/metrics), else
-    http://localhost:4318/v1/metrics, the SDK's default."""
+def endpoint_of(config: OtlpConfig, environ: Mapping[str, str], protocol: str = "http/protobuf") -> str:
+    """Where the pushes go: the config's endpoint (over HTTP with /v1/metrics where its path is empty), else the SDK's
+    variables' (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT as is; OTEL_EXPORTER_OTLP_ENDPOINT, over HTTP with /v1/metrics),
+    else the SDK's default (http://localhost:4318/v1/metrics; gRPC: http://localhost:4317)."""
+    if protocol == "grpc":
+        return config.endpoint or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or \
+            environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4317"
     if config.endpoint:
         return config.endpoint if urlsplit(config.endpoint).path.strip("/") else \
             config.endpoint.rstrip("/") + "/v1/metrics"
@@ -62,13 +67,31 @@ def endpoint_of(config: OtlpConfig, environ: Mapping[str, str]) -> str:
 
 def protocol_of(config: OtlpConfig, environ: Mapping[str, str]) -> str:
     """The protocol: the config's, else OTEL_EXPORTER_OTLP_METRICS_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL, else
-    http/protobuf; UnsupportedError for any other than http/protobuf."""
+    http/protobuf; UnsupportedError for one other than http/protobuf and grpc (http/json: the SDK has no exporter)."""
     protocol = config.protocol or environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or \
         environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    if protocol != "http/protobuf":
-        raise UnsupportedError(f"OTLP protocol {protocol!r} is not supported by this release: use http/protobuf "
-                          "(otlp.protocol, or OTEL_EXPORTER_OTLP_PROTOCOL)")
+    if protocol not in ("http/protobuf", "grpc"):
+        raise UnsupportedError(f"OTLP protocol {protocol!r} is not supported: use http/protobuf or grpc "
+                               "(otlp.protocol, or OTEL_EXPORTER_OTLP_PROTOCOL)")
     return protocol
+
+
+def _grpc_exporter(config: OtlpConfig, endpoint: str, headers: dict[str, str] | None) -> Any:
+    """The SDK's OTLP/gRPC exporter (the extra gpuwear[otlp-grpc]: grpcio), TLS from otlp.certificate where given."""
+    try:
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+    except ImportError as exc:
+        raise UnsupportedError(f"OTLP over gRPC needs its exporter ({exc}): pip install 'gpuwear[otlp-grpc]'") \
+            from None
+    credentials = None
+    if config.certificate:
+        try:
+            credentials = grpc.ssl_channel_credentials(Path(config.certificate).read_bytes())
+        except OSError as exc:
+            raise UnsupportedError(f"otlp.certificate {config.certificate}: {exc.strerror or exc}") from None
+    return GrpcExporter(endpoint=endpoint, headers=headers, timeout=config.timeout_seconds, credentials=credentials,
+                        insecure=True if credentials is None and endpoint.startswith("http://") else None)
 
 
 def _gpu_identity(families: list[Family]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
@@ -154,8 +177,8 @@ class Pusher:
     def __init__(self, config: OtlpConfig, families: Callable[[], Iterable[Family]],
                  environ: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         environ = os.environ if environ is None else environ
-        protocol_of(config, environ)
-        self.endpoint = endpoint_of(config, environ)
+        self.protocol = protocol_of(config, environ)
+        self.endpoint = endpoint_of(config, environ, self.protocol)
         headers: dict[str, str] | None = None
         if config.headers:
             headers = {**parse_env_headers(environ.get("OTEL_EXPORTER_OTLP_METRICS_HEADERS")
@@ -163,9 +186,11 @@ class Pusher:
                        **otlp_headers(config.headers)}
         self.config = config
         self._families = families
-        self._exporter = OTLPMetricExporter(endpoint=self.endpoint, headers=headers, timeout=config.timeout_seconds,
-                                            certificate_file=config.certificate or None)
-        logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)  # said here, once
+        self._exporter = _grpc_exporter(config, self.endpoint, headers) if self.protocol == "grpc" else \
+            OTLPMetricExporter(endpoint=self.endpoint, headers=headers, timeout=config.timeout_seconds,
+                               certificate_file=config.certificate or None)
+        for exporter in ("http", "grpc"):  # their failures are said here, once a minute at most
+            logging.getLogger(f"opentelemetry.exporter.otlp.proto.{exporter}").setLevel(logging.CRITICAL)
         self._resource = resource(environ)
         self._start_ns = time.time_ns()
         self._clock = clock
