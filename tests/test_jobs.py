@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -197,16 +196,12 @@ def test_jobs_and_idle_add_up_to_the_gpu_totals() -> None:
 
 @pytest.mark.slow
 def test_gpuwear_jobs_command(tmp_path: Path) -> None:
-    """A simulated day: which job ran the card hottest, shares, and totals that match the report."""
-    from gpuwear.config import Config
-    from gpuwear.service import Daemon, open_source
-    from helpers import free_port
+    """Most of a simulated working day: which job ran the card hottest, shares, and totals that match the report.
+    (Run until the daemon has ticked enough for 6.7 simulated hours, not for a fixed 20 s of wall time: issue 53's
+    trap, and 13 s of the suite.)"""
+    from helpers import run_simulated
 
-    config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
-    daemon = Daemon(config, open_source(config, SHORT_JOBS, 3000.0, False))
-    daemon.start()
-    time.sleep(20)  # most of a simulated day at x3000 (ticks of 60 s of simulated time)
-    daemon.stop()
+    run_simulated(tmp_path, SHORT_JOBS, 3000.0, 8.0)  # 400 ticks of 60 simulated s
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "gpuwear", *args, "--state-dir", str(tmp_path), "--simulated",
@@ -215,8 +210,8 @@ def test_gpuwear_jobs_command(tmp_path: Path) -> None:
 
     doc = json.loads(run("jobs", "--json").stdout)
     report = json.loads(run("report", "--json").stdout)
-    assert all(g["observed_seconds"] > 12 * 3600 and g["gaps"] == 0 for g in report["gpus"])
-    assert len([j for j in doc["jobs"] if j["id"] == "llama-lora"]) >= 8
+    assert all(g["observed_seconds"] > 6 * 3600 and g["gaps"] == 0 for g in report["gpus"])
+    assert len([j for j in doc["jobs"] if j["id"] == "llama-lora"]) >= 4  # a loop of 83 simulated minutes
     assert doc["hottest"]["max_celsius"] >= 75
     starts = [j["start"] for j in doc["jobs"]]
     assert starts == sorted(starts, reverse=True)  # newest first
