@@ -1110,6 +1110,20 @@ def report(res: Results) -> str:
     names_only_p2 = sorted(res.names_p2 - res.names_p1)
     lines += ["", f"Metric names: p1 {len(res.names_p1)}, p2 {len(res.names_p2)}; "
               f"only in p1: {names_only_p1 or 'none'}; only in p2: {names_only_p2 or 'none'}.", ""]
+    a = res.answer
+    if a:
+        cost = a["cost"]
+        stress = sum(1 for n in res.nodes if n.kind == "stress")
+        found = sum(p["total"]["incidents"] for p in a["products"])
+        lines += ["## The fleet's answer (`gpuwear fleet --json` against p2)", "",
+                  f"{len(a['cards'])} cards of {o.nodes * g} from its {a['source']}; {found} incident(s) found, "
+                  f"{stress} scripted (an XID 48 on each stress node's first card); {cost['queries']} queries, "
+                  f"{cost['bytes']:,} bytes read, {cost['seconds']:.2f} s. The queries are as many whatever the "
+                  f"fleet's size; the bytes grow with the cards ({cost['bytes'] / max(1, len(a['cards'])):.0f} a "
+                  "card here: on paper, 8,000 cards read about "
+                  f"{cost['bytes'] / max(1, len(a['cards'])) * 8000 / MiB:.0f} MiB and 80,000 about "
+                  f"{cost['bytes'] / max(1, len(a['cards'])) * 80000 / MiB:.0f} MiB, each query's series as many as "
+                  "the cards).", ""]
     lines += ["## Findings", "", *(f"- {n}" for n in res.notes or ["none: every check above passed"]), ""]
     return "\n".join(lines)
 
