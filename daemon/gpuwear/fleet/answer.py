@@ -126,22 +126,22 @@ def answer(cards: list[Card]) -> dict[str, Any]:
         products.setdefault(c.product, []).append(c)
     out: list[dict[str, Any]] = []
     for product, mine in sorted(products.items()):
+        split = _buckets(mine)
         buckets = []
-        for i, bucket in enumerate(_buckets(mine)):
+        for i, bucket in enumerate(split):
             entry = _rate(bucket)
-            entry.update(bucket=i + 1, of=len(_buckets(mine)), aging_hours=[bucket[0].aging_hours,
-                                                                             bucket[-1].aging_hours])
+            entry.update(bucket=i + 1, of=len(split), aging_hours=[bucket[0].aging_hours, bucket[-1].aging_hours])
             buckets.append(entry)
         coolest, hottest = buckets[0], buckets[-1]
         apart = (len(buckets) > 1 and None not in (*hottest["interval"], *coolest["interval"])
                  and hottest["interval"][0] > coolest["interval"][1])
+        incidents, seconds = sum(c.incidents for c in mine), sum(c.exposure_seconds for c in mine)
         outliers = []
-        for c in mine:
-            others = [o for o in mine if o is not c]
-            years = sum(o.exposure_seconds for o in others) / YEAR_SECONDS
-            if not others or years <= 0 or c.incidents == 0:
+        for c in mine:  # against the product's other cards: its totals less this card's
+            years = (seconds - c.exposure_seconds) / YEAR_SECONDS
+            if len(mine) < 2 or years <= 0 or c.incidents == 0:
                 continue
-            expected = sum(o.incidents for o in others) / years * c.exposure_seconds / YEAR_SECONDS
+            expected = (incidents - c.incidents) / years * c.exposure_seconds / YEAR_SECONDS
             p = poisson_at_least(c.incidents, expected) if expected > 0 else 0.0
             if p < OUTLIER_ALPHA / len(mine):
                 outliers.append({"uuid": c.uuid, "where": c.where, "incidents": c.incidents,

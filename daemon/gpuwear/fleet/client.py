@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwear.fleet.answer import Card
+from gpuwear.health.xids import LINE_JUDGED, XID_ACT
 
-# GpuwearXidCritical's codes (NVIDIA's catalog's act tier), as the fleet rules count them
-CRITICAL = "46|48|54|61|62|64|79|95|109|110|119|120|136|140|143|155|156|158|167|168|169"
+# GpuwearXidCritical's codes, as the fleet rules count them: NVIDIA's catalog's act tier but the codes judged by their
+# line (tests/test_health.py holds the alert to the same set)
+CRITICAL = "|".join(str(code) for code in sorted(set(XID_ACT) - LINE_JUDGED))
 _BY = "job, instance, gpu, uuid"
 _XIDS = f'gpuwear_xid_events_total{{{{xid=~"{CRITICAL}"}}}}'
 
