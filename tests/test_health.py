@@ -4,6 +4,7 @@ Xid catalog as data."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 import yaml
 
@@ -51,7 +53,8 @@ def random_gpu(seed: int) -> tuple[GpuWear, dict[str, list[float]]]:
                  nvlink_links_most_at=int(w.last_seen - r.choice([0, 100, 400, 90000])))
     if r.random() < 0.2:
         h.update(fabric_state=r.choice([1, 2, 3]), fabric_status=r.choice([0, 10]),
-                 fabric_degraded_bandwidth=r.choice([True, False]),
+                 fabric_health_mask=r.choice([0, 0x1AA, 0x2A9, 0x5AA, 0x2A6, 0x29A]),
+                 fabric_health_summary=r.choice([1, 2, 3]),
                  fabric_pending_since=int(w.last_seen - r.choice([0, 700])))
     if r.random() < 0.2:
         h.update(pcie_downgraded_since=int(w.last_seen - r.choice([0, 100, 700])), pcie_link_width=8,
@@ -850,6 +853,64 @@ def test_the_nvswitch_fabric_registration_as_nvml_reports_it(driver: str) -> Non
     assert codes_at(1100) == [{}] * 5
     states = [g.sample.fabric_state if g.sample else None for g in rig.sampler.snapshot.gpus]
     assert states == [3, 3, 3, 3, None], states
+    rig.backend.close()
+
+
+@pytest.mark.parametrize("driver", ["r550", "r570", "r580"])
+def test_the_fabric_health_mask_and_summary_as_each_branch_gives_them(driver: str) -> None:
+    """Issue 51: NVML's fabric health said only degraded bandwidth to gpuwear; R570's mask adds route recovery,
+    route unhealthy and access-timeout recovery, R580's its configuration and the v3 struct's health summary (the
+    Blackwell NVL systems' fabric). Through the fake on each branch: what the branch gives is judged on its GPU alone
+    (route unhealthy, an incorrect configuration, an unhealthy summary act; a recovery or limited capacity watch), what
+    it does not give is not invented, and each ends once NVML reports the fabric well; R580 reads the v3 struct (a
+    healthy summary), the branches before it the v2 one, refusing v3 once."""
+    from conftest import make_rig
+    from gpuwear.tracker import WearTracker
+
+    faults = [{"at": 20, "gpu": 1, "kind": "fabric", "route_unhealthy": True},
+              {"at": 20, "gpu": 2, "kind": "fabric", "route_recovery": True, "access_timeout_recovery": True},
+              {"at": 20, "gpu": 3, "kind": "fabric", "incorrect_configuration": 5},
+              {"at": 20, "gpu": 4, "kind": "fabric", "summary": 2},
+              {"at": 20, "gpu": 5, "kind": "fabric", "summary": 3},
+              *({"at": 600, "gpu": g, "kind": "fabric"} for g in range(1, 6))]
+    rig = make_rig({"driver": driver, "faults": faults,
+                    "gpus": [{"product": "h100-sxm", "schedule": [{"kind": "train", "seconds": 7200}]}] * 6},
+                   slow_interval=10)
+    tracker = WearTracker({}, WearConfig())
+    start = rig.clock.monotonic()
+
+    def reasons_at(until: int) -> list[dict[str, str]]:
+        while rig.clock.monotonic() - start < until:
+            rig.run(10, interval=10)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        return [{r["code"]: r["text"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
+                for g in rig.sampler.snapshot.gpus]
+
+    said = reasons_at(300)
+    r570, r580 = driver != "r550", driver == "r580"
+    expected: list[dict[str, str]] = [{}, {"fabric_failed": "route through the fabric is unhealthy"} if r570 else {},
+                                      {"fabric_degraded": "recovering a route"} if r570 else {},
+                                      {"fabric_failed": "configuration is incorrect: too few NVLinks"} if r580 else {},
+                                      {"fabric_failed": "summary says unhealthy"} if r580 else {},
+                                      {"fabric_degraded": "summary says limited capacity"} if r580 else {}]
+    assert [set(s) for s in said] == [set(e) for e in expected], said
+    for got, want in zip(said, expected, strict=True):
+        assert all(words in got[code] for code, words in want.items()), (got, want)
+    assert not r570 or "access timeout" in said[2]["fabric_degraded"]
+    summaries = [g.sample.fabric_health_summary for g in rig.sampler.snapshot.gpus if g.sample]
+    assert summaries == ([1, 1, 1, 1, 2, 3] if r580 else [None] * 6), summaries
+    assert rig.backend.api is not None and ("fabric_v3" in rig.backend.api.refused) == (not r580)
+    if hasattr(pynvml, "c_nvmlGpuFabricInfo_v3_t"):  # the binding's own struct and call (nvidia-ml-py 13.580+)
+        info = pynvml.c_nvmlGpuFabricInfo_v3_t()
+        call = functools.partial(pynvml.nvmlDeviceGetGpuFabricInfoV, pynvml.nvmlDeviceGetHandleByIndex(4), info)
+        if r580:
+            call()
+            assert (info.state, info.healthMask >> 4 & 3, info.healthSummary) == (3, 2, 2)
+        else:
+            with pytest.raises(pynvml.NVMLError) as refused:
+                call()
+            assert refused.value.value == 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    assert reasons_at(700) == [{}] * 6
     rig.backend.close()
 
 

@@ -121,10 +121,13 @@ class GpuSample:
     pcie_link_width_max: int | None = None
     # nvmlDeviceGetGpuFabricInfo(V): the GPU's registration with an NVSwitch system's NVLink fabric,
     # NVML_GPU_FABRIC_STATE_* (1 not started, 2 in progress, 3 completed); the status of a completed one (an
-    # nvmlReturn_t, 0: success); the V call's health mask: bandwidth degraded. None: no fabric (or no such call)
+    # nvmlReturn_t, 0: success); the V call's health mask as NVML gives it (NVML_GPU_FABRIC_HEALTH_MASK_*, 2 bits a
+    # field, R550+) and the v3 call's health summary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*: 1 healthy, 2 unhealthy,
+    # 3 limited capacity; R580+). None: no fabric, no such call, or (summary) NOT_SUPPORTED
     fabric_state: int | None = None
     fabric_status: int | None = None
-    fabric_degraded_bandwidth: bool | None = None
+    fabric_health_mask: int | None = None
+    fabric_health_summary: int | None = None
     # PCIe errors the kernel's AER driver counted at the GPU's PCI function since boot (slow; Linux sysfs
     # aer_dev_correctable / aer_dev_nonfatal / aer_dev_fatal totals, backends/aer.py): not NVML's
     pcie_aer_correctable: int | None = None
@@ -254,6 +257,8 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "recovery_action": (0, 100),
     "fabric_state": (1, 3),
     "fabric_status": (0, 999),
+    "fabric_health_mask": (0, 2**32 - 1),
+    "fabric_health_summary": (1, 3),
 }
 
 

@@ -36,6 +36,7 @@ from gpuwear.sample import GpuIdentity, SystemInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+S = TypeVar("S", bound=ctypes.Structure)
 
 DEFAULT_LIBRARY = "libnvidia-ml.so.1"
 
@@ -216,10 +217,15 @@ class GpuFabricInfoV2(ctypes.Structure):
                 ("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint)]
 
 
+class GpuFabricInfoV3(ctypes.Structure):
+    """nvmlGpuFabricInfo_v3_t (R580+, nvmlDeviceGetGpuFabricInfoV): v2 and the health summary after it."""
+
+    _fields_ = [*GpuFabricInfoV2._fields_, ("healthSummary", ctypes.c_ubyte), ("reserved", ctypes.c_ubyte * 3)]
+
+
 GPU_FABRIC_INFO_V2 = ctypes.sizeof(GpuFabricInfoV2) | 2 << 24
+GPU_FABRIC_INFO_V3 = ctypes.sizeof(GpuFabricInfoV3) | 3 << 24  # nvml.h's nvmlGpuFabricInfo_v3, 0x3000028
 FABRIC_STATE_NOT_SUPPORTED, FABRIC_STATE_COMPLETED = 0, 3  # NVML_GPU_FABRIC_STATE_*
-# the health mask's NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW field (bits 0-1): TRUE 1, FALSE 2, NOT_SUPPORTED 0
-FABRIC_DEGRADED_BW = {1: True, 2: False}
 
 
 @dataclass(frozen=True)
@@ -233,7 +239,7 @@ class Api:
     fan_v2: bool  # nvmlDeviceGetFanSpeed_v2 (per fan), else nvmlDeviceGetFanSpeed (fan 0)
     memory_v2: bool  # nvmlDeviceGetMemoryInfo_v2 ("used" without the driver's reserved memory, as nvidia-smi)
     margin: bool  # nvmlDeviceGetMarginTemperature (R570+)
-    fabric: str | None  # nvmlDeviceGetGpuFabricInfoV (R550+, with the health mask), else ...GpuFabricInfo (R525+)
+    fabric: str | None  # nvmlDeviceGetGpuFabricInfoV (R550+: health mask; R580+: v3, summary), else ...Info (R525+)
     processes: str  # the newest nvmlDeviceGetComputeRunningProcesses variant exported
     process_layout: type[ctypes.Structure]
     # the versioned calls the library answered ARGUMENT_VERSION_MISMATCH ("temperature_v", "memory_v2"): their
@@ -263,9 +269,9 @@ class Api:
 # -- readers: (handle, api) -> {sample field: value in base units} -------------------------
 
 
-def _versioned(api: Api, name: str, new: Callable[[], float], old: Callable[[], float]) -> float:
+def _versioned(api: Api, name: str, new: Callable[[], T], old: Callable[[], T], expected: bool = False) -> T:
     """``new()``, a call with a versioned struct, unless the library refused its version (then, and from then on,
-    ``old()``, the call it succeeds)."""
+    ``old()``, the call it succeeds). ``expected``: a refusal every older branch gives, said at info level."""
     if name not in api.refused:
         try:
             return new()
@@ -273,8 +279,8 @@ def _versioned(api: Api, name: str, new: Callable[[], float], old: Callable[[], 
             if exc.value != ARGUMENT_VERSION_MISMATCH:
                 raise
             api.refused.add(name)
-            log.warning("NVML refused the struct version of the %s call (argument version mismatch): asking its "
-                        "predecessor instead", name)
+            log.log(logging.INFO if expected else logging.WARNING, "NVML refused the struct version of the %s "
+                    "call (argument version mismatch): asking its predecessor instead", name)
     return old()
 
 
@@ -407,29 +413,44 @@ def _remap_histogram(h: Any, api: Api) -> Values:
     return {"remap_banks_low": int(values.low), "remap_banks_none": int(values.none)}
 
 
-_FABRIC_NONE: Values = {"fabric_state": None, "fabric_status": None, "fabric_degraded_bandwidth": None}
+_FABRIC_NONE: Values = {"fabric_state": None, "fabric_status": None, "fabric_health_mask": None,
+                        "fabric_health_summary": None}
+
+
+def _fabric_info(h: Any, api: Api) -> GpuFabricInfo | GpuFabricInfoV2 | GpuFabricInfoV3:
+    """The newest fabric struct the library fills: v3 through the V call (R580+), else v2 (a library before R580
+    answers v3 ARGUMENT_VERSION_MISMATCH, once; PyTorch's c10/cuda reads it the same way), else the R525 call's."""
+    def call(info: S) -> S:
+        pynvml._nvmlCheckReturn(pynvml._nvmlGetFunctionPointer(str(api.fabric))(h, ctypes.byref(info)))
+        return info
+
+    if api.fabric == "nvmlDeviceGetGpuFabricInfo":
+        return call(GpuFabricInfo())
+
+    def v3() -> GpuFabricInfoV2 | GpuFabricInfoV3:
+        return call(GpuFabricInfoV3(version=GPU_FABRIC_INFO_V3))
+
+    return _versioned(api, "fabric_v3", v3, lambda: call(GpuFabricInfoV2(version=GPU_FABRIC_INFO_V2)), expected=True)
 
 
 def _fabric(h: Any, api: Api) -> Values:
     """The GPU's registration with the NVLink fabric of an NVSwitch system (nvmlDeviceGetGpuFabricInfoV, else
     nvmlDeviceGetGpuFabricInfo): its state (NVML_GPU_FABRIC_STATE_*), the status of a completed one (an
-    nvmlReturn_t, "must be checked only if state returns complete"), and, from the V call's health mask, whether its
-    bandwidth is degraded (None where the mask does not say). A library without either call, or a GPU without a
-    fabric (STATE_NOT_SUPPORTED, or NOT_SUPPORTED before Hopper): none of them, and nothing said unavailable."""
+    nvmlReturn_t, "must be checked only if state returns complete"), the V call's health mask as NVML gives it, and
+    v3's health summary (None where NOT_SUPPORTED). A library without either call, or a GPU without a fabric
+    (STATE_NOT_SUPPORTED, or NOT_SUPPORTED before Hopper): none of them, and nothing said unavailable."""
     if api.fabric is None:
         return _FABRIC_NONE
-    info: GpuFabricInfo | GpuFabricInfoV2 = GpuFabricInfoV2(version=GPU_FABRIC_INFO_V2) \
-        if api.fabric.endswith("V") else GpuFabricInfo()
     try:
-        pynvml._nvmlCheckReturn(pynvml._nvmlGetFunctionPointer(api.fabric)(h, ctypes.byref(info)))
+        info = _fabric_info(h, api)
     except pynvml.NVMLError_NotSupported:  # before Hopper: no fabric, not a reading the GPU fails to give
         return _FABRIC_NONE
     if info.state == FABRIC_STATE_NOT_SUPPORTED:
         return _FABRIC_NONE
     completed = info.state == FABRIC_STATE_COMPLETED
-    mask = info.healthMask if isinstance(info, GpuFabricInfoV2) else 0
     return {"fabric_state": int(info.state), "fabric_status": int(info.status) if completed else None,
-            "fabric_degraded_bandwidth": FABRIC_DEGRADED_BW.get(mask & 0x3)}
+            "fabric_health_mask": int(info.healthMask) if not isinstance(info, GpuFabricInfo) else None,
+            "fabric_health_summary": int(info.healthSummary) or None if isinstance(info, GpuFabricInfoV3) else None}
 
 
 def _pcie_link(h: Any, api: Api) -> Values:
@@ -645,7 +666,7 @@ READERS: tuple[Reader, ...] = (
     Reader("remap_histogram", True, _remap_histogram, ("remap_banks_low", "remap_banks_none")),
     Reader("pcie_link", True, _pcie_link,
            ("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max")),
-    Reader("fabric", True, _fabric, ("fabric_state", "fabric_status", "fabric_degraded_bandwidth")),
+    Reader("fabric", True, _fabric, ("fabric_state", "fabric_status", "fabric_health_mask", "fabric_health_summary")),
     Reader("nvlink", True, _nvlink,
            ("nvlink_links_active", "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors",
             "nvlink_recovery_errors", "nvlink_link_states", "nvlink_link_errors")),

@@ -268,12 +268,45 @@ def _pcie_link_downgraded(f: Facts) -> Findings:
              "reseat the card or its riser (a lane that keeps failing is the card's or the slot's)"),)
 
 
+# NVIDIA's fabric health mask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*), the fields that are TRUE (1) or FALSE (2):
+# (shift, the rule that reads it, what TRUE says). DEGRADED_BW since R550; the others since R570.
+FABRIC_MASK_FIELDS = ((0, "fabric_degraded", "its NVLink bandwidth is degraded (a link or NVSwitch port down or slow)"),
+                      (2, "fabric_degraded", "the fabric is recovering a route through it"),
+                      (4, "fabric_failed", "a route through the fabric is unhealthy"),
+                      (6, "fabric_degraded", "the fabric is recovering from an access timeout"))
+# INCORRECT_CONFIGURATION (shift 8, 4 bits; R580+): 1 is NONE, a correct one; the rest name what is wrong
+FABRIC_CONFIGURATION = {2: "its SysGUID", 3: "its chassis serial number", 4: "no partition",
+                        5: "too few NVLinks", 6: "incompatible GPU firmware", 7: "an invalid location",
+                        8: "the GPU's state"}
+# the v3 health summary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*, R580+): UNHEALTHY and LIMITED_CAPACITY
+FABRIC_SUMMARY = {2: ("fabric_failed", "NVML's fabric health summary says unhealthy"),
+                  3: ("fabric_degraded", "NVML's fabric health summary says limited capacity")}
+
+
+def _fabric_health(h: dict[str, Any], code: str) -> list[str]:
+    """What NVML's fabric health mask and summary say that the rule ``code`` reads, in words (nothing before a
+    completed registration; a record written before the mask was kept may hold fabric_degraded_bandwidth)."""
+    if h.get("fabric_state") != FABRIC_COMPLETED:
+        return []
+    mask = h.get("fabric_health_mask")
+    said = [words for shift, rule, words in FABRIC_MASK_FIELDS
+            if rule == code and isinstance(mask, int) and (mask >> shift) & 0x3 == 1]
+    if code == "fabric_degraded" and mask is None and h.get("fabric_degraded_bandwidth") is True:
+        said.append(FABRIC_MASK_FIELDS[0][2])
+    if code == "fabric_failed" and isinstance(mask, int) and (wrong := FABRIC_CONFIGURATION.get(mask >> 8 & 0xF)):
+        said.append(f"its fabric configuration is incorrect: {wrong}")
+    rule, words = FABRIC_SUMMARY.get(h.get("fabric_health_summary", 0), ("", ""))
+    return [*said, words] if rule == code else said
+
+
 def _fabric_failed(f: Facts) -> Findings:
     status = f.h.get("fabric_status")
+    said = _fabric_health(f.h, "fabric_failed")
     if f.h.get("fabric_state") == FABRIC_COMPLETED and status:
-        return (("act", "fabric_failed", f"its registration with the NVSwitch fabric ended in error (NVML status "
-                 f"{status}): work that spans GPUs over NVLink cannot run on it; check nvidia-fabricmanager's log, "
-                 "then reset the GPU"),)
+        said.insert(0, f"its registration with the NVSwitch fabric ended in error (NVML status {status})")
+    if said:
+        return (("act", "fabric_failed", f"{'; '.join(said)}: work that spans GPUs over NVLink cannot run on it; "
+                 "check nvidia-fabricmanager's log, then reset the GPU"),)
     return NONE
 
 
@@ -283,9 +316,9 @@ def _fabric_degraded(f: Facts) -> Findings:
     if since is not None and now is not None and now - since >= FABRIC_PENDING_HOLD_SECONDS:
         return (("watch", "fabric_degraded", "its registration with the NVSwitch fabric has not completed since "
                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(since))}: is nvidia-fabricmanager running?"),)
-    if h.get("fabric_degraded_bandwidth") is True:
-        return (("watch", "fabric_degraded", "NVML's fabric health mask says its NVLink bandwidth is degraded: a "
-                 "link or NVSwitch port is down or slow; check nvidia-smi nvlink -s and the fabric manager's log"),)
+    if said := _fabric_health(h, "fabric_degraded"):
+        return (("watch", "fabric_degraded", f"NVML's fabric health: {'; '.join(said)}; check nvidia-smi nvlink -s "
+                 "and the fabric manager's log"),)
     return NONE
 
 
@@ -572,6 +605,9 @@ _PAGE_RETIREMENT = "NVIDIA, Dynamic Page Retirement (docs.nvidia.com/deploy/dyna
 _FABRIC = ("nvml.h, nvmlGpuFabricInfo_t: on Hopper and newer NVSwitch systems the GPU registers with the NVLink "
            "fabric as the driver loads; 'status: error status, if any; must be checked only if state returns "
            "complete' (GPUd and DCGM read it)")
+_FABRIC_MASK = ("nvml.h's NVML_GPU_FABRIC_HEALTH_MASK_* (DEGRADED_BW R550+; ROUTE_RECOVERY, ROUTE_UNHEALTHY, "
+                "ACCESS_TIMEOUT_RECOVERY R570+; INCORRECT_CONFIGURATION R580+) and nvmlGpuFabricInfo_v3_t's "
+                "healthSummary (R580+), the branches as nvidia-ml-py first carries them (12.570.86, 13.580.65)")
 _XID_CATALOG = "NVIDIA's XID catalog, the resolution it gives for this XID (docs.nvidia.com/deploy/xid-errors)"
 _XID_CARD_SOURCE = ("NVIDIA's Xid catalog, WORKFLOW_XID_13 and WORKFLOW_XID_31: the same Xid repeating on the same "
                     "GPU points to hardware, on different GPUs to the application (as quoted in NVIDIA/NVSentinel #270 "
@@ -638,14 +674,20 @@ TABLE: tuple[Rule, ...] = (
          "the lanes, or under load the generation, that the card and its slot allow (nvmlDeviceGetCurrPcieLinkWidth "
          "and Generation against the Max ones)", _pcie_link_downgraded,
          "GpuwearPcieLinkDowngraded", PCIE_DOWNGRADED_HOLD_SECONDS),
-    Rule("fabric_failed", "nvmlDeviceGetGpuFabricInfo(V): state and status", _LATEST,
-         "state completed with a status other than success", "act",
-         "a reading of a completed registration with success (the GPU reset, the fabric manager restarted)",
-         _FABRIC + "; DCGM reads the same as a fabric manager failure (its DcgmFMStatusFailure)", _fabric_failed),
-    Rule("fabric_degraded", "nvmlDeviceGetGpuFabricInfo(V): state, and the V call's health mask", _LATEST,
-         "not completed for 10 minutes, or the mask's degraded-bandwidth field true", "watch",
-         "a reading completed, with the bandwidth not degraded",
-         _FABRIC + "; the health mask's NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW (R550+)", _fabric_degraded),
+    Rule("fabric_failed", "nvmlDeviceGetGpuFabricInfo(V): state and status; the V call's health mask and summary",
+         _LATEST, "state completed with a status other than success; or the mask's route-unhealthy field true, its "
+         "configuration field incorrect, or the summary unhealthy", "act",
+         "a reading of a completed registration with success, none of these (the GPU reset, the fabric manager "
+         "restarted, the configuration mended)",
+         _FABRIC + "; DCGM reads the status as a fabric manager failure (its DcgmFMStatusFailure) and the mask's "
+         "route-unhealthy field as an NVLink incident (NVIDIA/DCGM testing/python3/tests/test_health.py, "
+         "test_dcgm_health_check_fabric_health_mask); " + _FABRIC_MASK, _fabric_failed),
+    Rule("fabric_degraded", "nvmlDeviceGetGpuFabricInfo(V): state; the V call's health mask and summary", _LATEST,
+         "not completed for 10 minutes; or the mask's degraded-bandwidth, route-recovery or access-timeout-recovery "
+         "field true, or the summary limited capacity", "watch",
+         "a reading completed, none of these",
+         _FABRIC + "; DCGM reads the mask's degraded-bandwidth field as an NVLink incident (same test); "
+         + _FABRIC_MASK, _fabric_degraded),
     Rule("remapped_rows", "nvmlDeviceGetRemappedRows: corrRows + uncRows", "the card's lifetime count, judged while "
          "it grows", "> 0", "watch", _GROWTH, _MEMORY_ERRORS, _remapped_rows),
     Rule("firmware_changed", "nvmlDeviceGetVbiosVersion, nvmlDeviceGetInforomImageVersion, "

@@ -53,6 +53,10 @@ class DriverProfile:
     def exports(self, name: str) -> bool:
         return name in self.symbols
 
+    def since(self, branch: str) -> bool:
+        """Whether this release's branch is ``branch`` or newer (nvml_symbols.BRANCHES' order)."""
+        return nvml_symbols.BRANCHES.index(self.branch) >= nvml_symbols.BRANCHES.index(branch)
+
 
 def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))

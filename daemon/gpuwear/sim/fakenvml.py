@@ -36,7 +36,14 @@ from typing import Any
 from gpuwear.backends.nvml import FanSpeedInfo, ProcessInfoCc, ProcessInfoV1, ProcessInfoV2
 from gpuwear.clock import Clock
 from gpuwear.sim.drivers import PROFILES, DriverProfile
-from gpuwear.sim.simulated import MigDevice, Product, SimGpu, Simulation
+from gpuwear.sim.simulated import (
+    FABRIC_INCORRECT_CONFIGURATION,
+    FABRIC_MASK_FIELDS,
+    MigDevice,
+    Product,
+    SimGpu,
+    Simulation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +145,14 @@ class GpuFabricInfoV2(ctypes.Structure):
                 ("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint)]
 
 
-FABRIC_DEGRADED_BW = {True: 1, False: 2}  # NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE / _FALSE, bits 0-1
+class GpuFabricInfoV3(ctypes.Structure):
+    """nvmlGpuFabricInfo_v3_t (R580+, nvmlDeviceGetGpuFabricInfoV): v2 and the health summary after it."""
+
+    _fields_ = [*GpuFabricInfoV2._fields_, ("healthSummary", ctypes.c_ubyte), ("reserved", ctypes.c_ubyte * 3)]
+
+
+MASK_TRUE, MASK_FALSE = 1, 2  # NVML_GPU_FABRIC_HEALTH_MASK_<field>_TRUE / _FALSE (0: NOT_SUPPORTED)
+SUMMARY_HEALTHY = 1  # NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY (2 UNHEALTHY, 3 LIMITED_CAPACITY, 0 NOT_SUPPORTED)
 
 
 class TemperatureV1(ctypes.Structure):
@@ -743,14 +757,30 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
-        out = _as(info, GpuFabricInfoV2)
-        if out.version != struct_version(GpuFabricInfoV2, 2):
+        """v2 (R550+) or v3 (R580+, the health summary): another version is ARGUMENT_VERSION_MISMATCH. The health
+        mask holds, once completed, each field this branch's nvml.h defines (FABRIC_MASK_FIELDS), TRUE or FALSE."""
+        version = _as(info, GpuFabricInfoV2).version
+        v3 = self.profile.since("r580") and version == struct_version(GpuFabricInfoV3, 3)
+        if version != struct_version(GpuFabricInfoV2, 2) and not v3:
             return ERROR_ARGUMENT_VERSION_MISMATCH
         state, status = self._fabric(handle)
+        out = _as(info, GpuFabricInfoV3 if v3 else GpuFabricInfoV2)
         out.state, out.status = state, status
         gpu = self._gpu(handle, "fabric")
-        out.healthMask = FABRIC_DEGRADED_BW[gpu.state.fabric_degraded] if state == 3 else 0
+        out.healthMask = self._fabric_mask(gpu.state.fabric_mask) if state == 3 else 0
+        if isinstance(out, GpuFabricInfoV3):
+            out.healthSummary = (gpu.state.fabric_summary or SUMMARY_HEALTHY) if state == 3 else 0
         return SUCCESS
+
+    def _fabric_mask(self, true: dict[str, int]) -> int:
+        mask = 0
+        for name, (shift, branch) in FABRIC_MASK_FIELDS.items():
+            if self.profile.since(branch):
+                mask |= (MASK_TRUE if name in true else MASK_FALSE) << shift
+        shift, branch = FABRIC_INCORRECT_CONFIGURATION
+        if self.profile.since(branch):
+            mask |= true.get("incorrect_configuration", 1) << shift  # 1: NONE, a correct configuration
+        return mask
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any, value: Any) -> int:
         _out(value).value = self._gpu(handle, "pcie_replays").state.pcie_replays

@@ -209,6 +209,13 @@ PHASE_KINDS = ("idle", "train", "stress")
 BANK_SPARE_ROWS = 8
 # nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY 0, _RECOVERY 1, _CRC_FLIT 2, _CRC_DATA 3 -> the fault's key
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
+# the true-or-false fields of nvmlGpuFabricInfo_v2/v3's health mask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*): a
+# scenario's name -> (the field's shift, the first branch whose nvml.h has it: DEGRADED_BW R550; ROUTE_RECOVERY,
+# ROUTE_UNHEALTHY and ACCESS_TIMEOUT_RECOVERY in nvidia-ml-py 12.570.86, not 12.560.30). INCORRECT_CONFIGURATION
+# (shift 8, 4 bits, values 1 none .. 8) is in nvidia-ml-py 13.580.65, not 12.575.51: R580.
+FABRIC_MASK_FIELDS = {"degraded": (0, "r550"), "route_recovery": (2, "r570"), "route_unhealthy": (4, "r570"),
+                      "access_timeout_recovery": (6, "r570")}
+FABRIC_INCORRECT_CONFIGURATION = (8, "r580")
 NVML_SILENT_XIDS = frozenset({79, 119, 120})  # in the kernel log only: NVML's events do not carry them (DCGM #162)
 # what the driver's line says after the code, for a few (NVIDIA's XID catalog); others get a generic text
 XID_WORDS = {13: "Graphics SM Warp Exception", 31: "MMU Fault", 48: "An uncorrectable double bit error",
@@ -333,10 +340,13 @@ class GpuState:
     pcie_replays: int = 0
     recovery_action: int = 0
     # nvmlDeviceGetGpuFabricInfo(V) on an NVSwitch system: NVML_GPU_FABRIC_STATE_* (3: completed), the status of a
-    # completed registration (an nvmlReturn_t), and whether the fabric's health mask says bandwidth is degraded
+    # completed registration (an nvmlReturn_t), the fields of the health mask that are true (FABRIC_MASK_FIELDS'
+    # names; "incorrect_configuration" holds its value, 2-8), and the v3 health summary (None: healthy once
+    # completed; NVIDIA does not say how the mask maps onto it, so a scenario gives it)
     fabric_state: int = 3
     fabric_status: int = 0
-    fabric_degraded: bool = False
+    fabric_mask: dict[str, int] = field(default_factory=dict)
+    fabric_summary: int | None = None
     lost: bool = False
     reset_required: bool = False  # the fault "reset_required": NVML answers RESET_REQUIRED until a "recover"
     hang_seconds: float = 0.0  # the next call blocks this long (wall seconds), once
@@ -599,7 +609,8 @@ class SimGpu:
         elif k == "fabric":  # the GPU's registration with the NVLink fabric (fabric manager) as NVML reports it
             s.fabric_state = int(prm.get("state", 3))
             s.fabric_status = int(prm.get("status", 0))
-            s.fabric_degraded = bool(prm.get("degraded", False))
+            s.fabric_mask = dict(prm.get("mask", {}))
+            s.fabric_summary = prm.get("summary")
         elif k == "mig":  # MIG mode toggled (nvidia-smi -mig 1 / 0 with the GPU idle)
             s.mig_enabled = bool(prm.get("enabled", True)) and self.product.mig_capable
         elif k == "energy_glitch":  # one reading of the counter this many joules back
@@ -905,9 +916,14 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
                       if key in params}
             params = {"link": link, **counts, "down": params.get("down") is True}
         if spec["kind"] == "fabric":
+            mask = {name: 1 for name in FABRIC_MASK_FIELDS if params.get(name) is True}
+            if "incorrect_configuration" in params:
+                mask["incorrect_configuration"] = int(_number(params["incorrect_configuration"],
+                                                              f"{where}.incorrect_configuration", 2, 8))
             params = {"state": int(_number(params.get("state", 3), f"{where}.state", 0, 3)),
-                      "status": int(_number(params.get("status", 0), f"{where}.status", 0, 999)),
-                      "degraded": params.get("degraded") is True}
+                      "status": int(_number(params.get("status", 0), f"{where}.status", 0, 999)), "mask": mask,
+                      "summary": int(_number(params["summary"], f"{where}.summary", 1, 3))
+                      if "summary" in params else None}
         if spec["kind"] == "xid":
             params = {"xid": int(_number(params.get("xid", 79), f"{where}.xid", 1, 999))}
             if spec.get("process") is True:  # the line names the process running on the GPU (an app's fault)

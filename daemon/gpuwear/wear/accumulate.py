@@ -700,13 +700,15 @@ class GpuWear:
 
     def _fabric(self, s: GpuSample) -> None:
         """The GPU's registration with its NVSwitch fabric at its latest reading (sample.fabric_*), in ``health``:
-        ``fabric_state``; ``fabric_status`` while completed; ``fabric_degraded_bandwidth`` while the health mask says;
-        ``fabric_pending_since``, the start of the current run of readings not yet completed (s)."""
+        ``fabric_state``; ``fabric_status`` while completed; ``fabric_health_mask`` and ``fabric_health_summary``
+        while NVML gives them; ``fabric_pending_since``, the start of the current run of readings not yet completed
+        (s). ``fabric_degraded_bandwidth``, which releases before the mask was kept wrote, goes at the first reading."""
         if s.fabric_state is None:
             return
         h = self.health
         h["fabric_state"] = s.fabric_state
-        for name in ("fabric_status", "fabric_degraded_bandwidth"):
+        h.pop("fabric_degraded_bandwidth", None)
+        for name in ("fabric_status", "fabric_health_mask", "fabric_health_summary"):
             if (value := getattr(s, name)) is not None:
                 h[name] = value
             else:
