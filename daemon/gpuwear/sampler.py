@@ -313,23 +313,37 @@ class Sampler:
         # the backend's join() and reopen() (after the driver went away), each on a thread of its own
         self._joining = _Deadlined("NVML's listing of new GPUs (nvmlDeviceGetCount, their handles)",
                                    "sampling goes on; GPUs it finds join once it returns")
-        self._reopening = _Deadlined("NVML's re-initialisation after the driver came back",
-                                     "the GPUs stay marked until it returns")
+        self._reopening = _Deadlined("NVML's (re-)initialisation", "the GPUs stay marked until it returns")
         self._opened = False  # the backend opened once in this process (a mismatch after that is fatal)
         self.waiting: str | None = None  # why there are no GPUs yet: NVML not usable at start, retried
         self._reads = threading.Condition()
         self._stuck: dict[int, tuple[_Batch, int]] = {}  # GPU index -> the batch and position of its stuck read
 
-    def open(self) -> None:
-        """Open the backend and learn the GPUs (raises what the backend raises)."""
-        identities = self.backend.open()
+    def open(self, deadline: float = 0.0) -> None:
+        """Open the backend and learn the GPUs (raises what the backend raises). With a ``deadline`` (s), the open
+        runs on a thread of its own: one that has not answered by then (nvmlInit or a GPU's first calls hung) leaves
+        the sampler waiting with no GPU, and a later tick takes its GPUs once it returns."""
+        if deadline > 0:
+            answered, opened = self._reopening.answer(self._open_backend, deadline)
+            if not answered:
+                self.wait_for_driver(f"NVML has not answered gpuwear's first open in {deadline:g} s (nvmlInit or a "
+                                     "GPU's first calls hung); its GPUs are taken once it returns")
+                return
+        else:
+            opened = self._open_backend()
+        identities, system = opened
         with self._lock:
             self._gpus = [_Gpu(identity) for identity in identities]
             self._active = len(self._gpus)
-            self._system = self.backend.system_info()
+            self._system = system
             self._opened = True
             self._next_join = self.clock.monotonic() + self.slow_interval
             self._publish()
+
+    def _open_backend(self, again: bool = False) -> tuple[list[GpuIdentity], SystemInfo]:
+        """backend.open() (``again``: reopen()) and the system it found."""
+        identities = self.backend.reopen() if again else self.backend.open()
+        return identities, self.backend.system_info()
 
     def wait_for_driver(self, reason: str) -> None:
         """Start with no GPU while NVML cannot be used yet (a driver upgrade waiting for its module): every
@@ -563,11 +577,11 @@ class Sampler:
                 if time.monotonic() < self._next_reopen:
                     return
                 self._next_reopen = time.monotonic() + self.reopen_interval
-                identities = self.backend.reopen()
+                identities, system = self._open_backend(again=True)
             elif (answered := self._reopen_within_deadline()) is None:
                 return
             else:
-                identities = answered
+                identities, system = answered
         except self.unavailable_errors + self.driver_errors as exc:
             if isinstance(exc, self.fatal_errors) and self._opened:
                 raise  # the library this process loaded worked, and never will again
@@ -587,18 +601,20 @@ class Sampler:
             self._active = len(back)
             self._stuck.clear()
             self._driver_gone, self._opened, self.waiting = False, True, None
+            self._system = system
             self._next_join = self.clock.monotonic() + self.slow_interval
         log.warning("NVML is back: %d GPU(s) (%s)", len(back), ", ".join(g.identity.uuid for g in back))
 
-    def _reopen_within_deadline(self) -> list[GpuIdentity] | None:
+    def _reopen_within_deadline(self) -> tuple[list[GpuIdentity], SystemInfo] | None:
         """backend.reopen() on a thread of its own (every ``reopen_interval``): its answer once it returned (raising
-        what it raised), None while it runs past the deadline or is not due."""
+        what it raised), None while it runs past the deadline or is not due. The call under way may be the first
+        open, past its deadline: its answer is taken the same way."""
         if not self._reopening.running:
             if time.monotonic() < self._next_reopen:
                 return None
             self._next_reopen = time.monotonic() + self.reopen_interval
-        answered, identities = self._reopening.answer(self.backend.reopen, self.deadline)
-        return identities if answered else None
+        answered, opened = self._reopening.answer(lambda: self._open_backend(again=True), self.deadline)
+        return opened if answered else None
 
     def _stall(self, gpu: _Gpu) -> None:
         with self._lock:

@@ -117,17 +117,25 @@ def _sampler(backend: NvmlBackend, clock: Clock, config: Config, simulated: bool
 
 
 DRIVER_RETRY_SECONDS = 2.0
+# the longest the first open of NVML may take before gpuwear serves without GPUs (with sampling deadlines on): well
+# above nvmlInit's seconds on a large box without persistence mode, below systemd's default 90 s start timeout,
+# past which a start hung in NVML would be killed and restarted into the same hang
+FIRST_OPEN_SECONDS = 60.0
 START_BUSY_SECONDS = 1.0  # how long the start waits for a lock another process holds on the ledger
 
 
-def _open_waiting(sampler: Sampler, wait_seconds: float, override: float | None = None) -> None:
+def _open_waiting(sampler: Sampler, wait_seconds: float, override: float | None = None,
+                  first_open: float = FIRST_OPEN_SECONDS) -> None:
     """Open NVML, retrying for up to ``wait_seconds`` while the driver is not there yet
-    (a box that boots the daemon before the driver); ``override`` replaces the wait."""
+    (a box that boots the daemon before the driver); ``override`` replaces the wait. With sampling deadlines on,
+    an open that has not answered in ``first_open`` s leaves the daemon serving without GPUs, saying why."""
     wait = wait_seconds if override is None else override
     deadline = time.monotonic() + wait
     while True:
         try:
-            sampler.open()
+            sampler.open(first_open if sampler.deadline > 0 else 0.0)
+            if sampler.waiting is not None:
+                log.error("%s; gpuwear serves without GPUs meanwhile", sampler.waiting)
             return
         except NvmlVersionMismatchError as exc:  # exiting would restart into the same mismatch: wait, serving
             log.error("%s; gpuwear serves without GPUs and opens NVML again every %.0f s", exc,

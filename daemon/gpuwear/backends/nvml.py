@@ -813,6 +813,7 @@ class NvmlBackend:
         self._refused = {}
         for index in range(count):
             self._open_device(index)
+        self._events_rebuild.set()  # a listener started before this open returned (past its deadline) takes them
         return [d.identity for d in self._devices]
 
     def _open_device(self, index: int) -> _Device | None:
