@@ -997,6 +997,73 @@ def test_card_or_code_across_the_hosts_gpus() -> None:
     assert "Card or code? likely the card: XID 13" in html and "WORKFLOW_XID_13" in html
 
 
+def test_a_known_good_applications_fault_on_one_gpu_is_reported_to_nvidia(tmp_path: Path,
+                                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 54, item 2: NVIDIA's Xid workflows say a fault of a known-good application is reported to NVIDIA (the
+    driver or the card); nothing judged it, the judgement knowing no job history. From a real ledger's job records
+    and events: an application that ran wear.health.xid_known_good_runs (3) times on the host's other GPUs without
+    an XID there, and raised XID 31 on one GPU alone, is "report to NVIDIA", naming its clean runs; one whose third
+    run elsewhere raised an XID stays "check the application first", as does the first with the count set to 5; the
+    card is not marked. In report --json, the words and `jobs --json`."""
+    from dataclasses import replace
+
+    from gpuwear.cli import main
+    from gpuwear.health.judgements import REPORT, SOLO
+    from gpuwear.jobs.lines import Summariser
+    from gpuwear.ledger import Ledger
+    from gpuwear.report import documents, text_report
+    from gpuwear.tracker import note_xid_applications
+    from gpuwear.wear.events import Event
+
+    def gpu(i: int) -> GpuWear:
+        w = GpuWear(f"GPU-{i}", name="NVIDIA H100 80GB HBM3", index=i)
+        w.first_seen, w.last_seen, w.observed_seconds = T0 - 20 * DAY, T0, 20 * DAY
+        return w
+
+    def run(k: int, name: str, uuid: str) -> dict[str, Any]:
+        start = T0 - 10 * DAY + k * 3600
+        return {"record": f"slurm:{k}@{start}", "kind": "slurm", "id": str(k), "user": None, "name": name,
+                "start": start, "end": start + 3000, "last_seen": start + 3000,
+                "gpus": [{"uuid": uuid, "start": start, "end": start + 3000, "wear": GpuWear(uuid).to_json(),
+                          "max_celsius": {}, "events": {}}]}
+
+    wears = [gpu(i) for i in range(4)]
+    jobs = [run(0, "train-resnet", "GPU-0"), run(1, "train-resnet", "GPU-0"), run(2, "train-resnet", "GPU-1"),
+            run(3, "train-flaky", "GPU-0"), run(4, "train-flaky", "GPU-1"), run(5, "train-flaky", "GPU-2"),
+            run(6, "train-resnet", "GPU-3"), run(7, "train-flaky", "GPU-2")]
+    events = [Event("GPU-2", jobs[5]["start"] + 60, "xid", {"xid": 43, "count": 1}),  # flaky's run on GPU 2
+              Event("GPU-1", jobs[2]["start"] + 60, "gap", {"seconds": 30.0})]  # not an XID: the run stays clean
+    for k, uuid in ((6, "GPU-3"), (7, "GPU-2")):
+        wall = jobs[k]["start"] + 600
+        wears[int(uuid[-1])].xids["31"] = 1
+        note_xid_applications(wears[int(uuid[-1])], 31, [jobs[k]["name"]], wall)
+        events.append(Event(uuid, wall, "xid", {"xid": 31, "count": 1}))
+    p = WearConfig()
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    ledger = Ledger.open(state / "ledger.sqlite")
+    ledger.save([w.to_json() for w in wears], events, jobs=jobs, lines=Summariser(p))
+    try:
+        doc, _ = documents(ledger, p, "test", False, with_jobs=False)
+        five, _ = documents(ledger, replace(p, health=replace(p.health, xid_known_good_runs=5)), "test", False,
+                            with_jobs=False)
+    finally:
+        ledger.close()
+    judged = {g["uuid"]: g["card_or_code"] for g in doc["gpus"]}
+    assert [j["judgement"] for j in judged["GPU-3"]] == [REPORT], judged
+    assert judged["GPU-3"][0]["clean_elsewhere"] == {"runs": 3, "gpus": ["GPU 0", "GPU 1"]}
+    assert judged["GPU-3"][0]["text"].startswith(
+        "report to NVIDIA: train-resnet ran 3 times without an XID on GPU 0, GPU 1 within 14 days and raised XID 31 "
+        "(GPU memory page fault) on this GPU alone"), judged["GPU-3"][0]["text"]
+    assert [j["judgement"] for j in judged["GPU-2"]] == [SOLO]  # 2 clean runs elsewhere: its third raised XID 43
+    assert [j["judgement"] for g in five["gpus"] for j in g["card_or_code"]] == [SOLO, SOLO]
+    assert not any(r["code"] == "xid_card" for g in doc["gpus"] for r in g["health"]["reasons"])
+    assert "Card or code? report to NVIDIA: train-resnet ran 3 times" in text_report(doc)
+    assert main(["jobs", "--json", "--state-dir", str(state)]) == 0
+    listed = json.loads(capfd.readouterr().out)["card_or_code"]
+    assert [j["judgement"] for j in listed["GPU-3"]] == [REPORT], listed
+
+
 def test_what_a_card_carried_when_first_read_is_said_as_inherited() -> None:
     """Issue 55, items 1-2 (first slice): the verdict judged what a card carried before gpuwear met it as if it had
     happened here, and nothing kept what that was. The first read of each lifetime count (aggregate ECC, retired

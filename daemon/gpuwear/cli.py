@@ -395,13 +395,13 @@ def _jobs(args: argparse.Namespace) -> int:
                 if first is None:
                     return _fail(f"no job {args.job!r} in {path}", EXIT_USAGE)
                 doc = jobreport.document([first], gpus, config.wear, since, wanted, shown=limit)
-                doc["card_or_code"] = _card_or_code(gpus, config.wear, wanted)
+                doc["card_or_code"] = _card_or_code(gpus, config.wear, wanted, ledger)
                 _write_jobs(args.json, doc, iter(doc["jobs"]), gpu_indexes(every.values()), limit)
                 _say_left_out(ledger)
             else:  # the totals and shares from the lines the ledger keeps; the jobs shown read and written one by one
                 with ledger.reading():
                     head, listed = jobreport.ledger_listing(ledger, gpus, config.wear, since, wanted)
-                    head["card_or_code"] = _card_or_code(gpus, config.wear, wanted)
+                    head["card_or_code"] = _card_or_code(gpus, config.wear, wanted, ledger)
                     _write_jobs(args.json, head, listed, gpu_indexes(every.values()), limit)
                     _say_left_out(ledger)
         finally:
@@ -411,12 +411,17 @@ def _jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _card_or_code(gpus: dict[str, GpuWear], p: WearConfig, wanted: str | None) -> dict[str, list[dict[str, Any]]]:
-    """Card or code (health.judgements), per listed GPU, for the XIDs the listed runs raised (issue 54): the jobs
-    part holds no health rule, so the listing's caller gives it."""
+def _card_or_code(gpus: dict[str, GpuWear], p: WearConfig, wanted: str | None,
+                  ledger: Ledger) -> dict[str, list[dict[str, Any]]]:
+    """Card or code (health.judgements), per listed GPU, for the XIDs the listed runs raised (issue 54), with the
+    ledger's clean runs of each application: the jobs part holds no health rule, so the listing's caller gives it."""
     from gpuwear.health.judgements import card_or_code
+    from gpuwear.jobs.lines import key
 
-    return {uuid: judged for uuid, judged in card_or_code(gpus, p).items() if wanted is None or uuid == wanted}
+    def clean(names: list[str], since: float) -> dict[str, dict[str, int]]:
+        return ledger.clean_runs(names, since, key(p))
+
+    return {uuid: judged for uuid, judged in card_or_code(gpus, p, clean).items() if wanted is None or uuid == wanted}
 
 
 def _say_left_out(ledger: Ledger) -> None:

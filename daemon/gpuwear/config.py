@@ -184,6 +184,7 @@ class HealthConfig:
     xid_app_days: float = _key(1.0, _number(0.01, 3650))
     xid_card_days: float = _key(14.0, _number(0.01, 3650))
     xid_card_applications: int = _key(2, _integer(2, 1000))
+    xid_known_good_runs: int = _key(3, _integer(1, 100000))
     growth_watch_days: float = _key(7.0, _number(0.01, 3650))
     window_days: int = _key(7, _integer(1, 60))
     # code -> mode, as sorted pairs: the parameters are hashed (they key the models' caches)

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.health import past_cards, peer_rates, slow_reads_text, verdict
-from gpuwear.health.judgements import card_or_code
+from gpuwear.health.judgements import CleanRuns, card_or_code
 from gpuwear.health.rules import CARRIED_WORDS
 from gpuwear.ledger import Event, Ledger
 from gpuwear.ledger.errors import printable
@@ -166,13 +166,16 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
               gpu: str | None = None, with_jobs: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The report document of a ledger (or one GPU of it) and, ``with_jobs``, its jobs document (the shares of
     every retained job, for the page, from the lines the ledger keeps), read in one go."""
+    from gpuwear.jobs import lines
     from gpuwear.jobs import report as jobreport
 
     live = ledger.load(p.cycles.hysteresis_celsius)
     wears = ledger.load_all(p.cycles.hysteresis_celsius, live)
     events = {uuid: ledger.events(uuid, last=EVENTS_SHOWN) for uuid in wears}
     selected = [w for uuid, w in sorted(wears.items()) if gpu is None or uuid == gpu]
-    doc = document(selected, p, events, where, simulated, set(live))
+    key = lines.key(p)
+    doc = document(selected, p, events, where, simulated, set(live),
+                   clean_runs=lambda names, since: ledger.clean_runs(names, since, key))
     for g in doc["gpus"]:
         count, newest = ledger.set_aside_of(g["uuid"])
         if newest is not None:
@@ -183,9 +186,9 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
 
 
 def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]], ledger: str,
-             simulated: bool, live: set[str] | None = None) -> dict[str, Any]:
+             simulated: bool, live: set[str] | None = None, clean_runs: CleanRuns | None = None) -> dict[str, Any]:
     """``live``: the GPUs the ledger holds live history of (None: all of them); they alone are each other's peers
-    (an imported history is another host's)."""
+    (an imported history is another host's). ``clean_runs``: the ledger's job history, for card or code."""
     host_live = [w for w in wears if (live is None or w.uuid in live) and w.last_seen is not None]
     by_uuid = {w.uuid: w for w in host_live}
     replaced = {old: by_uuid[new] for old, new in past_cards(
@@ -197,7 +200,7 @@ def document(wears: list[GpuWear], p: WearConfig, events: dict[str, list[Event]]
     host = max((w.last_seen for w in host_live if w.last_seen is not None), default=None)
     gpus = [gpu_document(w, p, events.get(w.uuid, []), live is None or w.uuid in live, peers.get(w.uuid),
                          host if w in host_live and w.uuid not in replaced else None) for w in wears]
-    judged = card_or_code({w.uuid: w for w in wears if live is None or w.uuid in live}, p)
+    judged = card_or_code({w.uuid: w for w in wears if live is None or w.uuid in live}, p, clean_runs)
     for g in gpus:
         g["card_or_code"] = judged.get(g["uuid"], [])
         if any(r["code"] == "gpu_missing" for r in g["health"]["reasons"]):

@@ -509,6 +509,25 @@ class Ledger:
                              "ORDER BY peak DESC, start DESC, record DESC, slice LIMIT 1", params).fetchone()
         return LineSums(by_line, labels, records, hottest)
 
+    def clean_runs(self, names: Iterable[str], since: float, key: int) -> dict[str, dict[str, int]]:
+        """Per line name (a job's name, its first 18 characters: jobs.lines.line_name) among ``names``, per GPU, how
+        many of its runs that ended after ``since`` raised no XID on that GPU while they ran (no "xid" event between
+        the run's start and end): from the lines kept under ``key`` and the events' index, never a read of a record.
+        Idle, imported and unattributed lines are no application's."""
+        wanted = sorted({name[:18] for name in names})
+        if not wanted or not self._has("job_lines"):
+            return {}
+        rows = self._db.execute(
+            "SELECT l.line, l.uuid, count(*) FROM job_lines l WHERE l.key = ? AND l.end IS NOT NULL AND l.end >= ? "
+            "AND l.kind NOT IN ('idle', 'imported', 'unattributed') "
+            f"AND l.line IN ({', '.join('?' * len(wanted))}) AND NOT EXISTS (SELECT 1 FROM events e WHERE "
+            "e.uuid = l.uuid AND e.wall >= l.start AND e.wall <= l.end AND e.kind = 'xid') GROUP BY l.line, l.uuid",
+            (key, since, *wanted)).fetchall()
+        out: dict[str, dict[str, int]] = {}
+        for line, uuid, n in rows:
+            out.setdefault(str(line), {})[str(uuid)] = int(n)
+        return out
+
     def unsummarised(self, key: int, since: float | None = None, kept: int | None = None,
                      ended: bool = False) -> Iterator[dict[str, Any]]:
         """The job records in the window (as :meth:`iter_jobs`) that have no line kept under ``key``: saved before
