@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_doctor_notes_a_running_gpuwear_on_its_port_but_does_not_count_it(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_cards_history_follows_it_to_another_box(tmp_path: Path) -> None:
+def test_a_cards_history_follows_it_to_another_box(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     box_a, box_b = tmp_path / "a", tmp_path / "b"
     config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(box_a))
     daemon = Daemon(config, open_source(config, "demo", 600.0, False))
@@ -103,6 +104,49 @@ def test_a_cards_history_follows_it_to_another_box(tmp_path: Path) -> None:
     assert b[0]["thermal_aging_equivalent_hours"]["central"] == a["thermal_aging_equivalent_hours"]["central"]
     missing = gpuwear("export", "GPU-nope", "--simulated", "--state-dir", str(box_a))
     assert missing.returncode == 2 and "GPU-nope: no such GPU (known: 0 GPU-" in missing.stderr
+    _passport_of_the_export(export, a, box_b, capfd)
+
+
+def _passport_of_the_export(export: Path, a: dict[str, Any], box: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 55, item 5: the passport a buyer reads from the export the card's history travels in, in words and
+    JSON (the figures of `report --json`), and the export's checksum: a damaged file is refused in one line by the
+    passport and by `import ledger`; an export a gpuwear before the checksum wrote still reads, saying it cannot
+    tell whether it arrived whole; one whose checksum was taken out is refused."""
+    from gpuwear.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        rc = main(list(args))
+        out, err = capfd.readouterr()
+        return rc, out, err
+
+    rc, out, _ = run("passport", "--from", str(export))
+    assert rc == 0 and out.startswith(f"PASSPORT of {a['name']} ({a['uuid']}, serial ") and \
+        "matches the file's content: it arrived whole (this detects damage, not forgery)" in out, out
+    assert "Not known: the card's age and use before gpuwear first saw it" in out and "Health:" in out
+    rc, out, _ = run("passport", "--from", str(export), "--json")
+    passport = json.loads(out)
+    g = passport["gpus"][0]
+    assert all(g[k] == a[k] for k in ("observed_seconds", "energy_joules")), (g, a)
+    assert passport["passport"]["checksum"] == json.loads(export.read_text())["checksum"]
+    doc = json.loads(export.read_text())
+    doc["parts"][0]["energy_joules"] += 1.0  # damaged in transit, or changed by hand
+    damaged = export.with_name("damaged.json")
+    damaged.write_text(json.dumps(doc))
+    rc, out, err = run("passport", "--from", str(damaged))
+    assert rc == 1 and not out and err.count("\n") == 1 and "checksum: missing or not the file's own" in err, err
+    rc, out, err = run("import", "ledger", str(damaged), "--state-dir", str(box / "c"), "--allow-simulated")
+    assert rc == 1 and err.count("\n") == 1 and "not imported: checksum: missing or not the file's own" in err, err
+    old = {k: v for k, v in json.loads(export.read_text()).items() if k not in ("checksum", "exported_at")}
+    older = export.with_name("v1.json")
+    older.write_text(json.dumps({**old, "version": 1}))
+    rc, out, _ = run("passport", "--from", str(older))
+    assert rc == 0 and "written by a gpuwear before exports carried a checksum" in out, out
+    stripped = export.with_name("stripped.json")
+    stripped.write_text(json.dumps({**old, "exported_at": doc["exported_at"]}))
+    rc, _, err = run("passport", "--from", str(stripped))
+    assert rc == 1 and "checksum: missing" in err, err
+    rc, _, err = run("passport", "--state-dir", str(box))
+    assert rc == 2 and "name one GPU of this ledger, or an export with --from FILE" in err
 
 
 def test_doctor_says_whether_the_kernel_log_can_be_read(tmp_path: Path) -> None:

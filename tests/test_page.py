@@ -148,6 +148,26 @@ def test_the_report_page_in_a_browser(state: Path, browser: Any) -> None:
 
 
 @pytest.mark.slow
+def test_a_cards_passport_in_a_browser(state: Path, browser: Any) -> None:
+    """Issue 55, item 5: the passport a buyer reads (`gpuwear passport GPU --html`), at both widths: self-contained,
+    the card's verdict and answer on the first screen under the passport's heading, what it cannot know after the
+    card, and every figure that of `passport --json`."""
+    page = state / "passport.html"
+    r = gpuwear("passport", "1", "--simulated", "--state-dir", str(state), "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    html = page.read_text()
+    assert "<script" not in html and "http://" not in html.replace('href="/metrics"', "")
+    seen = _look(browser, page.as_uri(), "passport")
+    doc = json.loads(gpuwear("passport", "1", "--simulated", "--state-dir", str(state), "--json").stdout)
+    for width in WIDTHS:
+        _same_figures(seen[width], doc)
+    text = seen["phone_text"]
+    assert text.startswith("Passport of NVIDIA H100 80GB HBM3\n"), text[:80]
+    assert text.index("matches the file's content") < text.index("GPU-00000001-5111") < text.index(
+        "Not known: the card's age") and "NVML and DCGM keep no power-on hours" in text
+
+
+@pytest.mark.slow
 def test_the_daemon_serves_it_at_the_root(state: Path, browser: Any, tmp_path: Path) -> None:
     """`/` on a running daemon (x1: no save for a minute, so the page and `report --json` read the same ledger),
     behind the same door as /metrics."""

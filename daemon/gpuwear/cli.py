@@ -117,6 +117,17 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--ca-file", metavar="FILE", help="trust this CA (PEM) for https")
     fleet.add_argument("--tenant", metavar="ID", help="Mimir's tenant (the X-Scope-OrgID header)")
 
+    passport = sub.add_parser("passport", help="one card's history for its next owner: what it carried when "
+                              "first seen and what gpuwear saw since, from its export")
+    passport.add_argument("uuid", nargs="?", metavar="GPU", help="its index, UUID or the start of its UUID")
+    _ledger_arguments(passport)
+    passport.add_argument("--from", dest="from_file", metavar="FILE",
+                          help="the passport of an export file (gpuwear export GPU --output FILE) instead of a GPU of "
+                          "this ledger")
+    shape = passport.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="a stable machine-readable document")
+    shape.add_argument("--html", metavar="FILE", help="a self-contained page")
+
     export = sub.add_parser("export", help="one GPU's history as a file another box can import")
     export.add_argument("uuid", metavar="GPU", help="its index, UUID or the start of its UUID")
     _ledger_arguments(export)
@@ -499,6 +510,56 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _passport(args: argparse.Namespace) -> int:
+    from gpuwear import page, passport
+    from gpuwear.wear.schema import SchemaError
+
+    config = _ledger_config(args)
+    if (args.uuid is None) == (args.from_file is None):
+        return _fail("passport: name one GPU of this ledger, or an export with --from FILE", EXIT_USAGE)
+    where = f"--from {printable(args.from_file)}" if args.from_file is not None else "passport"
+    try:
+        if args.from_file is not None:
+            source = args.from_file
+            if (size := Path(source).stat().st_size) > MAX_EXPORT_BYTES:
+                return _fail(f"--from {printable(source)}: {size} bytes: larger than any export gpuwear writes",
+                             EXIT_FAILURE)
+            export = json.loads(Path(source).read_text(encoding="utf-8"))
+        else:
+            path = ledger_path(config, args.simulated)
+            source = str(path)
+            ledger = _open_read_only(path, args.simulated)
+            try:
+                try:
+                    uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
+                except ValueError as exc:
+                    return _no_gpu(str(exc).replace("--gpu ", ""), ledger)
+                export = ledger.export(uuid, simulated=args.simulated is not None)
+            finally:
+                ledger.close()
+        doc = passport.document(export, config.wear, source)
+    except RecursionError:
+        return _fail(f"{where}: nested too deeply to be an export", EXIT_FAILURE)
+    except SchemaError as exc:
+        return _fail(f"{where}: refused: {printable(str(exc))}", EXIT_FAILURE)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return _fail(f"{where}: {printable(why)}", EXIT_FAILURE)
+    except (LedgerError, sqlite3.Error) as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    if args.html is not None:
+        try:
+            Path(args.html).write_text(page.render(doc, passport=tuple(passport.lines(doc))), encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"--html {printable(args.html)}: {exc.strerror or exc}", EXIT_FAILURE)
+        print(f"wrote {printable(args.html)}: open it in a browser")
+    elif args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _show(passport.text(doc), end="")
+    return 0
+
+
 class ExportRefusedError(ValueError):
     """``export --output`` names a file an export must not replace."""
 
@@ -877,7 +938,7 @@ def _fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "report": _report, "jobs": _jobs, "import": _import, "export": _export,
+COMMANDS = {"run": _run, "report": _report, "jobs": _jobs, "import": _import, "export": _export, "passport": _passport,
             "forget": _forget, "doctor": _doctor, "check-config": _check_config, "fleet": _fleet}
 
 

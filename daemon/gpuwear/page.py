@@ -240,18 +240,24 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
 
 
 def render(doc: dict[str, Any], jobs: dict[str, Any] | None = None, generated: float | None = None,
-           note: str | None = None, missing: tuple[str, ...] = (), fabric: tuple[str, ...] = ()) -> str:
+           note: str | None = None, missing: tuple[str, ...] = (), fabric: tuple[str, ...] = (),
+           passport: tuple[str, ...] = ()) -> str:
     """The page of a report document (and the jobs document of the same ledger, for the shares); ``missing``: one
     sentence per GPU of this host that NVML does not list now (the daemon's /healthz words), shown first;
-    ``fabric``: the host's NVSwitch errors in words (Daemon.fabric_problems), after them."""
+    ``fabric``: the host's NVSwitch errors in words (Daemon.fabric_problems), after them; ``passport``: a card's
+    passport (gpuwear.passport.lines), its first line the heading."""
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if generated is None else generated))
     parts = ["<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              '<link rel="icon" href="data:,">',  # no /favicon.ico request (a 404 in the console)
-             f"<title>gpuwear: does deep learning wear this card?</title><style>{_STYLE}</style></head><body><main>",
-             "<h1>Is deep learning wearing these cards?</h1>",
-             f'<p class="muted">gpuwear, {_e(when)}; ledger {_e(doc["ledger"])}'
-             + (f"; {_e(note)}" if note else "") + ' · <a href="/metrics">metrics</a></p>']
+             f"<title>gpuwear: does deep learning wear this card?</title><style>{_STYLE}</style></head><body><main>"]
+    if passport:  # a card's passport: its heading and whether the file is whole first, the rest after the card
+        parts += [f"<h1>Passport of {_e(passport[0].split(' (')[0].removeprefix('PASSPORT of '))}</h1>",
+                  f'<p class="muted">{_e(passport[1].strip())}</p>']
+    else:
+        parts += ["<h1>Is deep learning wearing these cards?</h1>",
+                  f'<p class="muted">gpuwear, {_e(when)}; ledger {_e(doc["ledger"])}'
+                  + (f"; {_e(note)}" if note else "") + ' · <a href="/metrics">metrics</a></p>']
     if doc["simulated"]:
         parts.append('<p class="banner"><strong>Simulated GPUs</strong> (gpuwear --simulate): not real '
                      "hardware.</p>")
@@ -260,5 +266,8 @@ def render(doc: dict[str, Any], jobs: dict[str, Any] | None = None, generated: f
     if not doc["gpus"]:
         parts.append("<p>No GPU in the ledger yet: the first save comes a minute after the daemon starts.</p>")
     parts.extend(_gpu(d, jobs) for d in doc["gpus"])
+    if passport:
+        parts.append(f'<section class="passport"><h2>{_e(passport[0])}</h2>'
+                     + "".join(f"<p>{_e(line.strip())}</p>" for line in passport[2:]) + "</section>")
     parts.append("</main></body></html>\n")
     return "".join(parts)

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from gpuwear.ledger.errors import LedgerError
 from gpuwear.ledger.records import CHANGED, Event, _crc_of, _read_docs, changed
+from gpuwear.wear.schema import checksum
 
-EXPORT_VERSION = 1  # the `gpuwear export` document
+EXPORT_VERSION = 2  # the `gpuwear export` document; 2: with its checksum and the time it was written
 FORMAT = "gpuwear-ledger-export"
 
 
@@ -32,6 +34,9 @@ def document(db: sqlite3.Connection, path: Path, uuid: str, events: Iterable[Eve
     if live is None and not imports:
         raise LedgerError(f"{path}: no GPU {uuid}")
     parts = ([live] if live else []) + imports
-    doc = {"format": FORMAT, "version": EXPORT_VERSION, "uuid": uuid, "parts": parts,
-           "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail} for e in events]}
-    return {**doc, "simulated": True} if simulated else doc
+    doc: dict[str, Any] = {"format": FORMAT, "version": EXPORT_VERSION, "uuid": uuid, "exported_at": time.time(),
+                           "parts": parts, "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail}
+                                                      for e in events]}
+    if simulated:
+        doc["simulated"] = True
+    return {**doc, "checksum": checksum(doc)}

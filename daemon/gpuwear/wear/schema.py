@@ -10,6 +10,8 @@ a dependency of the daemon for one function.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Callable
@@ -306,18 +308,34 @@ def check_event(doc: Any, where: str) -> Any:
     return doc
 
 
+def checksum(doc: dict[str, Any]) -> str:
+    """The integrity checksum of an export document (version 2 on): SHA-256 of its canonical JSON (keys sorted, no
+    spaces), the checksum itself left out. It detects damage, not forgery: anyone can compute it again."""
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, Any]:
-    """Validate a ``gpuwear export`` document: its parts (each a GPU's accumulators, none a duplicate of
-    another) and events. Raises :class:`SchemaError` at the first problem."""
+    """Validate a ``gpuwear export`` document: its version first (a newer one says so before any key it adds), its
+    checksum (version 2 on), its parts (each a GPU's accumulators, none a duplicate of another) and events. Raises
+    :class:`SchemaError` at the first problem."""
     if not isinstance(doc, dict) or doc.get("format") != "gpuwear-ledger-export":
         raise SchemaError("", "not a gpuwear ledger export (gpuwear export UUID)")
-    mapping(doc, "", lambda k: k in ("format", "version", "uuid", "parts", "events", "simulated"), limit=6)
-    if "simulated" in doc and doc["simulated"] is not True:
-        raise SchemaError("simulated", "present only as true (the history of simulated GPUs)")
     version = integer(doc.get("version"), "version", 1, 10**6)
     if version > export_version:
         raise SchemaError("version", f"written by a newer gpuwear (export version {version}; this one reads "
                                      f"{export_version}): upgrade gpuwear to import it")
+    keys = ("format", "version", "uuid", "parts", "events", "simulated") + \
+        (("exported_at", "checksum") if version >= 2 else ())
+    mapping(doc, "", lambda k: k in keys, limit=len(keys))
+    if "simulated" in doc and doc["simulated"] is not True:
+        raise SchemaError("simulated", "present only as true (the history of simulated GPUs)")
+    if version >= 2:
+        wall(doc.get("exported_at"), "exported_at", optional=False)
+        if not isinstance(doc.get("checksum"), str) or doc["checksum"] != checksum(doc):
+            raise SchemaError("checksum", "missing or not the file's own: the file was changed or damaged after "
+                                          "export")
     uuid = text(doc.get("uuid"), "uuid", limit=128)
     parts = doc.get("parts")
     if not isinstance(parts, list) or not parts or len(parts) > MAX_PARTS:
