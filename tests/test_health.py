@@ -1224,6 +1224,48 @@ def test_an_xid_45_burst_after_another_xid_is_counted_with_its_cause() -> None:
     assert all("xid_45" not in {r["code"] for r in g["health"]["reasons"]} for g in doc["gpus"])  # no reason of its own
 
 
+def test_a_used_card_met_with_its_counts_and_met_again_with_them_reset() -> None:
+    """Issue 55's done-when, through the fake: a V100 first seen carrying 10^6 aggregate corrected errors and 3
+    retired pages (a scenario's used card) has them said as carried in its reasons and in its passport, and no
+    error-rate reason fires for them; the same card met at the next start with its counts reset (an InfoROM
+    cleared) is said (counts_went_down), the first sight kept."""
+    from conftest import make_rig
+    from gpuwear import passport
+    from gpuwear.tracker import WearTracker
+    from gpuwear.wear.schema import check_wear, checksum
+
+    def sight(tracker: WearTracker, **card: Any) -> dict[str, str]:
+        rig = make_rig({"gpus": [{"product": "v100", "schedule": [{"kind": "train", "seconds": 7200}], **card}]},
+                       slow_interval=10)
+        for _ in range(40):
+            rig.run(10, interval=10)
+            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+        rig.backend.close()
+        uuid = rig.sampler.snapshot.gpus[0].identity.uuid
+        return {r["code"]: r["text"] for r in tracker.views[uuid].verdict["reasons"]}
+
+    tracker = WearTracker({}, WearConfig())
+    said = sight(tracker, carried={"ecc_corrected": 10**6, "retired_single_bit": 2, "retired_double_bit": 1})
+    assert "carried" in said.get("retired_pages", ""), said
+    assert not {"bleeding_errors", "uncorrectable_ecc_history", "counts_went_down"} & set(said), said
+    (w,) = tracker._wears.values()
+    assert w.health["carried ecc_corrected_aggregate"] == 10**6, w.health
+    record = json.loads(json.dumps(check_wear(w.to_json())))
+    export = {"format": "gpuwear-ledger-export", "version": 2, "uuid": w.uuid, "exported_at": T0,
+              "parts": [record], "events": []}
+    text = passport.text(passport.document({**export, "checksum": checksum(export)}, WearConfig(), "test"))
+    assert "Carried when gpuwear first read it on " in text and "1,000,000 corrected ECC errors, 1 pages retired " \
+        "for double-bit errors, 2 pages retired for single-bit errors" in text, text
+    tracker = WearTracker({w.uuid: GpuWear.from_json(record, 2.0)}, WearConfig())  # the next start
+    said = sight(tracker)
+    assert "went down" in said.get("counts_went_down", ""), said
+    (w,) = tracker._wears.values()
+    assert w.health["carried ecc_corrected_aggregate"] == 10**6  # the first sight stays what it was
+    from gpuwear.sim.simulated import ScenarioError, parse_scenario
+
+    with pytest.raises(ScenarioError, match=r"gpus\[0\]\.carried\.retired_single_bit: NVIDIA A100.* keeps no such"):
+        parse_scenario({"gpus": [{"product": "a100-sxm", "carried": {"retired_single_bit": 1}}]}, "used")
+
 def test_a_cards_firmware_at_first_sight_and_a_reflash_later_are_said() -> None:
     """Issue 55, items 1, 3 and 6: nothing read the card's VBIOS or InfoROM. The backend now reads them at each open
     (nvmlDeviceGetVbiosVersion, nvmlDeviceGetInforomImageVersion, ...ConfigurationChecksum, nvmlDeviceValidateInforom)

@@ -816,6 +816,26 @@ def _job_name(value: Any, where: str) -> str | None:
 STRUCTS = {"memory": 2, "temperature": 1, "fan_speed_info": 1}
 
 
+# a used card's lifetime counts, as its InfoROM holds them when gpuwear first meets it: a scenario's name -> the
+# card state's field (NVML's aggregate ECC counts persist "for the lifetime of the device"; retired pages before
+# Ampere, remapped rows from Ampere on, each only on a product that keeps them)
+CARRIED = {"ecc_corrected": "ecc_corrected_aggregate", "ecc_uncorrected": "ecc_uncorrected_aggregate",
+           "retired_single_bit": "retired_single_bit", "retired_double_bit": "retired_double_bit",
+           "remapped_corrected": "remapped_corrected", "remapped_uncorrected": "remapped_uncorrected"}
+
+
+def _carried(gpu: SimGpu, spec: Any, where: str) -> None:
+    """A scenario GPU's ``carried``: the lifetime counts it arrives with (a used card)."""
+    if not isinstance(spec, dict) or set(spec) - set(CARRIED):
+        raise ScenarioError(f"{where}: expected a mapping of {', '.join(CARRIED)} to counts, got {short_repr(spec)}")
+    kept = {"retired_single_bit": gpu.product.retired_pages, "retired_double_bit": gpu.product.retired_pages,
+            "remapped_corrected": gpu.product.remapped_rows, "remapped_uncorrected": gpu.product.remapped_rows}
+    for key, value in spec.items():
+        if not kept.get(key, True):
+            raise ScenarioError(f"{where}.{key}: {gpu.product.name} keeps no such count")
+        setattr(gpu.state, CARRIED[key], int(_number(value, f"{where}.{key}", 0, 1e15)))
+
+
 def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
     """Validate a scenario document (see ``scenarios/demo.yaml``) and build the simulation."""
     if not isinstance(doc, dict):
@@ -866,7 +886,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
         # > 1: a dusty heatsink or dried paste; up to 5, a failed fan or a heatsink off its die
         cooling = _number(spec.get("cooling_factor", 1.0), f"{where}.cooling_factor", 0.5, 5.0)
         unknown = set(spec) - {"product", "schedule", "offset_seconds", "cooling_factor", "unsupported", "mig",
-                               "mig_devices", "vgpu", "vbios", "inforom_checksum", "inforom_corrupt"}
+                               "mig_devices", "vgpu", "vbios", "inforom_checksum", "inforom_corrupt", "carried"}
         if unknown:
             raise ScenarioError(f"{where}.{sorted(map(str, unknown))[0][:60]}: unknown key")
         if BRANCHES.index(PROFILES[driver].branch) < BRANCHES.index(product.min_branch):
@@ -902,6 +922,7 @@ def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:
             gpu.inforom_checksum = int(_number(spec["inforom_checksum"], f"{where}.inforom_checksum", 0, 2**32 - 1))
         if spec.get("inforom_corrupt") is True:
             gpu.inforom_corrupt = True
+        _carried(gpu, spec.get("carried", {}), f"{where}.carried")
         gpus.append(gpu)
     faults = []
     for i, spec in enumerate(doc.get("faults", []) or []):
