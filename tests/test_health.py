@@ -1256,6 +1256,8 @@ def test_a_used_card_met_with_its_counts_and_met_again_with_them_reset() -> None
     text = passport.text(passport.document({**export, "checksum": checksum(export)}, WearConfig(), "test"))
     assert "Carried when gpuwear first read it on " in text and "1,000,000 corrected ECC errors, 1 pages retired " \
         "for double-bit errors, 2 pages retired for single-bit errors" in text, text
+    dated = time.strftime("%Y-%m-%d", time.gmtime((w.first_seen or 0) - 400 * DAY))  # the scenario's default
+    assert f"its retired pages dated {dated} to {dated} by the card itself" in text, text
     tracker = WearTracker({w.uuid: GpuWear.from_json(record, 2.0)}, WearConfig())  # the next start
     said = sight(tracker)
     assert "went down" in said.get("counts_went_down", ""), said

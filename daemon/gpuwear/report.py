@@ -69,6 +69,10 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         # what the card carried of its lifetime counts when gpuwear first read each (before gpuwear: inherited)
         "carried": {name: {"count": w.health[f"carried {name}"], "first_read": w.last_event.get(f"first read {name}")}
                     for name in sorted(CARRIED_COUNTS) if f"carried {name}" in w.health},
+        # the card's own dates of the retired pages it carried (nvmlDeviceGetRetiredPages_v2): oldest, newest
+        "carried_retired_dates": {"oldest": w.health["retired_pages_oldest_wall"],
+                                  "newest": w.health["carried retired_pages_newest_wall"]}
+        if {"retired_pages_oldest_wall", "carried retired_pages_newest_wall"} <= w.health.keys() else None,
         # its firmware: at gpuwear's first sight of it ("first", with "at"), now, and the latest change of each
         "firmware": dict(w.firmware),
         "observed_seconds": round(w.observed_seconds, 3),
@@ -481,8 +485,15 @@ def carried_words(d: dict[str, Any]) -> str | None:
         return None
     firsts = [c["first_read"] for c in held.values() if c["first_read"] is not None]
     day = f" on {time.strftime('%Y-%m-%d', time.gmtime(min(firsts)))}" if firsts else ""
+    dated = d.get("carried_retired_dates")
+    pages = (f"; its retired pages dated {_day(dated['oldest'])} to {_day(dated['newest'])} by the card itself"
+             if dated else "")
     return (f"Carried when gpuwear first read it{day} (from before gpuwear, its history unknown): "
-            + ", ".join(f"{c['count']:,} {CARRIED_WORDS.get(name, name)}" for name, c in held.items()))
+            + ", ".join(f"{c['count']:,} {CARRIED_WORDS.get(name, name)}" for name, c in held.items()) + pages)
+
+
+def _day(wall: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(wall))
 
 
 def firmware_words(d: dict[str, Any]) -> str | None:

@@ -104,6 +104,10 @@ class GpuSample:
     retired_pages_single_bit: int | None = None
     retired_pages_double_bit: int | None = None
     retired_pages_pending: bool | None = None
+    # the oldest and newest timestamp of the retired pages, Unix seconds (nvmlDeviceGetRetiredPages_v2): the card's
+    # own dates, kept in its InfoROM; None without retired pages or where the library has no _v2
+    retired_pages_oldest_wall: float | None = None
+    retired_pages_newest_wall: float | None = None
     # nvmlDeviceGetRemappedRows (Ampere+)
     remapped_rows_corrected: int | None = None
     remapped_rows_uncorrected: int | None = None
@@ -257,6 +261,8 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "recovery_action": (0, 100),
     "fabric_state": (1, 3),
     "fabric_status": (0, 999),
+    "retired_pages_oldest_wall": (946684800.0, 4102444800.0),
+    "retired_pages_newest_wall": (946684800.0, 4102444800.0),
     "fabric_health_mask": (0, 2**32 - 1),
     "fabric_health_summary": (1, 3),
 }

@@ -239,6 +239,7 @@ class Api:
     fan_v2: bool  # nvmlDeviceGetFanSpeed_v2 (per fan), else nvmlDeviceGetFanSpeed (fan 0)
     memory_v2: bool  # nvmlDeviceGetMemoryInfo_v2 ("used" without the driver's reserved memory, as nvidia-smi)
     margin: bool  # nvmlDeviceGetMarginTemperature (R570+)
+    retired_v2: bool  # nvmlDeviceGetRetiredPages_v2: each retired page's timestamp (and the binding's wrapper)
     fabric: str | None  # nvmlDeviceGetGpuFabricInfoV (R550+: health mask; R580+: v3, summary), else ...Info (R525+)
     processes: str  # the newest nvmlDeviceGetComputeRunningProcesses variant exported
     process_layout: type[ctypes.Structure]
@@ -259,6 +260,7 @@ class Api:
             fan_v2=exports("nvmlDeviceGetFanSpeed_v2"),
             memory_v2=exports("nvmlDeviceGetMemoryInfo_v2") and hasattr(pynvml, "nvmlMemory_v2"),
             margin=exports("nvmlDeviceGetMarginTemperature"),
+            retired_v2=exports("nvmlDeviceGetRetiredPages_v2") and hasattr(pynvml, "nvmlDeviceGetRetiredPages_v2"),
             fabric=next((name for name in ("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo")
                          if exports(name)), None),
             processes=processes,
@@ -390,14 +392,26 @@ def _ecc_mode(h: Any, api: Api) -> Values:
     return {"ecc_enabled": pynvml.nvmlDeviceGetEccMode(h)[0] == pynvml.NVML_FEATURE_ENABLED}
 
 
+PLAUSIBLE_WALL = (946684800.0, 4102444800.0)  # 2000-01-01 .. 2100-01-01: a page's timestamp outside is not a date
+
+
 def _retired_pages(h: Any, api: Api) -> Values:
-    return {
-        "retired_pages_single_bit": len(pynvml.nvmlDeviceGetRetiredPages(
-            h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
-        "retired_pages_double_bit": len(pynvml.nvmlDeviceGetRetiredPages(
-            h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
-        "retired_pages_pending": bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)),
-    }
+    """The pages retired for each cause (before Ampere) and, where the library has nvmlDeviceGetRetiredPages_v2, the
+    oldest and newest of their timestamps ("the timestamps of page retirement", Unix seconds): the card's own dates,
+    kept in its InfoROM, which reach back before gpuwear met it. A timestamp that is no plausible date is left out."""
+    causes = (pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+              pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+    if api.retired_v2:
+        pages = [pynvml.nvmlDeviceGetRetiredPages_v2(h, cause) for cause in causes]
+        counts = [len(p) for p in pages]
+        walls = [float(page["timestamp"]) for p in pages for page in p
+                 if PLAUSIBLE_WALL[0] <= page["timestamp"] < PLAUSIBLE_WALL[1]]
+    else:
+        counts, walls = [len(pynvml.nvmlDeviceGetRetiredPages(h, cause)) for cause in causes], []
+    return {"retired_pages_single_bit": counts[0], "retired_pages_double_bit": counts[1],
+            "retired_pages_pending": bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)),
+            "retired_pages_oldest_wall": min(walls, default=None),
+            "retired_pages_newest_wall": max(walls, default=None)}
 
 
 def _remapped_rows(h: Any, api: Api) -> Values:
@@ -659,7 +673,8 @@ READERS: tuple[Reader, ...] = (
     Reader("mig_slices", True, _mig_slices, ("mig_slices", "mig_slice_count")),
     Reader("ecc_mode", True, _ecc_mode, ("ecc_enabled",)),
     Reader("retired_pages", True, _retired_pages,
-           ("retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending")),
+           ("retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
+            "retired_pages_oldest_wall", "retired_pages_newest_wall")),
     Reader("remapped_rows", True, _remapped_rows,
            ("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
             "remapped_rows_failure")),

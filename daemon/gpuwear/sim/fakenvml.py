@@ -698,17 +698,28 @@ class SimulatedDriver:
         return SUCCESS
 
     def nvmlDeviceGetRetiredPages(self, handle: Any, cause: Any, count: Any, addresses: Any) -> int:
+        return self.nvmlDeviceGetRetiredPages_v2(handle, cause, count, addresses)
+
+    def nvmlDeviceGetRetiredPages_v2(self, handle: Any, cause: Any, count: Any, addresses: Any,
+                                     timestamps: Any = None) -> int:
+        """The retired pages of one cause, and (_v2) each one's timestamp, Unix seconds: "timestamps: buffer to
+        write the timestamps of page retirement" (nvml.h). nvidia-ml-py's size query passes no timestamps buffer."""
         gpu = self._gpu(handle, "retired_pages")
         if not gpu.product.retired_pages:
             raise _UnsupportedError()
         # nvmlPageRetirementCause_t: MULTIPLE_SINGLE_BIT_ECC_ERRORS=0, DOUBLE_BIT_ECC_ERROR=1
-        n = gpu.state.retired_single_bit if _in(cause) == 0 else gpu.state.retired_double_bit
+        which = 0 if _in(cause) == 0 else 1
+        n = gpu.state.retired_single_bit if which == 0 else gpu.state.retired_double_bit
         c = _out(count)
         if addresses is None or c.value < n:
             c.value = n
             return SUCCESS if n == 0 else ERROR_INSUFFICIENT_SIZE
+        at = gpu.state.retired_at.get(which, [])
+        wall, now = self.clock.wall(), self.clock.monotonic() - self._start
         for i in range(n):
             addresses[i] = 0x1000 * (i + 1)
+            if timestamps is not None:
+                timestamps[i] = int(wall - (now - at[i])) if i < len(at) else 0
         c.value = n
         return SUCCESS
 

@@ -331,6 +331,9 @@ class GpuState:
     retired_single_bit: int = 0
     retired_double_bit: int = 0
     retired_pending: bool = False
+    # when each retired page was retired, by cause (0 single-bit, 1 double-bit): simulated seconds from the start,
+    # negative for a used card's (nvmlDeviceGetRetiredPages_v2 gives each page's timestamp)
+    retired_at: dict[int, list[float]] = field(default_factory=dict)
     remapped_corrected: int = 0
     remapped_uncorrected: int = 0
     # spare rows left in each bank a remap used (the others have all BANK_SPARE_ROWS): the row remapper's histogram
@@ -594,6 +597,8 @@ class SimGpu:
         elif k == "retire_pages":
             s.retired_single_bit += int(prm.get("single_bit", 0))
             s.retired_double_bit += int(prm.get("double_bit", 0))
+            s.retired_at.setdefault(0, []).extend([fault.at] * int(prm.get("single_bit", 0)))
+            s.retired_at.setdefault(1, []).extend([fault.at] * int(prm.get("double_bit", 0)))
             s.retired_pending = bool(prm.get("pending", False))
         elif k == "remap_rows":
             rows = int(prm.get("corrected", 0)) + int(prm.get("uncorrected", 0))
@@ -822,18 +827,26 @@ STRUCTS = {"memory": 2, "temperature": 1, "fan_speed_info": 1}
 CARRIED = {"ecc_corrected": "ecc_corrected_aggregate", "ecc_uncorrected": "ecc_uncorrected_aggregate",
            "retired_single_bit": "retired_single_bit", "retired_double_bit": "retired_double_bit",
            "remapped_corrected": "remapped_corrected", "remapped_uncorrected": "remapped_uncorrected"}
+CARRIED_DAYS_AGO = 400.0  # when a used card's pages were retired, before the simulation began, unless it says
 
 
 def _carried(gpu: SimGpu, spec: Any, where: str) -> None:
-    """A scenario GPU's ``carried``: the lifetime counts it arrives with (a used card)."""
-    if not isinstance(spec, dict) or set(spec) - set(CARRIED):
-        raise ScenarioError(f"{where}: expected a mapping of {', '.join(CARRIED)} to counts, got {short_repr(spec)}")
+    """A scenario GPU's ``carried``: the lifetime counts it arrives with (a used card), and ``retired_days_ago``,
+    how long before the simulation began its carried pages were retired."""
+    if not isinstance(spec, dict) or set(spec) - {*CARRIED, "retired_days_ago"}:
+        raise ScenarioError(f"{where}: expected a mapping of {', '.join(CARRIED)} to counts (and retired_days_ago), "
+                            f"got {short_repr(spec)}")
     kept = {"retired_single_bit": gpu.product.retired_pages, "retired_double_bit": gpu.product.retired_pages,
             "remapped_corrected": gpu.product.remapped_rows, "remapped_uncorrected": gpu.product.remapped_rows}
+    ago = -86400.0 * _number(spec.get("retired_days_ago", CARRIED_DAYS_AGO), f"{where}.retired_days_ago", 0, 3650)
     for key, value in spec.items():
+        if key == "retired_days_ago":
+            continue
         if not kept.get(key, True):
             raise ScenarioError(f"{where}.{key}: {gpu.product.name} keeps no such count")
-        setattr(gpu.state, CARRIED[key], int(_number(value, f"{where}.{key}", 0, 1e15)))
+        setattr(gpu.state, CARRIED[key], n := int(_number(value, f"{where}.{key}", 0, 1e15)))
+        if key.startswith("retired_"):
+            gpu.state.retired_at[key == "retired_double_bit"] = [ago] * min(n, 4096)
 
 
 def parse_scenario(doc: Any, name: str, seed: int = 1) -> Simulation:

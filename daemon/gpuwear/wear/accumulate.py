@@ -263,7 +263,7 @@ HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volat
                  "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
                  "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
                  "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors", "remap_banks_low",
-                 "remap_banks_none")
+                 "remap_banks_none", "retired_pages_oldest_wall", "retired_pages_newest_wall")
 
 FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
@@ -686,6 +686,8 @@ class GpuWear:
                 before = self.health.get(name)
                 if name in GROWING_COUNTS and isinstance(before, (int, float)) and value > before:
                     self.last_event[f"grew {name}"] = s.timestamp
+                if name == "retired_pages_newest_wall" and before is None:  # the newest page it carried: its date
+                    self.health[f"carried {name}"] = value
                 if name in CARRIED_COUNTS and before is None:  # gpuwear's first read of it: what the card carried
                     self.health[f"carried {name}"] = value
                     self.last_event[f"first read {name}"] = s.timestamp
