@@ -7,6 +7,7 @@ Needs Debian's ``prometheus`` package; ./test.sh installs it. 25 to 45 s on 2 co
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -116,3 +117,10 @@ def test_gpuwear_fleet_answers_from_the_long_term_store(results: fleet.Results) 
     low, high = v100["total"]["interval"]
     assert low < v100["total"]["rate_per_gpu_year"] < high
     assert doc["cannot_see"] and doc["cost"]["queries"] >= 6 and doc["retention_short"] is None
+    from gpuwear.fleet.html import render  # the same answer as a page: each bucket's figures those of the JSON
+
+    page = render(doc, "90d")
+    shown = re.findall(r'<tr data-bucket="(\d+)">.*?data-figure="incidents" data-value="(\d+)".*?data-figure="rate" '
+                       r'data-value="([^"]*)"', page)
+    assert shown == [(str(b["bucket"]), str(b["incidents"]), str(b["rate_per_gpu_year"]))
+                     for p in doc["products"] for b in p["buckets"]], shown

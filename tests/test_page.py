@@ -168,6 +168,44 @@ def test_a_cards_passport_in_a_browser(state: Path, browser: Any) -> None:
 
 
 @pytest.mark.slow
+def test_the_fleets_answer_in_a_browser(browser: Any) -> None:
+    """Issue 56, item 3: `gpuwear fleet --html`, the answer as a page, at both widths: no console error, nothing wider
+    than the screen (its tables scroll within), each bucket's figures those of the JSON, the association or its
+    absence said, and a hostile product name shown as text."""
+    from selenium.webdriver.common.by import By
+
+    from gpuwear.fleet.answer import YEAR_SECONDS, Card, answer
+    from gpuwear.fleet.html import render
+
+    cards = [Card(f"GPU-{i:03d}", "NVIDIA H100 80GB HBM3" if i < 16 else "<script>x</script>",
+                  f"node-{i // 8}:9941 GPU {i % 8}", 100.0 * (i + 1), YEAR_SECONDS, (i % 16) // 12 * 3)
+             for i in range(24)]
+    doc = answer(cards)
+    result = {"schema_version": 1, "store": "https://thanos.example:10902", "source": "recording rules",
+              "span_seconds": 90 * 86400.0, "at": 1.79e9, "earliest": None, "retention_short": None,
+              "cards": [vars(c) for c in cards], **doc, "cannot_see": ["cards never scraped into this store"],
+              "cost": {"queries": 7, "bytes": 4000}}
+    OUT.mkdir(parents=True, exist_ok=True)
+    page = OUT / "fleet.html"
+    page.write_text(render(result, "90d"))
+    assert "<script>x" not in page.read_text()
+    for width_name, (width, height) in WIDTHS.items():
+        browser.set_window_size(width, height)
+        browser.get(page.as_uri())
+        browser.save_screenshot(str(OUT / f"fleet-{width_name}.png"))
+        assert not [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not browser.execute_script("return document.documentElement.scrollWidth > window.innerWidth"), \
+            width_name
+        rows = [(r.get_attribute("data-bucket"),
+                 r.find_element(By.CSS_SELECTOR, "[data-figure=rate]").get_attribute("data-value"))
+                for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-bucket]")]
+        assert rows == [(str(b["bucket"]), str(b["rate_per_gpu_year"])) for p in doc["products"]
+                        for b in p["buckets"]], rows
+        text = browser.find_element(By.TAG_NAME, "body").text
+        assert "<script>x</script>" in text and "Association, not cause" in text
+
+
+@pytest.mark.slow
 def test_the_daemon_serves_it_at_the_root(state: Path, browser: Any, tmp_path: Path) -> None:
     """`/` on a running daemon (x1: no save for a minute, so the page and `report --json` read the same ledger),
     behind the same door as /metrics."""

@@ -110,7 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--prometheus", metavar="URL", required=True,
                        help="the store's HTTP API: Prometheus, Thanos Query, Mimir (with --tenant), VictoriaMetrics")
     fleet.add_argument("--span", metavar="DURATION", default="90d", help="how far back (default 90d)")
-    fleet.add_argument("--json", action="store_true", help="the answer as JSON")
+    shape = fleet.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="the answer as JSON")
+    shape.add_argument("--html", metavar="FILE", help="the answer as one self-contained page")
     fleet.add_argument("--bearer-token-file", metavar="FILE", help="send this file's token as a bearer token")
     fleet.add_argument("--basic-user", metavar="USER", help="basic auth's user (with --basic-password-file)")
     fleet.add_argument("--basic-password-file", metavar="FILE", help="basic auth's password, from this file")
@@ -922,6 +924,15 @@ def _fleet(args: argparse.Namespace) -> int:
               "cost": {"queries": store.queries, "bytes": store.bytes}}
     if args.json:
         print(json.dumps(result, indent=2))
+        return 0
+    if args.html is not None:
+        from gpuwear.fleet.html import render
+
+        try:
+            Path(args.html).write_text(render(result, args.span), encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"--html {printable(args.html)}: {exc.strerror or exc}", EXIT_FAILURE)
+        print(f"wrote {printable(args.html)}: open it in a browser")
         return 0
     lines = [f"{len(got.cards)} card(s) in {args.prometheus}, over the last {args.span} (from its {got.source}"
              + ("; XID counters count since each daemon started: a restart within the span loses its earlier events"

@@ -24,7 +24,7 @@ _STATUS = {"ok": ("OK", "#1b7f3b"), "watch": ("WATCH", "#b45309"), "act": ("ACT"
 _SHORT = {"idle_24_7": "idle, 35 °C", "gaming_4h_day": "gaming 4 h a day", "stress_24_7": "mining, 85 °C",
           "training_24_7": "training, 75 °C"}
 _CYCLE_BUCKETS = ((2, 5), (5, 10), (10, 20), (20, 30), (30, 40), (40, 60), (60, 999))
-_STYLE = """
+STYLE = """
 body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;background:#f6f7f9;color:#111827;
 overflow-wrap:anywhere}
 main{max-width:60rem;margin:0 auto;padding:1rem}
@@ -250,7 +250,7 @@ def render(doc: dict[str, Any], jobs: dict[str, Any] | None = None, generated: f
     parts = ["<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              '<link rel="icon" href="data:,">',  # no /favicon.ico request (a 404 in the console)
-             f"<title>gpuwear: does deep learning wear this card?</title><style>{_STYLE}</style></head><body><main>"]
+             f"<title>gpuwear: does deep learning wear this card?</title><style>{STYLE}</style></head><body><main>"]
     if passport:  # a card's passport: its heading and whether the file is whole first, the rest after the card
         parts += [f"<h1>Passport of {_e(passport[0].split(' (')[0].removeprefix('PASSPORT of '))}</h1>",
                   f'<p class="muted">{_e(passport[1].strip())}</p>']
