@@ -229,33 +229,58 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("opentelemetry"))
 
 
 @pytest.mark.slow
-def test_the_daemon_pushes_on_its_own_loop_to_the_configured_endpoint(tmp_path: Path) -> None:
-    """The running daemon (otlp.enabled, interval 1 s) pushes on its own loop: the receiver gets pushes at the
-    configured endpoint's /v1/metrics, and /metrics counts them."""
-    from dataclasses import replace
-
-    from gpuwear.config import Config
+def test_the_daemon_pushes_on_its_own_loop_and_a_reload_applies_otlp_changes(tmp_path: Path) -> None:
+    """The running daemon pushes on its own loop, and a reload (SIGHUP) applies the otlp section at once (issue 57:
+    only a restart did): off at start, turned on (interval 1 s) it pushes to the endpoint's /v1/metrics and /metrics
+    counts the pushes; a new endpoint gets the next pushes, the count carried on; turned off, the pushes stop and the
+    count's series goes."""
+    from gpuwear.config import load_config
     from gpuwear.service import Daemon, open_source
     from helpers import fetch
 
-    with receiver() as r:
-        config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=str(tmp_path))
-        config = replace(config, otlp=OtlpConfig(enabled=True, endpoint=r.url, interval_seconds=1.0))
-        daemon = Daemon(config, open_source(config, "demo", 60.0, False))
+    path = tmp_path / "config.yaml"
+    base = f"listen: 127.0.0.1:{free_port()}\nstate_dir: {tmp_path}\n"
+
+    def pushes_ok(daemon: Daemon) -> float | None:
+        status, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
+        assert status == 200
+        ok = [float(line.split()[-1]) for line in body.splitlines()
+              if line.startswith('gpuwear_otlp_pushes_total{result="ok"}')]
+        return ok[0] if ok else None
+
+    def wait(r: Receiver, n: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(r.requests) < n:
+            assert time.monotonic() < deadline, f"{len(r.requests)} OTLP pushes of {n} within 60 s"
+            time.sleep(0.05)
+
+    with receiver() as first, receiver() as second:
+        path.write_text(base)
+        config = load_config(str(path))
+        daemon = Daemon(config, open_source(config, "demo", 60.0, False), config_path=str(path))
         daemon.start()
         try:
-            deadline = time.monotonic() + 60
-            while len(r.requests) < 2:
-                assert time.monotonic() < deadline, "no OTLP push within 60 s"
-                time.sleep(0.05)
-            status, body = fetch(f"http://127.0.0.1:{daemon.port}/metrics")
+            assert pushes_ok(daemon) is None
+            path.write_text(base + f"otlp:\n  enabled: true\n  endpoint: {first.url}\n  interval_seconds: 1\n")
+            assert daemon.reload()
+            wait(first, 2)
+            counted = pushes_ok(daemon)
+            assert counted is not None and counted >= 1
+            path.write_text(base + f"otlp:\n  enabled: true\n  endpoint: {second.url}\n  interval_seconds: 1\n")
+            assert daemon.reload()
+            taken = len(first.requests)
+            wait(second, 2)
+            assert len(first.requests) <= taken + 1  # one push in flight at the reload, at most
+            assert (pushes_ok(daemon) or 0) >= counted + 2  # carried on, not begun again
+            path.write_text(base + "otlp:\n  enabled: false\n")
+            assert daemon.reload()
+            stopped = len(second.requests)
+            time.sleep(2.5)  # two and a half intervals: a loop still pushing would have pushed twice
+            assert len(second.requests) <= stopped + 1 and pushes_ok(daemon) is None
         finally:
             daemon.stop()
-    assert status == 200 and set(r.paths) == {"/v1/metrics"}
-    ok = [float(line.split()[-1]) for line in body.splitlines()
-          if line.startswith('gpuwear_otlp_pushes_total{result="ok"}')]
-    assert ok and ok[0] >= 1
-    assert "hw.temperature" in points(r.requests[-1])
+    assert set(first.paths) == set(second.paths) == {"/v1/metrics"}
+    assert "hw.temperature" in points(second.requests[-1])
 
 
 def test_the_same_push_over_grpc(tmp_path: Path) -> None:

@@ -281,6 +281,7 @@ class Daemon:
         self._server: FrontDoor | None = None
         self._kernel_log: KernelLogXids | None = None
         self._otlp: Any = None  # gpuwear.otlp.push.Pusher while OTLP is on (the SDK is imported only then)
+        self._otlp_loop = False  # the pushing loop runs (started with the first pusher)
 
     @property
     def port(self) -> int:
@@ -673,11 +674,10 @@ class Daemon:
             watchdog_interval = self._watchdog_interval
             loops.append(("watchdog", lambda: watchdog_interval, self._watchdog))
         self._otlp = self._start_otlp()
-        if self._otlp is not None:
-            otlp_interval = self.config.otlp.interval_seconds
-            loops.append(("otlp", lambda: otlp_interval, self._otlp.push))
         for name, seconds, action in loops:
             threading.Thread(target=self._every, args=(seconds, action), name=name, daemon=True).start()
+        if self._otlp is not None:
+            self._start_otlp_loop()
         sd_notify(f"READY=1\nSTATUS=sampling {len(sampler.snapshot.gpus)} GPU(s)")
         if not self.config.listen_is_loopback and not (self.web.users and self.web.tls):
             log.warning("serving /metrics on a non-loopback address %s without TLS and basic auth "
@@ -711,6 +711,34 @@ class Daemon:
                  self.config.otlp.interval_seconds)
         return pusher
 
+    def _start_otlp_loop(self) -> None:
+        """The loop that pushes (once, where OTLP is on at start or a reload turns it on): each push the pusher of
+        the moment, at the interval of the moment (a reload may change both)."""
+        if self._otlp_loop:
+            return
+        self._otlp_loop = True
+
+        def push() -> object:
+            otlp = self._otlp
+            return None if otlp is None else otlp.push()
+
+        threading.Thread(target=self._every, args=(lambda: self.config.otlp.interval_seconds, push), name="otlp",
+                         daemon=True).start()
+
+    def _reload_otlp(self, before: Any) -> None:
+        """A reload whose otlp section changed (``before``: the old one): a new pusher from the new section (or none,
+        OTLP off now), its counts carried on from the old one's, the old one closed; the loop started if it was not."""
+        old, new = self._otlp, self._start_otlp()
+        if old is not None and new is not None:
+            new.pushed, new.failed = old.pushed, old.failed
+        self._otlp = new
+        if old is not None:
+            old.close()
+        if new is not None:
+            self._start_otlp_loop()
+        elif before.on(os.environ):
+            log.info("SIGHUP: OTLP pushes stop")
+
     def published(self) -> Published:
         """What a scrape reads now: each part an immutable object, read by reference."""
         snapshot = self.source.sampler.snapshot
@@ -737,7 +765,7 @@ class Daemon:
 
     def reload(self) -> bool:
         """Re-read the config file and the web config file it names (SIGHUP): sampling intervals,
-        thresholds, model parameters, TLS, users and headers apply at once, without losing state; an
+        thresholds, model parameters, OTLP, TLS, users and headers apply at once, without losing state; an
         invalid file is refused and the old one kept (the log says which). True when both were taken."""
         if self.config_path is None:
             log.warning("SIGHUP: no --config file to reload")
@@ -795,7 +823,9 @@ class Daemon:
         self.tracker.set_detail(new.metrics.detail)
         self.collector.detail = self.exposition.detail = new.metrics.detail
         logging.getLogger().setLevel(new.log_level.upper())
-        self.config = new
+        before, self.config = self.config, new
+        if new.otlp != before.otlp:
+            self._reload_otlp(before.otlp)
         with self._timers:  # the sampling and persist loops take their new intervals
             self._timers.notify_all()
         log.info("SIGHUP: reloaded %s (sampling every %gs)", config_path, new.sampling.interval_seconds)
