@@ -5,12 +5,14 @@ from __future__ import annotations
 import http.server
 import json
 import logging
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ class Receiver:
     """An OTLP/HTTP metrics receiver on a free port: each request decoded (ExportMetricsServiceRequest), answered
     ``status`` (200: taken)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
         self.status = 200
         self.paths: list[str] = []
@@ -59,7 +61,9 @@ class Receiver:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -68,8 +72,8 @@ class Receiver:
 
 
 @contextmanager
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
+def receiver(tls: ssl.SSLContext | None = None) -> Iterator[Receiver]:
+    r = Receiver(tls)
     try:
         yield r
     finally:
@@ -281,6 +285,52 @@ def test_the_daemon_pushes_on_its_own_loop_and_a_reload_applies_otlp_changes(tmp
             daemon.stop()
     assert set(first.paths) == set(second.paths) == {"/v1/metrics"}
     assert "hw.temperature" in points(second.requests[-1])
+
+
+def _pki(folder: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed (EC keys: quick to make)."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *ec, "-keyout", str(folder / "ca.key"), "-out", str(folder / "ca.crt"), "-days", "1",
+            "-subj", "/CN=test CA")
+    for name, san in (("server", "IP:127.0.0.1"), ("client", "DNS:gpuwear.example")):
+        (folder / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        openssl("req", *ec, "-keyout", str(folder / f"{name}.key"), "-out", str(folder / f"{name}.csr"), "-subj",
+                f"/CN={name}")
+        openssl("x509", "-req", "-in", str(folder / f"{name}.csr"), "-CA", str(folder / "ca.crt"), "-CAkey",
+                str(folder / "ca.key"), "-CAcreateserial", "-out", str(folder / f"{name}.crt"), "-days", "1",
+                "-extfile", str(folder / f"{name}.ext"))
+
+
+def test_a_collector_that_asks_for_a_client_certificate_gets_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 57, item 1 (TLS): otlp.client_certificate and client_key (mutual TLS) were not there, only the CA file.
+    A collector over https that requires a client certificate signed by its CA takes the push with them and refuses
+    it without; one without the other, or a file that cannot be read, is refused at start in one line. On a machine
+    whose environment names a CA bundle for requests (REQUESTS_CA_BUNDLE, as this one's and many CI machines' do),
+    otlp.certificate still decides: requests let the variable override it (psf/requests #3829), and the push failed."""
+    from gpuwear.otlp.push import Pusher, UnsupportedError
+
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", ssl.get_default_verify_paths().openssl_cafile)
+    _pki(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tmp_path / "ca.crt"))
+    tls.load_cert_chain(str(tmp_path / "server.crt"), str(tmp_path / "server.key"))
+    tls.verify_mode = ssl.CERT_REQUIRED
+    with daemon_over(scenario_doc("r570", "datacenter"), tmp_path / "d") as (daemon, clock), receiver(tls) as r:
+        run(daemon, clock, 3)
+        trust = OtlpConfig(enabled=True, endpoint=r.url, timeout_seconds=5.0, certificate=str(tmp_path / "ca.crt"))
+        mutual = replace(trust, client_certificate=str(tmp_path / "client.crt"),
+                         client_key=str(tmp_path / "client.key"))
+        assert Pusher(mutual, daemon.collector.collect, environ={}).push() and len(r.requests) == 1
+        assert "hw.temperature" in points(r.requests[0])
+        no_client = replace(trust, timeout_seconds=1.0)
+        assert not Pusher(no_client, daemon.collector.collect, environ={}).push() and len(r.requests) == 1
+    with pytest.raises(UnsupportedError, match=r"client_certificate and otlp\.client_key go together"):
+        Pusher(replace(trust, client_key=str(tmp_path / "client.key")), lambda: [], environ={})
+    with pytest.raises(UnsupportedError, match=r"otlp\.client_key .*nope\.key: not a file this user can read"):
+        Pusher(replace(mutual, client_key=str(tmp_path / "nope.key")), lambda: [], environ={})
 
 
 def test_the_same_push_over_grpc(tmp_path: Path) -> None:

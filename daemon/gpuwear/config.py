@@ -281,6 +281,8 @@ class OtlpConfig:
     protocol: str = _key("", _choice("", "http/protobuf", "grpc"))
     headers: str = _key("", _otlp_headers)
     certificate: str = _key("", _string)
+    client_certificate: str = _key("", _string)
+    client_key: str = _key("", _string)
     interval_seconds: float = _key(60.0, _number(1, 86400))
     timeout_seconds: float = _key(10.0, _number(0.1, 300))
 

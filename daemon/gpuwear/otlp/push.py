@@ -85,13 +85,32 @@ def _grpc_exporter(config: OtlpConfig, endpoint: str, headers: dict[str, str] | 
         raise UnsupportedError(f"OTLP over gRPC needs its exporter ({exc}): pip install 'gpuwear[otlp-grpc]'") \
             from None
     credentials = None
-    if config.certificate:
+    if config.certificate or config.client_certificate:
         try:
-            credentials = grpc.ssl_channel_credentials(Path(config.certificate).read_bytes())
+            credentials = grpc.ssl_channel_credentials(
+                Path(config.certificate).read_bytes() if config.certificate else None,
+                Path(config.client_key).read_bytes() if config.client_key else None,
+                Path(config.client_certificate).read_bytes() if config.client_certificate else None)
         except OSError as exc:
-            raise UnsupportedError(f"otlp.certificate {config.certificate}: {exc.strerror or exc}") from None
+            raise UnsupportedError(f"otlp: {exc.filename}: {exc.strerror or exc}") from None
     return GrpcExporter(endpoint=endpoint, headers=headers, timeout=config.timeout_seconds, credentials=credentials,
                         insecure=True if credentials is None and endpoint.startswith("http://") else None)
+
+
+def _session() -> Any:
+    """The HTTP exporter's requests session: one whose own CA file (otlp.certificate, or the OTEL_* variable the SDK
+    reads) wins over REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE, which requests otherwise lets override a session's CA
+    (psf/requests #3829: set on many CI and corporate machines, the configured CA was ignored there)."""
+    import requests
+
+    class KeepsItsCa(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+            settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if isinstance(self.verify, str) and verify is None:
+                settings["verify"] = self.verify
+            return settings
+
+    return KeepsItsCa()
 
 
 def _gpu_identity(families: list[Family]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
@@ -186,9 +205,17 @@ class Pusher:
                        **otlp_headers(config.headers)}
         self.config = config
         self._families = families
+        if bool(config.client_certificate) != bool(config.client_key):
+            raise UnsupportedError("otlp.client_certificate and otlp.client_key go together (a client certificate "
+                                   "and its private key, PEM files)")
+        for name in ("certificate", "client_certificate", "client_key"):  # said at start, not at each push
+            if (path := getattr(config, name)) and not os.access(path, os.R_OK):
+                raise UnsupportedError(f"otlp.{name} {path}: not a file this user can read")
         self._exporter = _grpc_exporter(config, self.endpoint, headers) if self.protocol == "grpc" else \
             OTLPMetricExporter(endpoint=self.endpoint, headers=headers, timeout=config.timeout_seconds,
-                               certificate_file=config.certificate or None)
+                               certificate_file=config.certificate or None,
+                               client_certificate_file=config.client_certificate or None,
+                               client_key_file=config.client_key or None, session=_session())
         for exporter in ("http", "grpc"):  # their failures are said here, once a minute at most
             logging.getLogger(f"opentelemetry.exporter.otlp.proto.{exporter}").setLevel(logging.CRITICAL)
         self._resource = resource(environ)
