@@ -107,7 +107,10 @@ def test_a_push_holds_what_metrics_serves_at_the_same_moment(tmp_path: Path,
     doc = scenario_doc("r570", "datacenter", [{"at": 5, "gpu": 1, "kind": "ecc", "corrected": 3, "uncorrected": 1},
                                               {"at": 5, "gpu": 1, "kind": "pcie_replays", "count": 4}])
     with daemon_over(doc, tmp_path) as (daemon, clock), receiver() as r:
-        run(daemon, clock, 30)
+        run(daemon, clock, 10)
+        daemon.source.sampler.record_xid(0, 79)  # as NVML's event listener tells it
+        daemon.source.sampler.record_xid(1, 31)
+        run(daemon, clock, 20)
         pusher = Pusher(OtlpConfig(enabled=True, endpoint=r.url), daemon.collector.collect,
                         environ={"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=test"})
         assert pusher.push() and pusher.pushed == 1 and r.paths == ["/v1/metrics"]
@@ -145,6 +148,9 @@ def test_a_push_holds_what_metrics_serves_at_the_same_moment(tmp_path: Path,
     assert errors[("1", "ecc", "uncorrectable", "volatile")] == 1
     assert errors[("1", "pcie_replay", "correctable", None)] == 4
     assert errors[("0", "pcie_replay", "correctable", None)] == 0
+    xids = {(a["hw.id"][-1], a["gpuwear.xid"]): a["gpuwear.error.category"] for a, _, _, _ in pushed["hw.errors"]
+            if a["error.type"] == "xid"}  # issue 57: by NVIDIA's catalog
+    assert xids == {("0", "79"): "fatal", ("1", "31"): "uncorrectable"}, xids
     shapes = sorted({f"{name} {unit} {kind} {' '.join(sorted({k for a, _, _, _ in ps for k in a}))}"
                      for name, ps in pushed.items() for _, _, unit, kind in ps})
     text = "\n".join(shapes) + "\n"

@@ -4,14 +4,16 @@ OpenTelemetry's semantic conventions for hardware (``hw.*``, status Development,
 with ``hw.type`` = ``gpu`` and ``hw.id`` (required: here its UUID); ``hw.temperature``, ``hw.power``, ``hw.energy``,
 ``hw.errors`` and ``hw.status`` are the common metrics, ``hw.gpu.*`` the GPU's own, ``hw.fan.*`` a fan's. Where they
 have no name (the wear figures, clocks, limits) the name is gpuwear's, under ``gpuwear.``. Errors carry ``error.type``
-and, where the counter says it, ``gpuwear.error.category`` (correctable, uncorrectable): the conventions have no way to
-mark it yet (open-telemetry/semantic-conventions #940). Host identity is the resource's, never a data point's.
-Pure data: no SDK here.
+and ``gpuwear.error.category`` (correctable, uncorrectable, fatal; an XID's from NVIDIA's catalog): the conventions
+have no way to mark it yet (open-telemetry/semantic-conventions #940). Host identity is the resource's, never a data
+point's. Pure data: no SDK here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from gpuwear.health.xids import XID_ACT
 
 Labels = dict[str, "str | tuple[str, dict[str, str]]"]  # a label -> its attribute, or (attribute, values renamed)
 
@@ -30,6 +32,19 @@ class Push:
     fixed: dict[str, str] = field(default_factory=dict)
     only: dict[str, str] = field(default_factory=dict)
     updown: bool = False
+    derived: Derived | None = None
+
+
+@dataclass(frozen=True)
+class Derived:
+    """An attribute each point gets from one of its labels' value: ``attribute`` = ``values[value]``, else
+    ``default``; ``said``: how, for the docs' table."""
+
+    label: str
+    attribute: str
+    values: dict[str, str]
+    default: str
+    said: str
 
 
 _ERRORS = "{error}"
@@ -50,7 +65,12 @@ PUSHED: dict[str, Push] = {
                                                                   "gpuwear.error.category": "correctable"}),
     "gpuwear_nvlink_errors_total": Push("hw.errors", _ERRORS, {"error": "gpuwear.nvlink.error"},
                                         {"error.type": "nvlink"}),
-    "gpuwear_xid_events_total": Push("hw.errors", _ERRORS, {"xid": "gpuwear.xid"}, {"error.type": "xid"}),
+    "gpuwear_xid_events_total": Push("hw.errors", _ERRORS, {"xid": "gpuwear.xid"}, {"error.type": "xid"},
+                                     derived=Derived("xid", "gpuwear.error.category",
+                                                     {str(code): "fatal" for code in XID_ACT}, "uncorrectable",
+                                                     "fatal for an XID NVIDIA's catalog resolves by resetting the GPU "
+                                                     "or rebooting (gpuwear's act tier), else uncorrectable (an error "
+                                                     "the hardware did not correct silently)")),
     "gpuwear_health_status": Push("hw.status", "1", {"status": ("hw.state", {
         "ok": "ok", "watch": "degraded", "act": "predicted_failure"})}, updown=True),
     "gpuwear_fan_speed_rpm": Push("hw.fan.speed", "rpm", {"fan": "gpuwear.fan"}),
@@ -97,6 +117,8 @@ def table(families: list[tuple[str, str]]) -> str:
             "" if isinstance(a, str) else " (" + ", ".join(f"{k} → {v}" for k, v in a[1].items()) + ")")
             for label, a in push.labels.items()]
         attrs += [f"`{k}` = {v}" for k, v in push.fixed.items()]
+        if push.derived is not None:
+            attrs.append(f"`{push.derived.attribute}`: {push.derived.said}")
         attrs += [f"only {k} = {v}" for k, v in push.only.items()]
         kind = " (up-down counter)" if push.updown else ""
         said = "; ".join(attrs) or "the GPU identity only"

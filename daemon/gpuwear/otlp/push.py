@@ -148,6 +148,8 @@ def _attributes(labels: Mapping[str, str], push: Push, card: Mapping[str, str]) 
             out[name] = values[value]
         else:
             out[rename] = value
+    if (d := push.derived) is not None and d.label in labels:
+        out[d.attribute] = d.values.get(labels[d.label], d.default)
     return out
 
 
