@@ -91,3 +91,30 @@ def test_fleet_refuses_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["fleet", *args]) == code
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
+
+
+def test_age_is_held_apart_so_an_age_effect_is_not_read_as_wear() -> None:
+    """Issue 56, item 3: per product and age stratum. An older card has carried more heat simply by being older and
+    may fail more for its age: 40 cards observed half a year (100 to 2,050 equivalent hours, 0.2 incidents a
+    GPU-year) beside 40 observed four years (3,000 to 6,900 hours, 2 a GPU-year), incidents independent of heat
+    within each age. Pooled by product alone, the most worn bucket lies above the least worn (all old cards against
+    all young ones); held apart by age, neither stratum shows an association."""
+    r = random.Random(3)
+
+    def draws(rate: float) -> int:
+        k, t = 0, r.expovariate(rate)
+        while t < 1.0:
+            k, t = k + 1, t + r.expovariate(rate)
+        return k
+
+    cards = [Card(f"GPU-y{i:02d}", "NVIDIA A100-SXM4-80GB", f"young-{i}", 100.0 + 50.0 * i, YEAR_SECONDS, draws(0.2),
+                  age_seconds=0.5 * YEAR_SECONDS) for i in range(40)]
+    cards += [Card(f"GPU-o{i:02d}", "NVIDIA A100-SXM4-80GB", f"old-{i}", 3000.0 + 100.0 * i, YEAR_SECONDS, draws(2.0),
+                   age_seconds=4 * YEAR_SECONDS) for i in range(40)]
+    (pooled,) = answer(cards, strata=False)["products"]
+    assert pooled["stratum"] == "all ages" and pooled["hottest_above_coolest"]
+    held = answer(cards)["products"]
+    assert [p["stratum"] for p in held] == ["observed under a year", "observed 3 years or more"]
+    assert not any(p["hottest_above_coolest"] for p in held)
+    assert "NVIDIA A100-SXM4-80GB, observed 3 years or more: 40 card(s)" in "\n".join(words(answer(cards)))
+    assert answer([Card("GPU-x", "p", "w", 1.0, YEAR_SECONDS, 0)])["products"][0]["stratum"] == "age unknown"

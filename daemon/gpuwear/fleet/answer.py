@@ -2,8 +2,11 @@
 
 Each card: its product, its lifetime heat aging (the central estimate, equivalent hours at the reference
 temperature: gpuwear_thermal_aging_equivalent_seconds), the time gpuwear observed it within the span asked (its
-exposure, in GPU-years) and its incidents in that span (critical XIDs: NVIDIA's catalog's act tier). Within a
-product, the cards are split by heat aging into buckets (quartiles from 8 cards, halves from 2); each bucket's rate
+exposure, in GPU-years) and its incidents in that span (critical XIDs: NVIDIA's catalog's act tier). The cards
+are held apart by product and by age stratum (the time gpuwear has observed the card: under a year, 1 to 3 years, 3
+years or more; an older card has carried more heat simply by being older, and may fail more for that alone). Within a
+product and stratum, the cards are split by heat aging into buckets (quartiles from 8 cards, halves from 2); each
+bucket's rate
 is its incidents over its GPU-years, with Garwood's exact 95 % Poisson interval. A card stands out when, against its
 product's other cards' rate, its count is improbable: the one-sided exact Poisson test, P(X >= k) below 0.05 over
 the number of cards of the product (Bonferroni). Association is not cause: hotter cards may be the busier ones,
@@ -19,8 +22,8 @@ from typing import Any
 YEAR_SECONDS = 365.25 * 86400.0
 CONFIDENCE = 0.95
 OUTLIER_ALPHA = 0.05
-TEST = ("one-sided exact Poisson test of the card's incidents against its product's other cards' rate over its "
-        "GPU-years, P(X >= k) < 0.05 / cards of the product (Bonferroni)")
+TEST = ("one-sided exact Poisson test of the card's incidents against the rate of its product's other cards of its age "
+        "stratum over its GPU-years, P(X >= k) < 0.05 / cards of the product and stratum (Bonferroni)")
 NOT_CAUSE = ("Association, not cause: a bucket's cards differ in more than wear (jobs, racks, age, batches); a rate "
              "whose interval overlaps another's is no evidence of a difference at this fleet's size.")
 
@@ -100,6 +103,19 @@ class Card:
     exposure_seconds: float
     incidents: int
     act_hours: float | None = None
+    age_seconds: float | None = None  # the time gpuwear has observed it in all (its age as gpuwear knows it)
+
+
+# the age strata, by the time gpuwear has observed the card: (up to, in seconds, name)
+AGE_STRATA = ((YEAR_SECONDS, "observed under a year"), (3 * YEAR_SECONDS, "observed 1 to 3 years"),
+              (math.inf, "observed 3 years or more"))
+
+
+def stratum(card: Card) -> str:
+    """The card's age stratum (:data:`AGE_STRATA`), "age unknown" where the store does not say."""
+    if card.age_seconds is None:
+        return "age unknown"
+    return next(name for limit, name in AGE_STRATA if card.age_seconds < limit)
 
 
 def _rate(cards: list[Card]) -> dict[str, Any]:
@@ -118,14 +134,16 @@ def _buckets(cards: list[Card]) -> list[list[Card]]:
     return [ranked[len(ranked) * i // n:len(ranked) * (i + 1) // n] for i in range(n)]
 
 
-def answer(cards: list[Card]) -> dict[str, Any]:
-    """The answer: per product, its buckets by heat aging with their rates and intervals, whether the hottest
-    bucket's interval lies above the coolest's, and the cards that stand out (:data:`TEST`)."""
-    products: dict[str, list[Card]] = {}
+def answer(cards: list[Card], strata: bool = True) -> dict[str, Any]:
+    """The answer: per product and age stratum (``strata``: else per product alone), its buckets by heat aging with
+    their rates and intervals, whether the hottest bucket's interval lies above the coolest's, and the cards that
+    stand out against their peers of that product and stratum (:data:`TEST`)."""
+    order = {name: i for i, (_, name) in enumerate(AGE_STRATA)}
+    products: dict[tuple[str, str], list[Card]] = {}
     for c in cards:
-        products.setdefault(c.product, []).append(c)
+        products.setdefault((c.product, stratum(c) if strata else "all ages"), []).append(c)
     out: list[dict[str, Any]] = []
-    for product, mine in sorted(products.items()):
+    for (product, age), mine in sorted(products.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
         split = _buckets(mine)
         buckets = []
         for i, bucket in enumerate(split):
@@ -146,7 +164,7 @@ def answer(cards: list[Card]) -> dict[str, Any]:
             if p < OUTLIER_ALPHA / len(mine):
                 outliers.append({"uuid": c.uuid, "where": c.where, "incidents": c.incidents,
                                  "expected": expected, "p": p})
-        out.append({"product": product, "total": _rate(mine), "buckets": buckets,
+        out.append({"product": product, "stratum": age, "total": _rate(mine), "buckets": buckets,
                     "hottest_above_coolest": apart, "outliers": outliers})
     return {"products": out, "test": TEST, "confidence": CONFIDENCE, "not_cause": NOT_CAUSE}
 
@@ -160,7 +178,7 @@ def words(doc: dict[str, Any]) -> list[str]:
     lines = []
     for p in doc["products"]:
         t = p["total"]
-        lines.append(f"{p['product']}: {t['cards']} card(s), {t['gpu_years']:.3g} GPU-years observed, "
+        lines.append(f"{p['product']}, {p['stratum']}: {t['cards']} card(s), {t['gpu_years']:.3g} GPU-years observed, "
                      f"{t['incidents']} incident(s): {_per(t['rate_per_gpu_year'])} a GPU-year "
                      f"({_per(t['interval'][0])} to {_per(t['interval'][1])})")
         for b in p["buckets"]:

@@ -145,7 +145,7 @@ def figures(store: Store, span_seconds: float, at: float | None = None) -> Figur
             card[name] = card.get(name, 0.0) + value if name == "incidents" else max(card.get(name, value), value)
     cards = [Card(uuid, c.get("product", "?"), c.get("where", "?"), c.get("aging", 0.0) / 3600.0,
                   max(0.0, c.get("lifetime", 0.0) - c.get("before", 0.0)), round(c.get("incidents", 0.0)),
-                  c.get("act_hours") if rules else None)
+                  c.get("act_hours") if rules else None, c.get("lifetime"))
              for uuid, c in sorted(by_uuid.items()) if "lifetime" in c]
     earliest = min((_value(s) for s in got["earliest"]), default=None)
     return Figures(cards, "recording rules" if rules else "raw series", earliest, span_seconds, at)

@@ -55,7 +55,7 @@ def _chart(buckets: list[dict[str, Any]], width: int = 360) -> str:
 
 def _product(p: dict[str, Any], confidence: float) -> str:
     t = p["total"]
-    out = [f'<section class="gpu" data-product="{_e(p["product"])}"><h2>{_e(p["product"])}</h2>',
+    out = [f'<section class="gpu" data-product="{_e(p["product"])}"><h2>{_e(p["product"])}, {_e(p["stratum"])}</h2>',
            f'<p>{t["cards"]} card(s), {_g(t["gpu_years"])} GPU-years observed, {t["incidents"]} incident(s): '
            + _figure("rate", t["rate_per_gpu_year"], _g(t["rate_per_gpu_year"]))
            + f' a GPU-year ({_g(t["interval"][0])} to {_g(t["interval"][1])}, {confidence:.0%})</p>']
