@@ -40,6 +40,7 @@ class Receiver:
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
         self.status = 200
+        self.rejected: tuple[int, str] | None = None  # answer a partial success: data points rejected, why
         self.paths: list[str] = []
         receiver = self
 
@@ -51,6 +52,11 @@ class Receiver:
                 receiver.requests.append(request)
                 receiver.paths.append(self.path)
                 answer = ExportMetricsServiceResponse().SerializeToString()
+                if receiver.rejected is not None:
+                    partial = ExportMetricsServiceResponse()
+                    partial.partial_success.rejected_data_points = receiver.rejected[0]
+                    partial.partial_success.error_message = receiver.rejected[1]
+                    answer = partial.SerializeToString()
                 self.send_response(receiver.status)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(answer)))
@@ -195,13 +201,21 @@ def test_a_collector_that_refuses_is_counted_said_once_a_minute_and_never_queued
             assert not pusher.push()
         assert pusher.failed == 4 and len(r.requests) == 4
         lines = [rec.getMessage() for rec in caplog.records if "OTLP push" in rec.getMessage()]
-        assert len(lines) == 2 and "3 failed since the last line, 4 in all" in lines[1], lines
+        assert len(lines) == 2 and "3 not whole since the last line, 4 failed and 0 partly rejected in all" in \
+            lines[1], lines
         body = daemon.exposition.render(False).decode()  # no tick since: the counts' change alone renders again
         assert 'gpuwear_otlp_pushes_total{result="failed"} 4.0' in body
         r.status = 200
         run(daemon, clock, 1)
         assert pusher.push() and len(r.requests) == 5  # one request: the state of now, nothing kept from before
         assert 'gpuwear_otlp_pushes_total{result="ok"} 1.0' in daemon.exposition.render(False).decode()
+        # taken, but with data points rejected (OTLP's partial success): counted apart and said, not as ok
+        r.rejected = (7, "hw.errors: unknown unit")
+        now[0] = 200.0
+        assert pusher.push() and (pusher.pushed, pusher.partial) == (1, 1)
+        assert 'gpuwear_otlp_pushes_total{result="partial"} 1.0' in daemon.exposition.render(False).decode()
+        said = [rec.getMessage() for rec in caplog.records if "OTLP push" in rec.getMessage()][-1]
+        assert "partly rejected (the collector rejected 7 data point(s) of it: hw.errors: unknown unit)" in said, said
 
 
 def test_otlp_is_off_unless_asked_and_the_sdk_is_not_imported_then(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ class Published:
     # again); None when it is off
     kernel_log_following: bool | None = None
     # OTLP pushes (otlp: gpuwear.otlp.push) the collector took and that failed since start; None when OTLP is off
-    otlp_pushes: tuple[int, int] | None = None
+    otlp_pushes: tuple[int, int, int] | None = None  # ok, failed, partial
 
 
 
@@ -394,10 +394,12 @@ DAEMON_METRICS: tuple[MetricDef[Published], ...] = (
                     "when it is off.", (),
                     lambda pub: [] if pub.kernel_log_following is None else [((), float(pub.kernel_log_following))]),
     MetricDef("gpuwear_otlp_pushes_total", "counter", "", "OTLP pushes since start (otlp in config), by result: ok "
-                    "(the collector took it) or failed (refused, unreachable, past otlp.timeout_seconds: dropped, the "
+                    "(the collector took it), partial (it took it but rejected some data points: OTLP's partial "
+                    "success, over HTTP) or failed (refused, unreachable, past otlp.timeout_seconds: dropped, the "
                     "next push sends the state then); absent when OTLP is off.", ("result",),
                     lambda pub: [] if pub.otlp_pushes is None else [
-                        (("ok",), float(pub.otlp_pushes[0])), (("failed",), float(pub.otlp_pushes[1]))]),
+                        (("ok",), float(pub.otlp_pushes[0])), (("failed",), float(pub.otlp_pushes[1])),
+                        (("partial",), float(pub.otlp_pushes[2]))]),
     MetricDef("gpuwear_sampler_ticks_total", "counter", "", "Sampling ticks completed.", (),
                     lambda pub: [((), float(pub.snapshot.ticks))]),
     MetricDef("gpuwear_ledger_persist_success", "gauge", "", "1 when the last save of the wear ledger "

@@ -730,7 +730,7 @@ class Daemon:
         OTLP off now), its counts carried on from the old one's, the old one closed; the loop started if it was not."""
         old, new = self._otlp, self._start_otlp()
         if old is not None and new is not None:
-            new.pushed, new.failed = old.pushed, old.failed
+            new.pushed, new.failed, new.partial = old.pushed, old.failed, old.partial
         self._otlp = new
         if old is not None:
             old.close()
@@ -747,7 +747,7 @@ class Daemon:
         otlp = self._otlp
         return Published(snapshot, self.tracker.views, self._ledger_status, self.source.info,
                          self._missing(snapshot), self._unlisted, following,
-                         None if otlp is None else (otlp.pushed, otlp.failed))
+                         None if otlp is None else (otlp.pushed, otlp.failed, otlp.partial))
 
     def _wear_params(self, config: Config) -> WearConfig:
         """The wear parameters, with the gap limit at least as many ticks as it is at 1 s

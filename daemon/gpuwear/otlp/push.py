@@ -104,13 +104,36 @@ def _session() -> Any:
     import requests
 
     class KeepsItsCa(requests.Session):
+        last: Any = None  # the last response, whose body may hold a partial success
+
         def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
             settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
             if isinstance(self.verify, str) and verify is None:
                 settings["verify"] = self.verify
             return settings
 
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            self.last = None
+            self.last = response = super().request(*args, **kwargs)
+            return response
+
     return KeepsItsCa()
+
+
+def rejected(body: bytes | None) -> tuple[int, str]:
+    """The data points a collector's answer says it rejected, and why: OTLP's partial success
+    (ExportMetricsServiceResponse.partial_success: "the request was only partially accepted"); (0, "") for a whole
+    success or an answer that is not one."""
+    if not body:
+        return 0, ""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+    answer = ExportMetricsServiceResponse()
+    try:
+        answer.ParseFromString(body)
+    except Exception:  # not protobuf (a proxy's page): nothing said about points
+        return 0, ""
+    return int(answer.partial_success.rejected_data_points), str(answer.partial_success.error_message)[:200]
 
 
 def _gpu_identity(families: list[Family]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
@@ -213,11 +236,12 @@ class Pusher:
         for name in ("certificate", "client_certificate", "client_key"):  # said at start, not at each push
             if (path := getattr(config, name)) and not os.access(path, os.R_OK):
                 raise UnsupportedError(f"otlp.{name} {path}: not a file this user can read")
-        self._exporter = _grpc_exporter(config, self.endpoint, headers) if self.protocol == "grpc" else \
+        self._http = None if self.protocol == "grpc" else _session()
+        self._exporter = _grpc_exporter(config, self.endpoint, headers) if self._http is None else \
             OTLPMetricExporter(endpoint=self.endpoint, headers=headers, timeout=config.timeout_seconds,
                                certificate_file=config.certificate or None,
                                client_certificate_file=config.client_certificate or None,
-                               client_key_file=config.client_key or None, session=_session())
+                               client_key_file=config.client_key or None, session=self._http)
         for exporter in ("http", "grpc"):  # their failures are said here, once a minute at most
             logging.getLogger(f"opentelemetry.exporter.otlp.proto.{exporter}").setLevel(logging.CRITICAL)
         self._resource = resource(environ)
@@ -226,6 +250,7 @@ class Pusher:
         self._lock = threading.Lock()
         self.pushed = 0
         self.failed = 0
+        self.partial = 0  # taken, with some data points rejected (HTTP only: the gRPC exporter hides the answer)
         self._unsaid = 0  # failures since the last line about them
         self._said: float | None = None
 
@@ -240,16 +265,23 @@ class Pusher:
             except Exception as exc:  # the SDK's, a bad endpoint: counted and said, never raised into the loop
                 ok, why = False, f"{type(exc).__name__}: {exc}"
             if ok:
-                self.pushed += 1
-                return True
-            self.failed += 1
+                answer = getattr(self._http, "last", None)
+                points, why = rejected(answer.content if answer is not None else None)
+                if not points:
+                    self.pushed += 1
+                    return True
+                self.partial += 1
+                why = f"the collector rejected {points} data point(s) of it: {why or 'no reason given'}"
+            else:
+                self.failed += 1
             self._unsaid += 1
             now = self._clock()
             if self._said is None or now - self._said >= SAY_EVERY_SECONDS:
-                log.warning("OTLP push to %s failed (%s); %d failed since the last line, %d in all", self.endpoint,
-                            why[:200], self._unsaid, self.failed)
+                log.warning("OTLP push to %s %s (%s); %d not whole since the last line, %d failed and %d partly "
+                            "rejected in all", self.endpoint, "failed" if not ok else "partly rejected", why[:300],
+                            self._unsaid, self.failed, self.partial)
                 self._said, self._unsaid = now, 0
-            return False
+            return ok
 
     def close(self) -> None:
         self._exporter.shutdown()
