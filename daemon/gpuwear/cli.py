@@ -479,24 +479,34 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if render(findings, _show) else EXIT_FAILURE
 
 
+def _ledger_export(args: argparse.Namespace, config: Config) -> dict[str, Any] | int:
+    """The export of the GPU ``args.uuid`` names in the ledger ``args`` names, or the exit status of a refusal,
+    said (LedgerError and sqlite3.Error raised). What the ledger left out is said, as by every reader."""
+    ledger = _open_read_only(ledger_path(config, args.simulated), args.simulated)
+    try:
+        try:
+            uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
+        except ValueError as exc:
+            return _no_gpu(str(exc).replace("--gpu ", ""), ledger)
+        doc = ledger.export(uuid, simulated=args.simulated is not None)
+        left_out = ledger.left_out_note()
+    finally:
+        ledger.close()
+    if left_out:  # an event that fails its checksum is not exported
+        _say(left_out)
+    return doc
+
+
 def _export(args: argparse.Namespace) -> int:
 
     config = _ledger_config(args)
     try:
-        ledger = _open_read_only(ledger_path(config, args.simulated), args.simulated)
-        try:
-            try:
-                uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
-            except ValueError as exc:
-                return _no_gpu(str(exc).replace("--gpu ", ""), ledger)
-            doc = ledger.export(uuid, simulated=args.simulated is not None)
-            left_out = ledger.left_out_note()
-        finally:
-            ledger.close()
+        doc = _ledger_export(args, config)
     except (LedgerError, sqlite3.Error) as exc:
         return _fail(str(exc), EXIT_FAILURE)
-    if left_out:  # an event that fails its checksum is not exported: said, as by every reader
-        _say(left_out)
+    if isinstance(doc, int):
+        return doc
+    uuid = doc["uuid"]
     text = json.dumps(doc, indent=1)
     if args.output:
         replaced = Path(args.output).exists()
@@ -528,17 +538,9 @@ def _passport(args: argparse.Namespace) -> int:
                              EXIT_FAILURE)
             export = json.loads(Path(source).read_text(encoding="utf-8"))
         else:
-            path = ledger_path(config, args.simulated)
-            source = str(path)
-            ledger = _open_read_only(path, args.simulated)
-            try:
-                try:
-                    uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
-                except ValueError as exc:
-                    return _no_gpu(str(exc).replace("--gpu ", ""), ledger)
-                export = ledger.export(uuid, simulated=args.simulated is not None)
-            finally:
-                ledger.close()
+            source = str(ledger_path(config, args.simulated))
+            if isinstance(export := _ledger_export(args, config), int):
+                return export
         doc = passport.document(export, config.wear, source)
     except RecursionError:
         return _fail(f"{where}: nested too deeply to be an export", EXIT_FAILURE)
@@ -551,7 +553,7 @@ def _passport(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_FAILURE)
     if args.html is not None:
         try:
-            Path(args.html).write_text(page.render(doc, passport=tuple(passport.lines(doc))), encoding="utf-8")
+            Path(args.html).write_text(page.render(doc, passport=passport.heading_and_lines(doc)), encoding="utf-8")
         except OSError as exc:
             return _fail(f"--html {printable(args.html)}: {exc.strerror or exc}", EXIT_FAILURE)
         print(f"wrote {printable(args.html)}: open it in a browser")

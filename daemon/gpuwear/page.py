@@ -245,14 +245,15 @@ def render(doc: dict[str, Any], jobs: dict[str, Any] | None = None, generated: f
     """The page of a report document (and the jobs document of the same ledger, for the shares); ``missing``: one
     sentence per GPU of this host that NVML does not list now (the daemon's /healthz words), shown first;
     ``fabric``: the host's NVSwitch errors in words (Daemon.fabric_problems), after them; ``passport``: a card's
-    passport (gpuwear.passport.lines), its first line the heading."""
+    passport (gpuwear.passport.heading_and_lines): its heading, whether the file is whole, then what follows the
+    card."""
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if generated is None else generated))
     parts = ["<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              '<link rel="icon" href="data:,">',  # no /favicon.ico request (a 404 in the console)
              f"<title>gpuwear: does deep learning wear this card?</title><style>{STYLE}</style></head><body><main>"]
     if passport:  # a card's passport: its heading and whether the file is whole first, the rest after the card
-        parts += [f"<h1>Passport of {_e(passport[0].split(' (')[0].removeprefix('PASSPORT of '))}</h1>",
+        parts += [f"<h1>{_e(passport[0])}</h1>",
                   f'<p class="muted">{_e(passport[1].strip())}</p>']
     else:
         parts += ["<h1>Is deep learning wearing these cards?</h1>",

@@ -62,6 +62,12 @@ def lines(doc: dict[str, Any]) -> list[str]:
             *(f"  Not known: {what}." for what in pp["cannot_know"])]
 
 
+def heading_and_lines(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The passport's own part for its page: a short heading (the card's identity is the card's section's), then
+    :func:`lines` but its first."""
+    return (f"Passport of {doc['gpus'][0]['name'] or 'a GPU'}", *lines(doc)[1:])
+
+
 def text(doc: dict[str, Any]) -> str:
     """The passport in words: its own part, then the card's part of the report."""
     return "\n".join(lines(doc)) + "\n\n" + text_report(doc)

@@ -32,7 +32,7 @@ from gpuwear.backends.nvml import (
 from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.clock import Clock, ScaledClock, SystemClock
 from gpuwear.collector import Exposition, GpuwearCollector
-from gpuwear.config import Config, ConfigError, WearConfig, load_config
+from gpuwear.config import Config, ConfigError, OtlpConfig, WearConfig, load_config
 from gpuwear.health import mode_problems, past_cards
 from gpuwear.jobs.attribute import JobRecord
 from gpuwear.jobs.kubelet import PodResourcesWatch
@@ -725,7 +725,7 @@ class Daemon:
         threading.Thread(target=self._every, args=(lambda: self.config.otlp.interval_seconds, push), name="otlp",
                          daemon=True).start()
 
-    def _reload_otlp(self, before: Any) -> None:
+    def _reload_otlp(self, before: OtlpConfig) -> None:
         """A reload whose otlp section changed (``before``: the old one): a new pusher from the new section (or none,
         OTLP off now), its counts carried on from the old one's, the old one closed; the loop started if it was not."""
         old, new = self._otlp, self._start_otlp()
