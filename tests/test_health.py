@@ -1059,6 +1059,9 @@ def test_a_known_good_applications_fault_on_one_gpu_is_reported_to_nvidia(tmp_pa
     assert [j["judgement"] for g in five["gpus"] for j in g["card_or_code"]] == [SOLO, SOLO]
     assert not any(r["code"] == "xid_card" for g in doc["gpus"] for r in g["health"]["reasons"])
     assert "Card or code? report to NVIDIA: train-resnet ran 3 times" in text_report(doc)
+    from gpuwear import page
+
+    assert "Card or code? report to NVIDIA: train-resnet ran 3 times" in page.render(doc)
     assert main(["jobs", "--json", "--state-dir", str(state)]) == 0
     listed = json.loads(capfd.readouterr().out)["card_or_code"]
     assert [j["judgement"] for j in listed["GPU-3"]] == [REPORT], listed
