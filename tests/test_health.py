@@ -820,6 +820,16 @@ def test_the_nvlink_workflow_step_of_each_register_bit() -> None:
     assert step(r0=1 << 4, r4=1 << 23) == 3  # beside bits to ignore
 
 
+def _reasons_until(rig: Any, tracker: Any, until: float, what: str) -> list[dict[str, str]]:
+    """Run the rig in 10 s ticks, the tracker observing each, until its clock reads ``until``; then each GPU's
+    reasons, code -> its ``what`` (severity or text)."""
+    while rig.clock.monotonic() < until:
+        rig.run(10, interval=10)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    return [{r["code"]: r[what] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
+            for g in rig.sampler.snapshot.gpus]
+
+
 @pytest.mark.parametrize("driver", ["r525", "r570"])
 def test_the_nvswitch_fabric_registration_as_nvml_reports_it(driver: str) -> None:
     """Issue 51: the fabric state of NVSwitch systems (nvmlDeviceGetGpuFabricInfo, GPUd and DCGM check it) gave no
@@ -838,15 +848,11 @@ def test_the_nvswitch_fabric_registration_as_nvml_reports_it(driver: str) -> Non
                     "gpus": [{"product": p, "schedule": train} for p in ["h100-sxm"] * 4 + ["a100-sxm"]]},
                    slow_interval=10)
     tracker = WearTracker({}, WearConfig())
+    start = rig.clock.monotonic()
 
     def codes_at(until: int) -> list[dict[str, str]]:
-        while rig.clock.monotonic() - start < until:
-            rig.run(10, interval=10)
-            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-        return [{r["code"]: r["severity"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
-                for g in rig.sampler.snapshot.gpus]
+        return _reasons_until(rig, tracker, start + until, "severity")
 
-    start = rig.clock.monotonic()
     assert codes_at(300) == [{}, {"fabric_failed": "act"}, {}, {"fabric_degraded": "watch"} if driver == "r570"
                              else {}, {}]
     assert codes_at(700)[2] == {"fabric_degraded": "watch"}
@@ -880,11 +886,7 @@ def test_the_fabric_health_mask_and_summary_as_each_branch_gives_them(driver: st
     start = rig.clock.monotonic()
 
     def reasons_at(until: int) -> list[dict[str, str]]:
-        while rig.clock.monotonic() - start < until:
-            rig.run(10, interval=10)
-            tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
-        return [{r["code"]: r["text"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
-                for g in rig.sampler.snapshot.gpus]
+        return _reasons_until(rig, tracker, start + until, "text")
 
     said = reasons_at(300)
     r570, r580 = driver != "r550", driver == "r580"
