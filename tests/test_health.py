@@ -716,6 +716,29 @@ def test_xid_74_is_judged_by_its_lines_registers_as_nvidias_nvlink_workflow_says
     assert "repeat on the same link" in watched["text"], watched
 
 
+def test_an_xid_74_with_only_secondary_bits_follows_the_xids_beside_it() -> None:
+    """Issue 51: NVIDIA's XID 74 workflow says of the secondary bits (the first register's 1 and 20, the marginal
+    channel's 21 and 22) "if seen with other bits set or other Xid/SXid, please follow the resolution for those; if
+    seen solo, please report a bug"; gpuwear judged them within their own line only, so a line beside another XID
+    was act on its own. Through the fake's NVML events and kernel log: solo, act ("reported to NVIDIA"); beside an
+    XID 48 two seconds later, watched (XID 48 acts on its own); beside an XID 45 (no reason of its own: "preemptive
+    cleanup, due to previous errors"), still solo; secondary bits beside a bit that calls for service, act."""
+    def line(r0: int) -> str:
+        return NVLINK_LINE.format(5, ", ".join(hex(v) for v in (r0, 0, 0, 0, 0, 0, 0)))
+
+    faults = [{"at": 2, "gpu": gpu, "kind": "xid", "xid": 74, "text": line(r0)}
+              for gpu, r0 in enumerate([1 << 21, 1 << 21 | 1 << 1, 1 << 20, 1 << 21 | 1 << 8])]
+    faults += [{"at": 4, "gpu": 1, "kind": "xid", "xid": 48}, {"at": 3, "gpu": 2, "kind": "xid", "xid": 45}]
+    tracker, snapshot = _judged_with_lines(["h100-sxm"] * 4, faults, [1, 1, 1, 1])
+    reasons = [{r["code"]: r for r in tracker.views[g.identity.uuid].verdict["reasons"]} for g in snapshot.gpus]
+    found = [{code: r["severity"] for code, r in by_code.items()} for by_code in reasons]
+    assert found == [{"xid_74": "act"}, {"xid_74": "watch", "xid_48": "act"}, {"xid_74": "act"}, {"xid_74": "act"}], \
+        found
+    assert "seen solo: the workflow asks that it be reported to NVIDIA" in reasons[0]["xid_74"]["text"]
+    assert "with XID 48: the workflow follows the resolution of XID 48" in reasons[1]["xid_74"]["text"]
+    assert "secondary" not in reasons[3]["xid_74"]["text"]
+
+
 def _judged_with_lines(products: list[str], faults: list[dict[str, object]], lines: list[int]) -> tuple[Any, Any]:
     """The tracker and the last snapshot after the fake's GPUs of ``products`` trained through ``faults`` (XIDs with
     their kernel-log lines, each told by NVML's events and the fake driver's kernel log, read by the reader as the
@@ -802,8 +825,9 @@ def test_an_xid_74_repeat_is_counted_across_a_restart() -> None:
 
 def test_the_nvlink_workflow_step_of_each_register_bit() -> None:
     """NVIDIA's XID 74 workflow, bit by bit (health.xids.NVLINK_STEPS): the ignorable bits alone give IGNORE; a bit
-    it does not list, or secondary bits seen solo, SERVICE; with a repeat bit, the smallest repeat count."""
-    from gpuwear.health.xids import IGNORE, SERVICE, nvlink_step
+    it does not list, SERVICE; secondary bits alone SECONDARY (judged beside the GPU's other XIDs); with a repeat
+    bit, the smallest repeat count."""
+    from gpuwear.health.xids import IGNORE, SECONDARY, SERVICE, nvlink_step
 
     def step(**bits: int) -> str | int:
         r = [0] * 7
@@ -814,7 +838,8 @@ def test_the_nvlink_workflow_step_of_each_register_bit() -> None:
     assert step(r0=1 | 1 << 23 | 1 << 30, r4=1 << 20 | 1 << 29) == IGNORE
     assert step(r1=0xFFFF, r5=1, r6=1) == SERVICE  # registers the workflow does not read: nothing to go on
     assert step(r0=1 << 8) == SERVICE and step(r2=1 << 13) == SERVICE and step(r0=1 << 3) == SERVICE  # unlisted
-    assert step(r0=1 << 1) == SERVICE and step(r3=1 << 18) == SERVICE  # secondary, solo
+    assert step(r0=1 << 1) == SECONDARY and step(r3=1 << 18) == SECONDARY  # secondary only: the rule's to judge
+    assert step(r0=1 << 21 | 1 << 22 | 1 << 0) == SECONDARY and step(r0=1 << 21 | 1 << 8) == SERVICE
     assert step(r0=1 << 1 | 1 << 4) == 3 and step(r3=1 << 16, r2=1 << 17) == 2  # secondary beside a repeat
     assert step(r0=1 << 4, r2=1 << 16) == 2 and step(r4=1 << 28) == 3
     assert step(r0=1 << 4, r4=1 << 23) == 3  # beside bits to ignore

@@ -22,6 +22,7 @@ from gpuwear.health.xids import (
     IGNORE,
     LINE_JUDGED,
     NVLINK_REPEAT_SECONDS,
+    SECONDARY,
     SERVICE,
     XID_APP,
     XID_UNIT_APP,
@@ -631,6 +632,8 @@ class WearTracker:
         if step == SERVICE:
             w.last_event[f"xid {code}"] = wall
             w.add_incident(wall, f"xid {code}")
+        elif step == SECONDARY:  # judged beside the GPU's other XIDs by the rule (health.rules: _line_judged)
+            w.last_event[f"xid {code} secondary"] = wall
         elif step != IGNORE:
             w.last_event[f"xid {code} watch"] = wall
 

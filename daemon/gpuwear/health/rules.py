@@ -15,6 +15,7 @@ from gpuwear.config import WearConfig
 from gpuwear.health.signals import ERROR_WORDS, LINKS, per_hour, recent_rates, repeated_incidents, slow_reads_text
 from gpuwear.health.xids import LINE_JUDGED, NVLINK5_SOURCE, NVLINK_SOURCE, Xid, card_evidence, lookup
 from gpuwear.wear.accumulate import CARRIED_COUNTS, FABRIC_COMPLETED, HOT_BELOW_CELSIUS, GpuWear, utc_day
+from gpuwear.wear.schema import INCIDENT_EPISODE_SECONDS
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t)
 RECOVERY_ACTIONS = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
@@ -378,16 +379,48 @@ def _xid_severity(f: Facts, tier: str, when: float | None) -> str | None:
     return "watch" if days is not None and f.within(when, days) else None
 
 
+def _beside(w: GpuWear, code: int, when: float) -> list[int]:
+    """The GPU's other XIDs (codes but ``code``, and but those of no reason of their own, tier "none": XID 45 is
+    "preemptive cleanup, due to previous errors") whose last occurrence lies within INCIDENT_EPISODE_SECONDS of
+    ``when``: seen with it."""
+    return sorted(int(key[4:]) for key, at in w.last_event.items()
+                  if key[4:].isdigit() and key.startswith("xid ") and int(key[4:]) != code
+                  and lookup(int(key[4:])).tier != "none" and abs(at - when) <= INCIDENT_EPISODE_SECONDS)
+
+
+def _secondary(f: Facts, code: int, n: int, xid: Xid) -> Finding | None:
+    """XID 74 lines with only bits NVIDIA's workflow calls secondary (1, 20; the marginal-channel 21, 22; the
+    fourth register's 16-18): "If seen with other bits set or other Xid/SXid, please follow the resolution for
+    those. If seen solo, please report a bug." Beside another XID of the GPU, watched (that XID's own reason says
+    what to do); solo, act as the code's tier."""
+    if (when := f.w.last_event.get(f"xid {code} secondary")) is None:
+        return None
+    head = f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code} secondary')}, only bits NVIDIA's " \
+           "workflow calls secondary"
+    if beside := _beside(f.w, code, when):
+        others = ", ".join(f"XID {c}" for c in beside)
+        return ("watch", f"xid_{code}", f"{head}, with {others}: the workflow follows the resolution of {others}") \
+            if f.within(when, f.p.health.xid_watch_days) else None
+    severity = _xid_severity(f, xid.tier, when)
+    return None if severity is None else (severity, f"xid_{code}", f"{head}, seen solo: the workflow asks that it "
+                                          "be reported to NVIDIA")
+
+
 def _line_judged(f: Facts, code: int, n: int, xid: Xid) -> Finding | None:
     """An XID judged line by line (health.xids.LINE_JUDGED): act as its tier after a line that calls for service,
-    watched after lines whose step waits for a repeat on their link, nothing after lines the workflow ignores."""
+    watched after lines whose step waits for a repeat on their link, by the XIDs beside it after lines with
+    secondary bits only (:func:`_secondary`), nothing after lines the workflow ignores; the most severe of these."""
+    found: list[Finding] = []
     if (severity := _xid_severity(f, xid.tier, f.w.last_event.get(f"xid {code}"))) is not None \
             and f"xid {code}" in f.w.last_event:
-        return (severity, f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}")
+        found.append((severity, f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code}')}"))
+    if (secondary := _secondary(f, code, n, xid)) is not None:
+        found.append(secondary)
     if _xid_severity(f, "watch", when := f.w.last_event.get(f"xid {code} watch")) and when is not None:
-        return ("watch", f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code} watch')}: "
-                "NVIDIA's workflow calls for service if its bits repeat on the same link")
-    return None
+        found.append(("watch", f"xid_{code}", f"XID {code} ({xid.meaning}) seen {n} time(s)"
+                      f"{f.ago(f'xid {code} watch')}: NVIDIA's workflow calls for service if its bits repeat on the "
+                      "same link"))
+    return min(found, key=lambda finding: finding[0] != "act", default=None)
 
 
 def _xids(f: Facts) -> Findings:
@@ -709,7 +742,9 @@ TABLE: tuple[Rule, ...] = (
          "occurrence, in the record's time",
          "any XID of the catalog's act, watch or app tier, or newer than the catalog (watch); XID 74 on a Hopper "
          "GPU by its line's registers: bits the workflow ignores give nothing, bits it calls for service on a "
-         "repeat are watched until repeated on their link within 24 h; XIDs 144-150 by NVIDIA's decode of their "
+         "repeat are watched until repeated on their link within 24 h, bits it calls secondary are watched beside "
+         "another XID of the GPU (within 10 minutes either side; not one of no reason of its own, as XID 45) and act "
+         "seen solo; XIDs 144-150 by NVIDIA's decode of their "
          "line's unit and error status: a reset is act, the rest nothing", "the code's tier",
          "act codes: " + _ACT_THEN_WATCH + "; watch codes, and XID 74 lines waiting for a repeat: "
          "wear.health.xid_watch_days (7) after the last; codes resolved by restarting the application (13, 31, 94 "

@@ -141,11 +141,12 @@ NVLINK_REPEAT_SECONDS = 86400.0  # the catalog names no window for a repeat; NVS
 
 
 def nvlink_step(registers: tuple[int, ...]) -> str | int:
-    """The step NVIDIA's XID 74 workflow gives a line's registers (:data:`NVLINK_STEPS`): IGNORE, SERVICE, or the
-    number of times on the same link that calls for service. A bit the workflow does not list is SERVICE ("If bits
-    other than those specifically outlined below are seen, please report a bug"); registers it does not read (the
-    second, sixth and seventh) are not looked at; a line with no bit set is SERVICE (nothing to go on: the code's
-    tier)."""
+    """The step NVIDIA's XID 74 workflow gives a line's registers (:data:`NVLINK_STEPS`): IGNORE, SERVICE, the
+    number of times on the same link that calls for service, or SECONDARY where every bit not to ignore is one the
+    workflow calls secondary (its resolution depends on the other XIDs seen with it: the rule's to judge). A bit the
+    workflow does not list is SERVICE ("If bits other than those specifically outlined below are seen, please report
+    a bug"); registers it does not read (the second, sixth and seventh) are not looked at; a line with no bit set is
+    SERVICE (nothing to go on: the code's tier)."""
     steps = [NVLINK_STEPS[r].get(bit, SERVICE) for r in NVLINK_STEPS if r < len(registers)
              for bit in range(32) if registers[r] >> bit & 1]
     steps += [SERVICE for r in NVLINK_STEPS if r < len(registers) and registers[r] >> 32]  # wider than a register
@@ -153,7 +154,9 @@ def nvlink_step(registers: tuple[int, ...]) -> str | int:
     if steps and not acting:
         return IGNORE
     repeats = [s for s in acting if isinstance(s, int)]
-    if SERVICE in acting or not repeats:  # no bit to go on, or secondary bits seen solo ("report a bug")
+    if acting and all(s == SECONDARY for s in acting):
+        return SECONDARY
+    if SERVICE in acting or not repeats:  # no bit to go on
         return SERVICE
     return min(repeats)
 
