@@ -43,6 +43,28 @@ def test_not_supported_like_a_consumer_card(demo: Rig) -> None:
         pynvml.nvmlDeviceGetFanSpeed_v2(h100, 0)
 
 
+def test_geforce_boards_give_no_serial_as_real_ones_do() -> None:
+    """Issue 55: the fake answered a serial on two of its three GeForce products (the RTX 4060 Laptop, the GTX 1080
+    Ti), where a real GeForce board gives none: nvidia_gpu_exporter's recorded query of an RTX 2080 SUPER
+    (internal/exporter/testdata/query.txt) reads "serial [N/A]", nvidia-smi's word for NOT_SUPPORTED. Every GeForce
+    product of the fake now refuses nvmlDeviceGetSerial; the others answer one."""
+    from gpuwear.sim.simulated import PRODUCTS
+
+    keys = [k for k, p in PRODUCTS.items() if not p.name.startswith("Orin")]
+    rig = make_rig({"gpus": [{"product": k} for k in keys]})
+    try:
+        for i, key in enumerate(keys):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            if "GeForce" in PRODUCTS[key].name:
+                with pytest.raises(pynvml.NVMLError_NotSupported):
+                    pynvml.nvmlDeviceGetSerial(handle)
+            else:
+                assert pynvml.nvmlDeviceGetSerial(handle), key
+        assert sum("GeForce" in PRODUCTS[k].name for k in keys) == 3
+    finally:
+        rig.backend.close()
+
+
 def test_calls_before_init_are_uninitialized(demo: Rig) -> None:
     pynvml.nvmlShutdown()
     try:
