@@ -98,7 +98,15 @@ def test_a_cards_history_follows_it_to_another_box(tmp_path: Path, capfd: pytest
     assert b[0]["name"] == f"{a['name']} (simulated)"
     assert f"{a['name']} (simulated)" in gpuwear("report", "--state-dir", str(box_b)).stdout
     listed = json.loads(gpuwear("jobs", "--json", "--state-dir", str(box_b)).stdout)["jobs"]
-    assert [j["name"] for j in listed] == [f"simulated: ledger:{export}"], listed
+    host = socket.gethostname()
+    assert [j["name"] for j in listed] == [f"simulated: ledger:{export} (host {host})"], listed
+    # issue 55: the box it was seen on is said and kept in its history (before: an imported history said nowhere
+    # where it came from, and left no trace in the card's events)
+    assert json.loads(export.read_text())["host"] == host
+    moved = b[0]["elsewhere"]
+    assert [(m["relation"], m["first"] <= m["last"]) for m in moved] == [("only", True)], moved
+    assert [(e["kind"], e["host"], e["parts"]) for e in b[0]["events"]] == [("history imported", host, 1)]
+    assert "  MOVED: seen elsewhere from " in gpuwear("report", "--state-dir", str(box_b)).stdout
     for key in ("observed_seconds", "energy_joules"):
         assert b[0][key] == a[key]
     assert b[0]["thermal_aging_equivalent_hours"]["central"] == a["thermal_aging_equivalent_hours"]["central"]
@@ -113,6 +121,7 @@ def _passport_of_the_export(export: Path, a: dict[str, Any], box: Path, capfd: p
     passport and by `import ledger`; an export a gpuwear before the checksum wrote still reads, saying it cannot
     tell whether it arrived whole; one whose checksum was taken out is refused."""
     from gpuwear.cli import main
+    from gpuwear.wear.schema import checksum
 
     def run(*args: str) -> tuple[int, str, str]:
         rc = main(list(args))
@@ -120,6 +129,7 @@ def _passport_of_the_export(export: Path, a: dict[str, Any], box: Path, capfd: p
         return rc, out, err
 
     rc, out, _ = run("passport", "--from", str(export))
+    assert f"by the box named {socket.gethostname()};" in out, out
     assert rc == 0 and out.startswith(f"PASSPORT of {a['name']} ({a['uuid']}, serial ") and \
         "matches the file's content: it arrived whole (this detects damage, not forgery)" in out, out
     assert "Not known: the card's age and use before gpuwear first saw it" in out and "Health:" in out
@@ -136,11 +146,18 @@ def _passport_of_the_export(export: Path, a: dict[str, Any], box: Path, capfd: p
     assert rc == 1 and not out and err.count("\n") == 1 and "checksum: missing or not the file's own" in err, err
     rc, out, err = run("import", "ledger", str(damaged), "--state-dir", str(box / "c"), "--allow-simulated")
     assert rc == 1 and err.count("\n") == 1 and "not imported: checksum: missing or not the file's own" in err, err
-    old = {k: v for k, v in json.loads(export.read_text()).items() if k not in ("checksum", "exported_at")}
+    old = {k: v for k, v in json.loads(export.read_text()).items() if k not in ("checksum", "exported_at", "host")}
     older = export.with_name("v1.json")
     older.write_text(json.dumps({**old, "version": 1}))
     rc, out, _ = run("passport", "--from", str(older))
     assert rc == 0 and "written by a gpuwear before exports carried a checksum" in out, out
+    v2 = {**old, "version": 2, "exported_at": doc["exported_at"]}  # before exports named their box
+    older.write_text(json.dumps({**v2, "checksum": checksum(v2)}))
+    rc, out, _ = run("passport", "--from", str(older))
+    assert rc == 0 and "arrived whole" in out and "by the box named" not in out, out
+    older.write_text(json.dumps({**old, "version": 2, "exported_at": doc["exported_at"], "host": "box"}))
+    rc, _, err = run("passport", "--from", str(older))  # a key version 2 did not have
+    assert rc == 1 and "host" in err, err
     stripped = export.with_name("stripped.json")
     stripped.write_text(json.dumps({**old, "exported_at": doc["exported_at"]}))
     rc, _, err = run("passport", "--from", str(stripped))
@@ -170,3 +187,25 @@ def test_doctor_says_whether_the_kernel_log_can_be_read(tmp_path: Path) -> None:
     assert findings(str(kern)) == [(True, f"kernel log ({kern}) readable", "", "")]
     (off,) = findings("off")
     assert off[0] and "79, 119 or 120" in off[3]
+
+
+def test_history_from_elsewhere_is_placed_against_the_cards_time_here() -> None:
+    """Issue 55, item 3: a card back after a move. Each imported part of its history is placed against its own time
+    on this box: before it came, after it left, between two spells here (it left and came back), overlapping (a
+    clock was off), or the only history (never seen here)."""
+    from gpuwear.report import elsewhere, elsewhere_words
+    from gpuwear.wear.accumulate import GpuWear
+
+    day = 86400.0
+    here = GpuWear("GPU-x", name="card")
+    here.first_seen, here.last_seen = 10 * day, 50 * day
+    here.covered = {str(10 * day): 20 * day, str(40 * day): 50 * day}  # here, away for 20 days, back
+    parts = [("ledger:a.json (host a)", 1 * day, 9 * day), ("ledger:b.json (host b)", 22 * day, 38 * day),
+             ("ledger:c.json (host c)", 51 * day, 60 * day), ("ledger:d.json (host d)", 15 * day, 45 * day)]
+    placed = elsewhere(parts, here)
+    assert [p["relation"] for p in placed] == ["before", "between", "after", "during"]
+    assert [p["relation"] for p in elsewhere(parts[:1], None)] == ["only"]
+    words = elsewhere_words({"elsewhere": placed})
+    assert words[1] == ("seen elsewhere from 1970-01-23 to 1970-02-08, between two spells on this box: it left and "
+                        "came back: imported from ledger:b.json (host b)")
+    assert "\x1b" not in elsewhere_words({"elsewhere": [{**placed[0], "source": "ledger:\x1b[2Jx"}]})[0]

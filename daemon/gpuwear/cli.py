@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import sqlite3
 import sys
 import time
@@ -488,7 +489,7 @@ def _ledger_export(args: argparse.Namespace, config: Config) -> dict[str, Any] |
             uuid = select_gpu(args.uuid, ledger.load_all(config.wear.cycles.hysteresis_celsius))
         except ValueError as exc:
             return _no_gpu(str(exc).replace("--gpu ", ""), ledger)
-        doc = ledger.export(uuid, simulated=args.simulated is not None)
+        doc = ledger.export(uuid, simulated=args.simulated is not None, host=socket.gethostname())
         left_out = ledger.left_out_note()
     finally:
         ledger.close()

@@ -16,7 +16,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwear.report import between, duration, plain_words, range_text, risk_seen, roughly, set_aside_words
+from gpuwear.report import (
+    between,
+    duration,
+    elsewhere_words,
+    plain_words,
+    range_text,
+    risk_seen,
+    roughly,
+    set_aside_words,
+)
 from gpuwear.wear.models import WORD_PROFILES
 
 _STATUS = {"ok": ("OK", "#1b7f3b"), "watch": ("WATCH", "#b45309"), "act": ("ACT", "#b91c1c"),
@@ -181,6 +190,8 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
                       f'{_e(by["pci_bus_id"] or "")}) on {_e(when)}; its history is kept.</p>')
     if (aside := set_aside_words(d)) is not None:
         out.insert(2, f'<p class="banner"><strong>Set aside.</strong> {_e(aside)}.</p>')
+    for words in elsewhere_words(d):
+        out.insert(2, f'<p class="banner"><strong>Moved.</strong> {_e(words[0].upper() + words[1:])}.</p>')
     if (gone := d.get("not_seen")) is not None:
         since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(gone["last_seen"]))
         out.insert(2, f'<p class="banner missing"><strong>Not seen since {_e(since)}</strong>, while this host&#x27;s '

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuwear.config import WearConfig
 from gpuwear.ledger import EXPORT_VERSION
+from gpuwear.ledger.errors import printable
 from gpuwear.report import EVENTS_SHOWN, text_report
 from gpuwear.report import document as report_document
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
@@ -34,7 +35,8 @@ def document(export: Any, p: WearConfig, source: str) -> dict[str, Any]:
     """The passport of an export document (validated whole first: :class:`SchemaError` names the first problem,
     a checksum that does not match included): the report document of the card's whole history (its parts merged),
     with ``passport``: the export's ``version``, ``exported_at`` and ``checksum`` (None before version 2, which
-    had none), the parts it holds, the card's first and last sight, and :data:`CANNOT_KNOW`."""
+    had none), ``host`` (the exporting box's name; None before version 3), the parts it holds, the card's first and
+    last sight, and :data:`CANNOT_KNOW`."""
     check_export(export, EXPORT_VERSION, WEAR_SCHEMA)
     uuid = str(export["uuid"])
     wears = [GpuWear.from_json(part, p.cycles.hysteresis_celsius) for part in export["parts"]]
@@ -43,6 +45,7 @@ def document(export: Any, p: WearConfig, source: str) -> dict[str, Any]:
                     key=lambda e: e.wall)[-EVENTS_SHOWN:]  # oldest first, the newest kept: as a report reads them
     doc = report_document([card], p, {uuid: events}, source, bool(export.get("simulated")))
     doc["passport"] = {"uuid": uuid, "version": export["version"], "exported_at": export.get("exported_at"),
+                       "host": export.get("host"),
                        "checksum": export.get("checksum"), "parts": len(export["parts"]),
                        "first_seen": card.first_seen, "last_seen": card.last_seen, "cannot_know": list(CANNOT_KNOW)}
     return doc
@@ -56,7 +59,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
              "not forgery)" if pp["checksum"] else "written by a gpuwear before exports carried a checksum: "
              "nothing says whether it arrived whole")
     return [f"PASSPORT of {g['name'] or 'a GPU'} ({pp['uuid']}{serial})",
-            f"  Exported on {_day(pp['exported_at'])}; {whole}.",
+            f"  Exported on {_day(pp['exported_at'])}"
+            + (f" by the box named {printable(pp['host'])}" if pp.get("host") else "") + f"; {whole}.",
             f"  gpuwear saw it from {_day(pp['first_seen'])} to {_day(pp['last_seen'])} ({pp['parts']} part(s) of "
             "its history, merged); what it carried when first seen is said as carried below.",
             *(f"  Not known: {what}." for what in pp["cannot_know"])]

@@ -184,6 +184,8 @@ def documents(ledger: Ledger, p: WearConfig, where: str, simulated: bool,
         count, newest = ledger.set_aside_of(g["uuid"])
         if newest is not None:
             g["set_aside"] = {"count": count, "newest": {"wall": newest[0], "what": newest[1], "why": newest[2]}}
+        if imported := ledger.imports_of(g["uuid"]):
+            g["elsewhere"] = elsewhere(imported, live.get(g["uuid"]))
     if not with_jobs:
         return doc, None
     return doc, jobreport.ledger_document(ledger, live, p, None, gpu, shown=0, by_label=False)
@@ -549,6 +551,39 @@ def xid_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def elsewhere(imported: list[tuple[str, float, float]], here: GpuWear | None) -> list[dict[str, Any]]:
+    """The imported parts of a card's history (Ledger.imports_of: source, first, last), each with where it lies
+    against the card's own history on this box (``here``, its live record; None: never seen here): "before" it
+    came, "after" it left (its later history handed back), "between" two spells here (it left and came back),
+    "during" (overlapping: one of the two clocks was off), or "only" (this box never saw it)."""
+    first = here.first_seen if here is not None else None
+    last = here.last_seen if here is not None else None
+
+    def where(a: float, b: float) -> str:
+        if first is None or last is None:
+            return "only"
+        if b <= first:
+            return "before"
+        if a >= last:
+            return "after"
+        covered = sorted((float(s), float(e)) for s, e in (here.covered.items() if here is not None else ()))
+        return "between" if any(e <= a for _, e in covered) and any(s >= b for s, _ in covered) else "during"
+
+    return [{"source": s, "first": a, "last": b, "relation": where(a, b)} for s, a, b in imported]
+
+
+ELSEWHERE_WORDS = {"before": "before it came to this box", "after": "after it left this box (its later history "
+                   "handed back)", "between": "between two spells on this box: it left and came back",
+                   "during": "overlapping its time on this box (one of the two clocks was off)",
+                   "only": "this box never saw it itself"}
+
+
+def elsewhere_words(d: dict[str, Any]) -> list[str]:
+    """The card's history imported from elsewhere (report documents' ``elsewhere``), a line each."""
+    return [f"seen elsewhere from {_day(e['first'])} to {_day(e['last'])}, {ELSEWHERE_WORDS[e['relation']]}: "
+            f"imported from {printable(e['source'])[:300]}" for e in d.get("elsewhere") or ()]
+
+
 def set_aside_words(d: dict[str, Any]) -> str | None:
     """What a daemon's open set aside of a GPU (report documents' ``set_aside``), in words; None: nothing."""
     aside = d.get("set_aside")
@@ -586,6 +621,7 @@ def text_report(doc: dict[str, Any]) -> str:
                        f"{d['uuid']})")
         if (aside := set_aside_words(d)) is not None:
             out.append(f"  SET ASIDE: {aside}")
+        out += [f"  MOVED: {words}" for words in elsewhere_words(d)]
         shown = [r for r in h["reasons"] if r["severity"] != "unknown"]
         out.append(f"  Health: {h['status'].upper()}" + (": nothing it reports asks for action" if not shown else ""))
         for r in shown:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from gpuwear.imports.parse import ImportFormatError, latest_time
 from gpuwear.ledger import EXPORT_VERSION, Ledger
+from gpuwear.ledger.errors import printable
 from gpuwear.wear.accumulate import SCHEMA as WEAR_SCHEMA
+from gpuwear.wear.events import Event
 from gpuwear.wear.schema import SchemaError, check_export
 
 SIMULATED_MARK = " (simulated)"  # the name of a card whose history a simulation made, in a real ledger
@@ -20,7 +23,9 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated:
     as the CSV import refuses such rows: the exporting box's clock was wrong). Each part of the card's history
     becomes an import unless its time span overlaps history this ledger already holds for the card (its live span,
     earlier imports, or an earlier part of this file): accumulators cannot be split in time, so an overlapping part
-    is skipped whole and never counted twice. Returns parts imported and skipped."""
+    is skipped whole and never counted twice. An export that names its box (version 3) has it said in each
+    import's source ("ledger:FILE (host NAME)"), and an import that took a part leaves an event in the card's history
+    ("history imported": the box, the file, the span). Returns parts imported and skipped."""
     try:
         check_export(doc, EXPORT_VERSION, WEAR_SCHEMA)
     except SchemaError as exc:
@@ -30,6 +35,8 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated:
                                 "simulation's ledger (--simulated SCENARIO), or pass --allow-simulated")
     uuid = str(doc["uuid"])
     simulated = bool(doc.get("simulated"))
+    if doc.get("host"):
+        source = f"{source} (host {printable(doc['host'])})"
     if simulated:  # marked wherever it goes: its name in report, jobs and the page, its imports' source
         source = f"simulated: {source}"
     for n, part in enumerate(doc["parts"], 1):
@@ -53,5 +60,8 @@ def import_ledger_export(doc: Any, source: str, ledger: Ledger, allow_simulated:
         if simulated and not str(part.get("name", "")).endswith(SIMULATED_MARK):
             part = {**part, "name": f"{part.get('name') or 'GPU'}{SIMULATED_MARK}"[-256:]}
         imports.append((uuid, source, first, last, 0, part))
-    ledger.save([], [], imports)
+    events = [Event(uuid, time.time(), "history imported", {
+        "source": source, "host": doc.get("host"), "exported_at": doc.get("exported_at"), "parts": len(imports),
+        "first": min(i[2] for i in imports), "last": max(i[3] for i in imports)})] if imports else []
+    ledger.save([], events, imports)
     return {"imported": len(imports), "skipped": skipped}

@@ -16,14 +16,16 @@ from gpuwear.ledger.errors import LedgerError
 from gpuwear.ledger.records import CHANGED, Event, _crc_of, _read_docs, changed
 from gpuwear.wear.schema import checksum
 
-EXPORT_VERSION = 2  # the `gpuwear export` document; 2: with its checksum and the time it was written
+# the `gpuwear export` document; 2: with its checksum and the time it was written; 3: with the exporting host's name
+EXPORT_VERSION = 3
 FORMAT = "gpuwear-ledger-export"
 
 
 def document(db: sqlite3.Connection, path: Path, uuid: str, events: Iterable[Event],
-             simulated: bool = False) -> dict[str, Any]:
+             simulated: bool = False, host: str = "") -> dict[str, Any]:
     """The export of GPU ``uuid`` of the ledger at ``path`` (read through ``db``), with ``events`` (its events, read
-    and proved whole by the caller); LedgerError when the ledger holds nothing of it."""
+    and proved whole by the caller) and ``host``, the exporting box's name (said where the card's history is
+    imported: the card was seen there); LedgerError when the ledger holds nothing of it."""
     live = _read_docs(db).get(uuid)
     imports = []
     for text, crc in db.execute(f"SELECT wear, {_crc_of(db, 'imports')} FROM imports WHERE uuid = ?", (uuid,)):
@@ -35,8 +37,8 @@ def document(db: sqlite3.Connection, path: Path, uuid: str, events: Iterable[Eve
         raise LedgerError(f"{path}: no GPU {uuid}")
     parts = ([live] if live else []) + imports
     doc: dict[str, Any] = {"format": FORMAT, "version": EXPORT_VERSION, "uuid": uuid, "exported_at": time.time(),
-                           "parts": parts, "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail}
-                                                      for e in events]}
+                           "host": host[:255] or "unknown", "parts": parts,
+                           "events": [{"wall": e.wall, "kind": e.kind, "detail": e.detail} for e in events]}
     if simulated:
         doc["simulated"] = True
     return {**doc, "checksum": checksum(doc)}

@@ -375,12 +375,18 @@ class Ledger:
             except LedgerError as exc:
                 self._leave_out(("imports", rowid), str(exc))
 
-    def export(self, uuid: str, simulated: bool = False) -> dict[str, Any]:
-        """One GPU's history as a document another box's ledger can import (:func:`gpuwear.ledger.export.document`);
-        LedgerError when the ledger holds nothing of it."""
+    def export(self, uuid: str, simulated: bool = False, host: str = "") -> dict[str, Any]:
+        """One GPU's history as a document another box's ledger can import (:func:`gpuwear.ledger.export.document`),
+        ``host`` the name of this box; LedgerError when the ledger holds nothing of it."""
         from gpuwear.ledger import export  # the export command's alone
 
-        return export.document(self._db, self.path, uuid, self.events(uuid), simulated)
+        return export.document(self._db, self.path, uuid, self.events(uuid), simulated, host)
+
+    def imports_of(self, uuid: str) -> list[tuple[str, float, float]]:
+        """The imported parts of a GPU's history: (source, first, last), the oldest first. Their source names the
+        export file and, from export version 3, the box it came from."""
+        return sorted((str(source), float(first), float(last)) for source, first, last in self._db.execute(
+            "SELECT source, first, last FROM imports WHERE uuid = ?", (uuid,)))
 
     def forget(self, uuid: str) -> dict[str, int]:
         """Remove every record of one GPU in one transaction: its live record, its imports, its events and its share of

@@ -327,7 +327,7 @@ def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, An
         raise SchemaError("version", f"written by a newer gpuwear (export version {version}; this one reads "
                                      f"{export_version}): upgrade gpuwear to import it")
     keys = ("format", "version", "uuid", "parts", "events", "simulated") + \
-        (("exported_at", "checksum") if version >= 2 else ())
+        (("exported_at", "checksum") if version >= 2 else ()) + (("host",) if version >= 3 else ())
     mapping(doc, "", lambda k: k in keys, limit=len(keys))
     if "simulated" in doc and doc["simulated"] is not True:
         raise SchemaError("simulated", "present only as true (the history of simulated GPUs)")
@@ -336,6 +336,8 @@ def check_export(doc: Any, export_version: int, schema: int = 1) -> dict[str, An
         if not isinstance(doc.get("checksum"), str) or doc["checksum"] != checksum(doc):
             raise SchemaError("checksum", "missing or not the file's own: the file was changed or damaged after "
                                           "export")
+    if version >= 3:
+        text(doc.get("host"), "host", limit=255)
     uuid = text(doc.get("uuid"), "uuid", limit=128)
     parts = doc.get("parts")
     if not isinstance(parts, list) or not parts or len(parts) > MAX_PARTS:
