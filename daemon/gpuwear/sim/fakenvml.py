@@ -101,6 +101,7 @@ FI_TEMPERATURE_SHUTDOWN_TLIMIT = 193
 FI_TEMPERATURE_SLOWDOWN_TLIMIT = 194
 FI_TEMPERATURE_GPU_MAX_TLIMIT = 196
 ARCH_HOPPER = 9
+ARCH_BLACKWELL = 10  # NVML_DEVICE_ARCH_BLACKWELL
 
 EVENT_SINGLE_BIT_ECC = 0x1
 EVENT_DOUBLE_BIT_ECC = 0x2
@@ -733,7 +734,8 @@ class SimulatedDriver:
     def nvmlDeviceGetRemappedRows(self, handle: Any, corr: Any, unc: Any, pending: Any,
                                   failure: Any) -> int:
         gpu = self._gpu(handle, "remapped_rows")
-        if not gpu.product.remapped_rows:
+        # a real H100 in MIG mode answers N/A, its histogram still answering (nvidia_gpu_exporter's capture)
+        if not gpu.product.remapped_rows or gpu.state.mig_enabled:
             raise _UnsupportedError()
         s = gpu.state
         _out(corr).value, _out(unc).value = s.remapped_corrected, s.remapped_uncorrected
@@ -779,8 +781,10 @@ class SimulatedDriver:
         out.state, out.status = state, status
         gpu = self._gpu(handle, "fabric")
         out.healthMask = self._fabric_mask(gpu.state.fabric_mask) if state == 3 else 0
-        if isinstance(out, GpuFabricInfoV3):
-            out.healthSummary = (gpu.state.fabric_summary or SUMMARY_HEALTHY) if state == 3 else 0
+        if isinstance(out, GpuFabricInfoV3):  # the summary is the Blackwell NVL fabric's: a registered H100 answers
+            # NOT_SUPPORTED (nvidia-smi "N/A" on R590: nvidia_gpu_exporter's capture), unless a fault scripts one
+            default = SUMMARY_HEALTHY if gpu.product.architecture >= ARCH_BLACKWELL else 0
+            out.healthSummary = (gpu.state.fabric_summary or default) if state == 3 else 0
         return SUCCESS
 
     def _fabric_mask(self, true: dict[str, int]) -> int:
@@ -1391,7 +1395,9 @@ class SimulatedDriver:
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_LONG_LONG, self._energy(gpu)
         if field_id == FI_GET_GPU_RECOVERY_ACTION:
-            if p.architecture < 9 or "recovery_action" in s.unsupported:  # Hopper and newer drivers only
+            # every board answers it on a branch that knows the field (0, NONE, on idle GeForce Turing and Ada
+            # boards and an L40S as on an H100: nvidia_gpu_exporter's captures, tests/fixtures/captures)
+            if "recovery_action" in s.unsupported:
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_INT, s.recovery_action
         if field_id in (FI_PERF_POLICY_POWER, FI_PERF_POLICY_THERMAL):
