@@ -107,6 +107,8 @@ def test_a_cards_history_follows_it_to_another_box(tmp_path: Path, capfd: pytest
     assert [(m["relation"], m["first"] <= m["last"]) for m in moved] == [("only", True)], moved
     assert [(e["kind"], e["host"], e["parts"]) for e in b[0]["events"]] == [("history imported", host, 1)]
     assert "  MOVED: seen elsewhere from " in gpuwear("report", "--state-dir", str(box_b)).stdout
+    gpuwear("report", "--html", str(tmp_path / "b.html"), "--state-dir", str(box_b))
+    assert '<p class="banner"><strong>Moved.</strong> Seen elsewhere from ' in (tmp_path / "b.html").read_text()
     for key in ("observed_seconds", "energy_joules"):
         assert b[0][key] == a[key]
     assert b[0]["thermal_aging_equivalent_hours"]["central"] == a["thermal_aging_equivalent_hours"]["central"]

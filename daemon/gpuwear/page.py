@@ -190,7 +190,7 @@ def _gpu(d: dict[str, Any], jobs: dict[str, Any] | None) -> str:
                       f'{_e(by["pci_bus_id"] or "")}) on {_e(when)}; its history is kept.</p>')
     if (aside := set_aside_words(d)) is not None:
         out.insert(2, f'<p class="banner"><strong>Set aside.</strong> {_e(aside)}.</p>')
-    for words in elsewhere_words(d):
+    for words in reversed(elsewhere_words(d)):  # each inserted above the last: oldest first, as the report
         out.insert(2, f'<p class="banner"><strong>Moved.</strong> {_e(words[0].upper() + words[1:])}.</p>')
     if (gone := d.get("not_seen")) is not None:
         since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(gone["last_seen"]))
