@@ -444,7 +444,7 @@ class SimulatedDriver:
 
     def nvmlDeviceGetSerial(self, handle: Any, buf: Any, size: Any) -> int:
         gpu = self._gpu(handle, "serial")
-        if "GeForce" in gpu.product.name:  # GeForce boards report none (nvidia-smi: "serial [N/A]")
+        if gpu.product.geforce:  # GeForce boards report none (nvidia-smi: "serial [N/A]")
             raise _UnsupportedError()
         buf.value = gpu.serial.encode()
         return SUCCESS
@@ -1199,7 +1199,7 @@ class SimulatedDriver:
         GeForce; a datacenter or workstation board answers its maximum clock for the type, standing in for the
         default NVIDIA sets per board (a V100 PCIe's is lower than its maximum; not modelled)."""
         gpu = self._gpu(handle, "clocks")
-        if "GeForce" in gpu.product.name:
+        if gpu.product.geforce:
             raise _UnsupportedError()
         return self._clock(gpu, _in(clock_type), True)
 
@@ -1260,7 +1260,7 @@ class SimulatedDriver:
         """A board whose clocks can be locked (Kepler or newer *fully supported* devices): NOT_SUPPORTED on a GeForce
         (an RTX 3090: NVIDIA/TensorRT #2669; a GTX 1070's clock functions: KernelTuner/kernel_tuner #86)."""
         gpu = self._gpu(handle, "max_clocks")
-        if "GeForce" in gpu.product.name:
+        if gpu.product.geforce:
             raise _UnsupportedError()
         return gpu
 
@@ -1379,7 +1379,7 @@ class SimulatedDriver:
             _out(brand).value = _VGPU_BRANDS.get(gpu.vgpu[0][-1], 14)
             return SUCCESS
         name = gpu.product.name
-        _out(brand).value = 5 if "GeForce" in name else 2 if name.startswith("Tesla") else 13 if "RTX" in name else 14
+        _out(brand).value = 5 if gpu.product.geforce else 2 if name.startswith("Tesla") else 13 if "RTX" in name else 14
         return SUCCESS
 
     def _field(self, gpu: SimGpu, field_id: int) -> tuple[int, int]:

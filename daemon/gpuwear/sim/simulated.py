@@ -100,6 +100,12 @@ class Product:
     # card, as real captures show); 0 where the card does not remap rows
     remap_banks: int = 0
 
+    @property
+    def geforce(self) -> bool:
+        """A GeForce board, by the product line its name says (nvmlDeviceGetName): NVML's "limited support" brand,
+        which answers no serial, no applications or locked clocks, and nvmlBrandType_t GEFORCE."""
+        return "GeForce" in self.name
+
 
 PRODUCTS: dict[str, Product] = {
     p.key: p
