@@ -558,6 +558,7 @@ def elsewhere(imported: list[tuple[str, float, float]], here: GpuWear | None) ->
     "during" (overlapping: one of the two clocks was off), or "only" (this box never saw it)."""
     first = here.first_seen if here is not None else None
     last = here.last_seen if here is not None else None
+    covered = [(float(s), e) for s, e in here.covered.items()] if here is not None else []
 
     def where(a: float, b: float) -> str:
         if first is None or last is None:
@@ -566,7 +567,6 @@ def elsewhere(imported: list[tuple[str, float, float]], here: GpuWear | None) ->
             return "before"
         if a >= last:
             return "after"
-        covered = sorted((float(s), float(e)) for s, e in (here.covered.items() if here is not None else ()))
         return "between" if any(e <= a for _, e in covered) and any(s >= b for s, _ in covered) else "during"
 
     return [{"source": s, "first": a, "last": b, "relation": where(a, b)} for s, a, b in imported]
