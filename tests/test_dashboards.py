@@ -184,7 +184,7 @@ def test_dl_dashboard_layout() -> None:
     assert any("throttling is the card protecting itself" in text.lower() for text in texts)
     exprs = " ".join(t["expr"] for p in in_row for t in p.get("targets", []))
     for metric in ("gpuwear_health_status", "gpuwear_health_reason", "gpuwear_ecc_errors_total",
-                   "gpuwear_retired_pages", "gpuwear_remapped_rows", "gpuwear_xid_events_total",
+                   "gpuwear_retired_pages", "gpuwear_remapped_rows", "gpuwear_xid_tier_events_total",
                    "gpuwear_lifetime_temperature_above_seconds_total", "gpuwear_lifetime_threshold_above_seconds_total",
                    "gpuwear_lifetime_thermal_cycles_total", "gpuwear_lifetime_throttle_seconds_total",
                    "gpuwear_power_watts", "gpuwear_power_limit_watts", "gpuwear_fan_speed_ratio",
@@ -209,7 +209,7 @@ def test_live_and_fleet_dashboards_show_what_they_promise() -> None:
     for metric in ("gpuwear_temperature_celsius", "gpuwear_temperature_threshold_celsius", "gpuwear_power_watts",
                    "gpuwear_power_limit_watts", "gpuwear_clock_hertz", "gpuwear_clock_event_reason_active",
                    "gpuwear_fan_speed_ratio", "gpuwear_utilization_ratio", "gpuwear_memory_used_bytes",
-                   "gpuwear_xid_events_total", "gpuwear_sample_errors_total"):
+                   "gpuwear_xid_tier_events_total", "gpuwear_sample_errors_total"):
         assert metric in live, metric
     fleet = " ".join(expr for _, expr in queries(load("fleet.json")))
     for needle in ("deriv(gpuwear_thermal_aging_equivalent_seconds", "gpuwear_health_status", "gpuwear_gpu_up",

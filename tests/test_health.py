@@ -21,7 +21,7 @@ from gpuwear.health import RULES, TABLE, XID_ACT, XID_WATCH, rule, verdict
 from gpuwear.health.rules import Facts
 from gpuwear.health.runbook import markdown, replaced, xid_markdown
 from gpuwear.health.xid_catalog import ROWS
-from gpuwear.health.xids import BUCKET_TIERS, BY_CODE, CATALOG, LINE_JUDGED, OVERRIDES, XID_NONE, lookup
+from gpuwear.health.xids import BUCKET_TIERS, BY_CODE, CATALOG, LINE_JUDGED, OVERRIDES, XID_NONE, alert_tier, lookup
 from gpuwear.wear.accumulate import GpuWear, utc_day
 from gpuwear.wear.models import resistance_trend
 from helpers import card_by_day
@@ -542,20 +542,18 @@ def test_a_link_down_is_held_until_it_is_back_and_judged_against_peers_from_the_
 
 def test_the_xid_alerts_name_the_catalogs_tiers() -> None:
     """Issue 51: XIDs the catalog resolves by a reset (109, 136, 143, 155, 156, the NVLink5 family 144-150) gave no
-    reason and no alert. GpuwearXidCritical's codes are the catalog's act tier (but those judged by their line,
-    which GpuwearHealthAct names) and GpuwearXidWatch's its watch and application tiers, code for code."""
+    reason and no alert. GpuwearXidCritical reads the tier act (the catalog's act tier, but the codes judged by their
+    line, which GpuwearHealthAct names) and GpuwearXidWatch the tier watch (its watch and application tiers, and codes
+    newer than it), code for code; the codes it says to ignore raise neither. The alerts read the daemon's tier, not
+    code lists of their own: per code is detail (the series budget)."""
     rules = {rule["alert"]: rule for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]
              for rule in group["rules"] if "alert" in rule}
-
-    def codes(alert: str, match: str = "=~") -> set[int]:
-        found = {frozenset(m.split("|")) for m in re.findall(r'xid' + match + r'"([\d|]+)"', rules[alert]["expr"])}
-        assert len(found) == 1, found  # both halves of the expression name the same codes
-        return {int(c) for c in next(iter(found))}
-
-    assert codes("GpuwearXidCritical") == set(XID_ACT) - LINE_JUDGED  # 74: by its line, in GpuwearHealthAct
-    # every other code but those the catalog says to ignore: its watch and application tiers, and codes newer than it
-    assert codes("GpuwearXidWatch", "!~") == set(XID_ACT) | XID_NONE
-    assert set(range(1, 173)) - codes("GpuwearXidWatch", "!~") == set(XID_WATCH)
+    for alert, tier in (("GpuwearXidCritical", "act"), ("GpuwearXidWatch", "watch")):
+        assert set(re.findall(r'gpuwear_xid_\w+\{([^}]*)\}', rules[alert]["expr"])) == {f'tier="{tier}"'}
+    tiers = {code: alert_tier(code) for code in range(1, 400)}
+    assert {c for c, t in tiers.items() if t == "act"} == set(XID_ACT) - LINE_JUDGED  # 74: by its line
+    assert {c for c, t in tiers.items() if t is None} == XID_NONE | LINE_JUDGED
+    assert {c for c, t in tiers.items() if t == "watch"} == set(XID_WATCH) | (set(range(1, 400)) - set(BY_CODE))
     assert {109, 136, 143, 155, 156, *range(144, 151)} <= set(XID_ACT)
 
 

@@ -271,7 +271,7 @@ def _daemon_following(tmp_path: Path, kern: Path, state: Path | None = None) -> 
     """`gpuwear run --simulate demo` following the kernel-log file ``kern`` (health.kernel_log): its base URL and
     its log."""
     config = tmp_path / "config.yaml"
-    config.write_text(f"health:\n  kernel_log: {kern}\n")
+    config.write_text(f"health:\n  kernel_log: {kern}\nmetrics:\n  detail: true\n")  # each XID's code
     port = free_port()
     log = tmp_path / "daemon.log"
     with started([sys.executable, "-m", "gpuwear", "run", "--simulate", "demo", "--config", str(config),
@@ -295,6 +295,8 @@ def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path
         body = wait_for(f"{url}/metrics", 'xid="79"')
         line = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_events_total{") and 'xid="79"' in ln)
         assert 'gpu="1"' in line and line.endswith(" 1.0"), line
+        tier = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_tier_events_total{"))
+        assert 'gpu="1"' in tier and 'tier="act"' in tier and tier.endswith(" 1.0"), tier  # by default too
         # an NVSwitch's SXids (issue 29): counted for the host by severity, never as a GPU's XID
         assert "gpuwear_nvswitch_sxid_events_total{" not in body
         page = wait_for(f"{url}/", "</html>")  # rendered, and kept until what it shows changes
@@ -324,10 +326,13 @@ def test_a_simulated_xid_is_counted_once_and_79_from_the_kernel_log_alone(tmp_pa
     scenario = tmp_path / "xids.yaml"
     scenario.write_text("gpus:\n  - product: rtx4090\n  - product: h100-sxm\n"
                         "faults:\n  - {at: 2, gpu: 1, kind: xid, xid: 13}\n  - {at: 4, gpu: 1, kind: xid, xid: 79}\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("metrics:\n  detail: true\n")  # each XID's code
     port = free_port()
     log = tmp_path / "daemon.log"
-    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", str(scenario), "--listen",
-                  f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], log, REPO), logs_on_failure(log):
+    with started([sys.executable, "-m", "gpuwear", "run", "--simulate", str(scenario), "--config", str(config),
+                  "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")], log, REPO), \
+            logs_on_failure(log):
         body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
         time.sleep(1.0)  # the twin of XID 13, had it been counted twice, would show by now
         body = wait_for(f"http://127.0.0.1:{port}/metrics", 'xid="79"')
@@ -484,26 +489,27 @@ def test_the_kernel_log_is_resumed_where_the_last_run_stopped_with_the_counts_it
     import json as _json
 
     kern = tmp_path / "kern.log"
-    kern.write_text("NVRM: Xid (PCI:0000:37:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+    kern.write_text("NVRM: Xid (PCI:0000:37:00): 13, pid=1, name=x, Graphics Exception\n")  # a watch reason
     state = tmp_path / "state"
 
-    def run(until: str) -> str:
+    def run(severity: str) -> str:
         with _daemon_following(tmp_path, kern, state) as (url, _):
-            return wait_for(f"{url}/metrics", until)  # in the tracker's records: saved at stop
+            # the verdict's reason: in the tracker's records, saved at stop
+            return wait_for(f"{url}/metrics", f'code="xid_N",gpu="1",severity="{severity}"')
 
-    first = run('code="xid_79"')
-    assert 'xid="79"' in first
+    first = run("watch")
+    assert 'xid="13"' in first
     with kern.open("a") as f:  # while the daemon is stopped
         f.write("NVRM: Xid (PCI:0000:37:00): 48, pid=7, name=python3, An uncorrectable double bit error\n")
-    second = run('code="xid_48"')
+    second = run("act")
     since_start = {ln.split('xid="')[1].split('"')[0]: ln.rsplit(" ", 1)[1] for ln in second.splitlines()
                    if ln.startswith("gpuwear_xid_events_total{")}
-    assert since_start == {"48": "1.0"}, since_start  # the 79 before the stop is not read again
+    assert since_start == {"48": "1.0"}, since_start  # the 13 before the stop is not read again
     report = subprocess.run([sys.executable, "-m", "gpuwear", "report", "--json", "--state-dir", str(state),
                              "--simulated", "demo"], capture_output=True, text=True, timeout=60, check=True)
     h100 = next(g for g in _json.loads(report.stdout)["gpus"] if "H100" in g["name"])
     codes = {r["code"] for r in h100["health"]["reasons"]}
-    assert {"xid_79", "xid_48"} <= codes, codes
+    assert {"xid_13", "xid_48"} <= codes, codes
 
 
 def test_a_journal_position_is_resumed_and_one_the_journal_no_longer_holds_is_dropped(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ def test_promtool_check_rules_passes_without_warnings() -> None:
 def test_the_fleet_rules_check_keep_few_labels_and_count_the_critical_xids() -> None:
     """Issue 56, item 2: recording rules for a fleet's long-range questions, checked by promtool, every series with
     at most job, instance, gpu, uuid (and name on the product series), far under Mimir's 30 labels, and its
-    incidents the codes GpuwearXidCritical names (the catalog's act tier)."""
+    incidents the XIDs GpuwearXidCritical reads (the tier act)."""
     fleet = REPO / "deploy" / "prometheus" / "gpuwear-fleet-rules.yml"
     check = subprocess.run([require("promtool"), "check", "rules", str(fleet)], capture_output=True, text=True,
                            check=False)
@@ -254,8 +254,9 @@ def test_the_fleet_rules_check_keep_few_labels_and_count_the_critical_xids() -> 
     (incidents,) = [r for r in rules if r["record"] == "gpuwear:xid_critical_events:increase1h"]
     critical = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
                     if r.get("alert") == "GpuwearXidCritical")
-    codes = set(re.findall(r'xid=~"([\d|]+)"', critical["expr"]))
-    assert set(re.findall(r'xid=~"([\d|]+)"', incidents["expr"])) == codes and len(codes) == 1
+    selectors = set(re.findall(r"gpuwear_xid_\w+(\{[^}]*\})?", critical["expr"]))
+    assert selectors == {'{tier="act"}'} and selectors <= set(re.findall(r"gpuwear_xid_\w+(\{[^}]*\})?",
+                                                                          incidents["expr"]))
     assert "../gpuwear-fleet-rules.yml" in (REPO / "deploy" / "prometheus" / "tests" / "fleet.yml").read_text()
 
 
@@ -434,7 +435,8 @@ def test_overheat_scenario_fires_the_expected_alerts(tmp_path: Path) -> None:
         near = seen[("GpuwearGpuTemperatureNearSlowdown", "0")]["annotations"]["description"]
         assert "its slowdown threshold is 95 °C" in near, near  # the card's own limit, read by a query template
         xid = seen[("GpuwearXidCritical", "1")]
-        assert xid["labels"]["xid"] == "79" and xid["labels"]["severity"] == "critical", xid
+        assert xid["labels"]["tier"] == "act" and xid["labels"]["severity"] == "critical", xid
+        assert xid["annotations"]["summary"].endswith("reported XID 79"), xid  # the code, read by a query template
         assert seen[("GpuwearHealthAct", "1")]["annotations"]["description"].count("row_remap_failure") == 1
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from gpuwear.health import STATUS_ORDER
+from gpuwear.health.xids import alert_tier
 from gpuwear.sample import CLOCK_EVENT_REASONS, pcie_downgraded
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LABELS, WearView
@@ -181,6 +183,14 @@ def _nvlink_links(status: GpuStatus) -> Series:
     return [((str(link), _NVLINK_KINDS.get(field, field)), float(n)) for link, field, n in counts or ()]
 
 
+def _xid_tiers(status: GpuStatus) -> Series:
+    tiers: dict[str, int] = {}
+    for code, count in status.xids.items():
+        if (tier := alert_tier(code)) is not None:
+            tiers[tier] = tiers.get(tier, 0) + count
+    return [((tier,), float(tiers[tier])) for tier in sorted(tiers)]
+
+
 def _pcie_downgraded(status: GpuStatus) -> float | None:
     down = pcie_downgraded(status.sample) if status.sample is not None else None
     return None if down is None else float(down)
@@ -308,10 +318,12 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "link after link); absent on a GPU without NVLink. A link that went down shows as a drop from its usual "
        "count (the alert compares with the last day's most).", (), _sample_field("nvlink_links_active")),
     MetricDef("gpuwear_nvlink_errors_total", "counter", "", "NVLink errors summed over the GPU's links, by kind "
-       "(nvmlDeviceGetNvLinkErrorCounter: DL_CRC_FLIT, DL_CRC_DATA, DL_REPLAY, DL_RECOVERY); restart at a driver "
-       "reload; absent on a GPU without NVLink.", ("error",),
+       "(nvmlDeviceGetNvLinkErrorCounter: DL_CRC_FLIT, DL_CRC_DATA, DL_REPLAY, DL_RECOVERY; recovery by default, the "
+       "others with metrics.detail: the verdict's bleeding_errors judges the CRC errors and replays); restart at a "
+       "driver reload; absent on a GPU without NVLink.", ("error",),
        _labelled((("crc_flit", "nvlink_crc_flit_errors"), ("crc_data", "nvlink_crc_data_errors"),
-                  ("replay", "nvlink_replay_errors"), ("recovery", "nvlink_recovery_errors")))),
+                  ("replay", "nvlink_replay_errors"), ("recovery", "nvlink_recovery_errors"))),
+       basic=_only("recovery")),
     MetricDef("gpuwear_nvlink_link_up", "gauge", "", "1 when the NVLink link is active, 0 when not, link by link "
        "(nvmlDeviceGetNvLinkState); absent on a GPU without NVLink.", ("link",), _nvlink_states, detail=True),
     MetricDef("gpuwear_nvlink_link_errors_total", "counter", "", "NVLink errors of each link, by kind "
@@ -320,11 +332,18 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action")),
+    MetricDef("gpuwear_xid_tier_events_total", "counter", "", "XID (critical error) events by the alert NVIDIA's "
+       "catalog gives their code (health.xids): act (a GPU reset, a reboot or service: GpuwearXidCritical) and watch "
+       "(restart the application, contact support, or a code newer than the catalog: GpuwearXidWatch), counted as "
+       "gpuwear_xid_events_total counts them; the codes the catalog says to ignore and those whose line decides (XID "
+       "74, 144-150: the verdict names them) only per code, there. Which code: gpuwear_xid_last, the verdict's "
+       "reasons.", ("tier",), _xid_tiers),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set and the driver's lines in the kernel log (health.kernel_log; XID 79, 119 and 120 only there), "
        "one told by both counted once, since the daemon started; the kernel log is read on from where the last run "
        "stopped, so an XID logged while the daemon was stopped (one that made it restart, one at boot) counts in the "
-       "run that reads it.", ("xid",), _counts("xids")),
+       "run that reads it. Per code: metrics.detail (by default gpuwear_xid_tier_events_total counts them by "
+       "alert).", ("xid",), _counts("xids"), detail=True),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
        _value(lambda s: s.last_xid)),
@@ -335,7 +354,8 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "not_supported, no_permission (an unprivileged daemon), function_not_found (an older driver), "
        "unknown_field (a field id the driver does not know), binding_error (nvidia-ml-py does not fit this "
        "driver), module_scope (a Grace superchip's module energy counter: power is integrated instead). Not a "
-       "sampling failure.", ("reason",), _unavailable),
+       "sampling failure. not_supported, what every board has, with metrics.detail.", ("reason",), _unavailable,
+       basic=_only("no_permission", "function_not_found", "unknown_field", "binding_error", "module_scope")),
     MetricDef("gpuwear_sample_duration_seconds", "gauge", "seconds", "Wall time the last read of the GPU "
        "took.", (), _value(lambda s: s.last_duration_seconds)),
     MetricDef("gpuwear_sample_timestamp_seconds", "gauge", "seconds", "Unix time of the last successful "
@@ -453,8 +473,16 @@ def _status(v: WearView) -> Series:
     return [((status,), 1.0 if now == status else 0.0) for status in STATUS_ORDER]
 
 
+_XID_REASON = re.compile(r"xid_\d+")
+
+
 def _reasons_active(v: WearView) -> Series:
-    return [((r["code"], r["severity"]), 1.0) for r in v.verdict["reasons"]]
+    worst: dict[str, str] = {}
+    for r in v.verdict["reasons"]:
+        code = "xid_N" if _XID_REASON.fullmatch(r["code"]) else r["code"]
+        if code not in worst or STATUS_ORDER.index(r["severity"]) > STATUS_ORDER.index(worst[code]):
+            worst[code] = r["severity"]
+    return [((code, severity), 1.0) for code, severity in worst.items()]
 
 
 WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
@@ -536,8 +564,10 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "
                   "card cannot report is a reason of severity unknown).", ("status",), _status,
                   basic=_only("ok", "watch", "act")),
-    MetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict (a fixed set of "
-                  "codes; see gpuwear report for the words).", ("code", "severity"), _reasons_active),
+    MetricDef("gpuwear_health_reason", "gauge", "", "1 for each reason behind the verdict, by its rule's code (a "
+                  "fixed set: the runbook's table; every XID's reason is xid_N, whatever its code), with the most "
+                  "severe of its reasons; gpuwear report gives each reason and its words.", ("code", "severity"),
+                  _reasons_active),
 )
 
 

@@ -19,13 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwear.fleet.answer import Card
-from gpuwear.health.xids import LINE_JUDGED, XID_ACT
 
-# GpuwearXidCritical's codes, as the fleet rules count them: NVIDIA's catalog's act tier but the codes judged by their
-# line (tests/test_health.py holds the alert to the same set)
-CRITICAL = "|".join(str(code) for code in sorted(set(XID_ACT) - LINE_JUDGED))
 _BY = "job, instance, gpu, uuid"
-_XIDS = f'gpuwear_xid_events_total{{{{xid=~"{CRITICAL}"}}}}'
+_XIDS = 'gpuwear_xid_tier_events_total{{tier="act"}}'  # GpuwearXidCritical's, as the fleet rules count them
 
 RULES = {
     "product": "last_over_time(gpuwear:gpu_product[{span}])",

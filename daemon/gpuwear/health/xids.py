@@ -117,6 +117,17 @@ def lookup(code: int) -> Xid:
                                     CATALOG_SOURCE, "a code newer than the catalog gpuwear has")
 
 
+def alert_tier(code: int) -> str | None:
+    """The alert an XID of ``code`` raises (GpuwearXidCritical: "act", GpuwearXidWatch: "watch"; the label of
+    gpuwear_xid_tier_events_total): act for the catalog's act tier, watch for its watch and application tiers and
+    codes newer than it; None for the codes it says to ignore and those whose line decides (:data:`LINE_JUDGED`:
+    GpuwearHealthAct names them when they call for service)."""
+    if code in LINE_JUDGED:
+        return None
+    tier = lookup(code).tier
+    return "act" if tier == "act" else "watch" if tier in ("watch", "app") else None
+
+
 # XID 74 (NVLink error) is judged line by line: its line gives the link and seven registers, and NVIDIA's workflow
 # for Hopper-based products says, bit by bit, which can be ignored, which call for service at once and which only
 # when they repeat on the same link. An XID 74 without its line (NVML's event alone, a line without registers) or on

@@ -24,7 +24,8 @@ class Push:
     each label's attribute name, with its values renamed where a mapping is given (a value the mapping lacks: the
     series is not pushed); a label not listed becomes ``gpuwear.LABEL``; ``fixed``: attributes every point gets;
     ``only``: the label values a series must have to be pushed; ``updown``: a gauge the conventions declare an
-    UpDownCounter (a non-monotonic sum)."""
+    UpDownCounter (a non-monotonic sum); ``unless``: a family that tells the same events in more detail: where it
+    is exported (metrics.detail), it is pushed instead of this one."""
 
     name: str
     unit: str
@@ -33,6 +34,7 @@ class Push:
     only: dict[str, str] = field(default_factory=dict)
     updown: bool = False
     derived: Derived | None = None
+    unless: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,10 @@ PUSHED: dict[str, Push] = {
                                                      "fatal for an XID NVIDIA's catalog resolves by resetting the GPU "
                                                      "or rebooting (gpuwear's act tier), else uncorrectable (an error "
                                                      "the hardware did not correct silently)")),
+    "gpuwear_xid_tier_events_total": Push("hw.errors", _ERRORS, {"tier": "gpuwear.xid.tier"}, {"error.type": "xid"},
+                                          derived=Derived("tier", "gpuwear.error.category", {"act": "fatal"},
+                                                          "uncorrectable", "fatal for tier act, else uncorrectable"),
+                                          unless="gpuwear_xid_events_total"),
     "gpuwear_health_status": Push("hw.status", "1", {"status": ("hw.state", {
         "ok": "ok", "watch": "degraded", "act": "predicted_failure"})}, updown=True),
     "gpuwear_fan_speed_rpm": Push("hw.fan.speed", "rpm", {"fan": "gpuwear.fan"}),
@@ -120,6 +126,7 @@ def table(families: list[tuple[str, str]]) -> str:
         if push.derived is not None:
             attrs.append(f"`{push.derived.attribute}`: {push.derived.said}")
         attrs += [f"only {k} = {v}" for k, v in push.only.items()]
+        attrs += [f"not where `{push.unless}` is exported (metrics.detail): that one instead"] if push.unless else []
         kind = " (up-down counter)" if push.updown else ""
         said = "; ".join(attrs) or "the GPU identity only"
         lines.append(f"| `{name}` | `{push.name}`{kind} | `{push.unit}` | {said} |")

@@ -181,12 +181,13 @@ def metrics_data(families: Iterable[Family], resource: Resource, start_ns: int, 
     (sums cumulative from ``start_ns``), families pushed under one name (hw.errors) as one metric."""
     families = list(families)
     cards, driver = _gpu_identity(families)
+    exported = {f.name + "_total" if f.type == "counter" else f.name for f in families if f.samples}
     points: dict[str, list[NumberDataPoint]] = {}
     kinds: dict[str, tuple[str, str, bool, bool]] = {}  # name -> (unit, description, counter, up-down counter)
     for family in families:
         counter = family.type == "counter"
         push = PUSHED.get(family.name + "_total" if counter else family.name)  # (a counter family's name has none)
-        if push is None:
+        if push is None or push.unless in exported:
             continue
         kinds.setdefault(push.name, (push.unit, family.documentation, counter, push.updown))
         for s in family.samples:
