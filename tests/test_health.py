@@ -1297,6 +1297,50 @@ def test_a_used_card_met_with_its_counts_and_met_again_with_them_reset() -> None
     with pytest.raises(ScenarioError, match=r"gpus\[0\]\.carried\.retired_single_bit: NVIDIA A100.* keeps no such"):
         parse_scenario({"gpus": [{"product": "a100-sxm", "carried": {"retired_single_bit": 1}}]}, "used")
 
+def test_a_blackwell_cards_power_smoothing_life_left_is_read_kept_at_first_sight_and_said() -> None:
+    """Issue 55, item 1: field 258 (NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, R570+) was not
+    read. A B200 that arrives with 83 % of its power-smoothing circuitry's rated life left has it in its sample, its
+    record keeps the first read as carried (a later, lower read is ageing, not counts gone down), and the report and
+    passport say it as one circuit, not the card; an H100 beside it answers NOT_SUPPORTED and says nothing; a
+    used card's percentage is refused on a card without the circuitry."""
+    from conftest import make_rig
+    from gpuwear import passport
+    from gpuwear.report import document, power_smoothing_words
+    from gpuwear.sim.simulated import ScenarioError, parse_scenario
+    from gpuwear.tracker import WearTracker
+    from gpuwear.wear.schema import check_wear, checksum
+
+    rig = make_rig({"driver": "r580", "gpus": [{"product": "b200", "carried": {"power_smoothing_life_percent": 83}},
+                                               {"product": "h100-sxm"}]}, slow_interval=10)
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(20):
+        rig.run(10, interval=10)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    b200, h100 = rig.sampler.snapshot.gpus
+    assert b200.sample is not None and b200.sample.power_smoothing_life_percent == 83
+    assert h100.unavailable["power_smoothing_life_percent"] == "not_supported"
+    rig.simulation.gpus[0].state.power_smoothing_life_percent = 82  # the circuit ages
+    rig.run(20, interval=10)
+    tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    w = tracker._wears[b200.identity.uuid]
+    assert w.health["carried power_smoothing_life_percent"] == 83
+    assert w.health["power_smoothing_life_percent"] == 82
+    assert "counts_went_down" not in {r["code"] for r in tracker.views[b200.identity.uuid].verdict["reasons"]}
+    day = time.strftime("%Y-%m-%d", time.gmtime(w.first_seen or 0))
+    said = f"Power-smoothing circuitry: 82 % of its rated life left (NVML field 258; one circuit, not the card); " \
+        f"83 % when gpuwear first read it on {day}"
+    b200_doc, h100_doc = document([w, tracker._wears[h100.identity.uuid]], WearConfig(), {}, "test", False)["gpus"]
+    assert power_smoothing_words(b200_doc) == said and b200_doc["power_smoothing"]["first_read"] == 83
+    assert power_smoothing_words(h100_doc) is None and h100_doc["power_smoothing"] is None
+    record = json.loads(json.dumps(check_wear(w.to_json())))
+    export = {"format": "gpuwear-ledger-export", "version": 2, "uuid": w.uuid, "exported_at": T0,
+              "parts": [record], "events": []}
+    assert said in passport.text(passport.document({**export, "checksum": checksum(export)}, WearConfig(), "test"))
+    rig.backend.close()
+    with pytest.raises(ScenarioError, match=r"carried\.power_smoothing_life_percent: NVIDIA H100.* keeps no such"):
+        parse_scenario({"gpus": [{"product": "h100-sxm", "carried": {"power_smoothing_life_percent": 90}}]}, "used")
+
+
 def test_a_cards_firmware_at_first_sight_and_a_reflash_later_are_said() -> None:
     """Issue 55, items 1, 3 and 6: nothing read the card's VBIOS or InfoROM. The backend now reads them at each open
     (nvmlDeviceGetVbiosVersion, nvmlDeviceGetInforomImageVersion, ...ConfigurationChecksum, nvmlDeviceValidateInforom)

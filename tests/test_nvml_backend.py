@@ -38,7 +38,8 @@ def test_datacenter_card_reports_every_field_but_fans_and_page_retirement(demo: 
     missing = {f for f in ALL_FIELDS if getattr(sample, f) is None}
     assert missing == {"fan_speed_ratio", "fan_speed_rpm", "retired_pages_single_bit",
                        "retired_pages_double_bit", "retired_pages_pending", "retired_pages_oldest_wall",
-                       "retired_pages_newest_wall", "fabric_health_summary"}  # the summary: Blackwell's fabric
+                       "retired_pages_newest_wall", "fabric_health_summary",  # the summary: Blackwell's fabric
+                       "power_smoothing_life_percent"}  # Blackwell's too (field 258)
     assert sample.ecc_enabled is True and sample.remapped_rows_failure is False
     assert sample.threshold_slowdown_celsius == 89.0 and sample.threshold_memory_max_celsius == 95.0
     assert sample.power_limit_watts == 700.0

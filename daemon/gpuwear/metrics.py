@@ -332,6 +332,11 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
     MetricDef("gpuwear_recovery_action", "gauge", "", "Recovery the driver asks for (field "
        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
        (), _sample_field("recovery_action")),
+    MetricDef("gpuwear_power_smoothing_life_ratio", "gauge", "ratio", "The share of its rated life the GPU's "
+       "power-smoothing circuitry has left (field NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, "
+       "R570+; Blackwell and newer datacenter boards): one circuit, not the card's life.", (),
+       _value(lambda s: s.sample.power_smoothing_life_percent / 100
+              if s.sample and s.sample.power_smoothing_life_percent is not None else None), detail=True),
     MetricDef("gpuwear_xid_tier_events_total", "counter", "", "XID (critical error) events by the alert NVIDIA's "
        "catalog gives their code (health.xids): act (a GPU reset, a reboot or service: GpuwearXidCritical) and watch "
        "(restart the application, contact support, or a code newer than the catalog: GpuwearXidWatch), counted as "

@@ -73,6 +73,12 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         "carried_retired_dates": {"oldest": w.health["retired_pages_oldest_wall"],
                                   "newest": w.health["carried retired_pages_newest_wall"]}
         if {"retired_pages_oldest_wall", "carried retired_pages_newest_wall"} <= w.health.keys() else None,
+        # its power-smoothing circuitry's rated life left (NVML field 258; Blackwell and newer datacenter boards):
+        # now, and at gpuwear's first read of it (when)
+        "power_smoothing": {"life_percent": w.health["power_smoothing_life_percent"],
+                            "first_read": w.health.get("carried power_smoothing_life_percent"),
+                            "first_read_at": w.last_event.get("first read power_smoothing_life_percent")}
+        if "power_smoothing_life_percent" in w.health else None,
         # its firmware: at gpuwear's first sight of it ("first", with "at"), now, and the latest change of each
         "firmware": dict(w.firmware),
         "observed_seconds": round(w.observed_seconds, 3),
@@ -494,6 +500,20 @@ def carried_words(d: dict[str, Any]) -> str | None:
             + ", ".join(f"{c['count']:,} {CARRIED_WORDS.get(name, name)}" for name, c in held.items()) + pages)
 
 
+def power_smoothing_words(d: dict[str, Any]) -> str | None:
+    """The power-smoothing circuitry's rated life left (``power_smoothing``), in a line; None where the card does
+    not report it."""
+    ps = d.get("power_smoothing")
+    if not ps:
+        return None
+    first = ps["first_read"]
+    since = (f"; {first} % when gpuwear first read it"
+             + (f" on {_day(ps['first_read_at'])}" if ps["first_read_at"] is not None else "")
+             if first is not None else "")
+    return (f"Power-smoothing circuitry: {ps['life_percent']} % of its rated life left (NVML field 258; "
+            f"one circuit, not the card){since}")
+
+
 def _day(wall: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(wall))
 
@@ -642,6 +662,8 @@ def text_report(doc: dict[str, Any]) -> str:
             out.append(f"    {carried}")
         if firmware := firmware_words(d):
             out.append(f"    {firmware}")
+        if smoothing := power_smoothing_words(d):
+            out.append(f"    {smoothing}")
         out.append(f"  In plain words: {plain_words(d)}")
         out.extend(_wear_lines(d))
         coverage = d["coverage_ratio"]

@@ -152,6 +152,9 @@ class GpuSample:
     # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot,
     # 3 drain P2P, 4 drain and reset (nvmlDeviceGpuRecoveryAction_t)
     recovery_action: int | None = None
+    # field NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING (258, R570+): the share of its rated life
+    # the power-smoothing circuitry has left (Blackwell and newer datacenter boards), %; one circuit, not the card
+    power_smoothing_life_percent: int | None = None
     # nvmlDeviceGetComputeRunningProcesses_v3 (_v2 before R510), in the layout the driver fills:
     # (PID, used GPU memory in bytes or None) per process
     processes: tuple[tuple[int, float | None], ...] | None = None
@@ -259,6 +262,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "nvlink_replay_errors": (0, 1e15),
     "nvlink_recovery_errors": (0, 1e15),
     "recovery_action": (0, 100),
+    "power_smoothing_life_percent": (0, 100),
     "fabric_state": (1, 3),
     "fabric_status": (0, 999),
     "retired_pages_oldest_wall": (946684800.0, 4102444800.0),

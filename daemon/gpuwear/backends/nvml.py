@@ -700,6 +700,8 @@ FIELD_VALUES: tuple[FieldValue, ...] = (
     (6, "ecc_uncorrected_aggregate", 1.0, True),  # NVML_FI_DEV_ECC_DBE_AGG_TOTAL
     (94, "pcie_replays", 1.0, True),  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
     (230, "recovery_action", 1.0, True),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (unknown to drivers before R565)
+    # NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, % (R570+; Blackwell and newer datacenter boards)
+    (258, "power_smoothing_life_percent", 1.0, True),
 )
 # Where nvmlDeviceGetViolationStatus is gone (deprecated in NVML 13): its counters as field values, ns.
 VIOLATION_FIELDS: tuple[FieldValue, ...] = (
@@ -707,7 +709,7 @@ VIOLATION_FIELDS: tuple[FieldValue, ...] = (
     (75, "violation_thermal_seconds", 1e-9, False),  # NVML_FI_DEV_PERF_POLICY_THERMAL
 )
 _INTEGER_FIELDS = {"ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
-                   "ecc_uncorrected_aggregate", "pcie_replays", "recovery_action"}
+                   "ecc_uncorrected_aggregate", "pcie_replays", "recovery_action", "power_smoothing_life_percent"}
 # nvmlValueType_t -> nvmlValue_t member (numbers from nvml.h: older bindings lack some constants)
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 # ... and its C type, for a binding whose union lacks the member (nvidia-ml-py 11.515 has no siVal or usVal)

@@ -93,6 +93,7 @@ FI_PCIE_REPLAY_COUNTER = 94
 FI_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
 FI_GET_GPU_RECOVERY_ACTION = 230
+FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING = 258
 VALUE_TYPE_UNSIGNED_INT = 1
 VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 VALUE_TYPE_SIGNED_INT = 5
@@ -1400,6 +1401,10 @@ class SimulatedDriver:
             if "recovery_action" in s.unsupported:
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_INT, s.recovery_action
+        if field_id == FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING:
+            if not p.power_smoothing or "power_smoothing" in s.unsupported:
+                raise _UnsupportedError()
+            return VALUE_TYPE_UNSIGNED_INT, s.power_smoothing_life_percent
         if field_id in (FI_PERF_POLICY_POWER, FI_PERF_POLICY_THERMAL):
             if p.fans or "violation" in s.unsupported:  # GeForce boards report no violation counters
                 raise _UnsupportedError()

@@ -101,6 +101,12 @@ class Product:
     remap_banks: int = 0
 
     @property
+    def power_smoothing(self) -> bool:
+        """Whether the board has the power-smoothing circuitry NVML reports (its nvml.h: "For Blackwell or newer
+        fully supported devices"): a Blackwell or newer datacenter board."""
+        return self.architecture >= 10 and not self.geforce
+
+    @property
     def geforce(self) -> bool:
         """A GeForce board, by the product line its name says (nvmlDeviceGetName): NVML's "limited support" brand,
         which answers no serial, no applications or locked clocks, and nvmlBrandType_t GEFORCE."""
@@ -161,6 +167,21 @@ PRODUCTS: dict[str, Product] = {
             r_th_memory=0.082, tau_memory_seconds=60.0,
             sm_max_hz=1.98e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r525", nvlinks=18,
             pci_device=0x2330,
+            remap_banks=2560,
+        ),
+        Product(  # nvidia-smi on 8-GPU B200 boxes (570.133.20, 575.57.08, 580.95.05; public logs): "NVIDIA B200",
+            # 183359MiB, 1000 W cap, 136-145 W and 25-32 °C idle, no fan, MIG "Disabled" (capable); compute 10.0,
+            # 148 SMs at 1965 MHz (a hashcat run's device header); PCI 10de:2901 (pci.ids "GB100 [B200]"); 18 NVLink5
+            # links (NVIDIA's health-validation nvlink checks). Not from a B200 capture, the H100's: the temperature
+            # limits, the memory clock and the banks the row remapper keeps
+            key="b200", name="NVIDIA B200", architecture=10,
+            cuda_capability=(10, 0), memory_total_bytes=183359 * 2**20, tdp_watts=1000.0,
+            idle_watts=140.0, full_load_watts=990.0, shutdown_celsius=92, slowdown_celsius=89,
+            gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
+            retired_pages=False, remapped_rows=True, r_th_best=0.045, r_th_worst=0.045,
+            r_th_memory=0.05, tau_memory_seconds=60.0,
+            sm_max_hz=1.965e9, memory_max_hz=2.619e9, mig_capable=True, min_branch="r570", nvlinks=18,
+            pci_device=0x2901,
             remap_banks=2560,
         ),
         Product(
@@ -348,6 +369,9 @@ class GpuState:
     remap_failure: bool = False
     pcie_replays: int = 0
     recovery_action: int = 0
+    # field 258 (NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING): the power-smoothing circuitry's
+    # rated life left, %, on Blackwell and newer datacenter boards (a used card's: its scenario's carried)
+    power_smoothing_life_percent: int = 100
     # nvmlDeviceGetGpuFabricInfo(V) on an NVSwitch system: NVML_GPU_FABRIC_STATE_* (3: completed), the status of a
     # completed registration (an nvmlReturn_t), the fields of the health mask that are true (FABRIC_MASK_FIELDS'
     # names; "incorrect_configuration" holds its value, 2-8), and the v3 health summary (None: healthy once
@@ -832,7 +856,8 @@ STRUCTS = {"memory": 2, "temperature": 1, "fan_speed_info": 1}
 # Ampere, remapped rows from Ampere on, each only on a product that keeps them)
 CARRIED = {"ecc_corrected": "ecc_corrected_aggregate", "ecc_uncorrected": "ecc_uncorrected_aggregate",
            "retired_single_bit": "retired_single_bit", "retired_double_bit": "retired_double_bit",
-           "remapped_corrected": "remapped_corrected", "remapped_uncorrected": "remapped_uncorrected"}
+           "remapped_corrected": "remapped_corrected", "remapped_uncorrected": "remapped_uncorrected",
+           "power_smoothing_life_percent": "power_smoothing_life_percent"}
 CARRIED_DAYS_AGO = 400.0  # when a used card's pages were retired, before the simulation began, unless it says
 
 
@@ -843,14 +868,16 @@ def _carried(gpu: SimGpu, spec: Any, where: str) -> None:
         raise ScenarioError(f"{where}: expected a mapping of {', '.join(CARRIED)} to counts (and retired_days_ago), "
                             f"got {short_repr(spec)}")
     kept = {"retired_single_bit": gpu.product.retired_pages, "retired_double_bit": gpu.product.retired_pages,
-            "remapped_corrected": gpu.product.remapped_rows, "remapped_uncorrected": gpu.product.remapped_rows}
+            "remapped_corrected": gpu.product.remapped_rows, "remapped_uncorrected": gpu.product.remapped_rows,
+            "power_smoothing_life_percent": gpu.product.power_smoothing}
     ago = -86400.0 * _number(spec.get("retired_days_ago", CARRIED_DAYS_AGO), f"{where}.retired_days_ago", 0, 3650)
     for key, value in spec.items():
         if key == "retired_days_ago":
             continue
         if not kept.get(key, True):
             raise ScenarioError(f"{where}.{key}: {gpu.product.name} keeps no such count")
-        setattr(gpu.state, CARRIED[key], n := int(_number(value, f"{where}.{key}", 0, 1e15)))
+        top = 100 if key == "power_smoothing_life_percent" else 1e15
+        setattr(gpu.state, CARRIED[key], n := int(_number(value, f"{where}.{key}", 0, top)))
         if key.startswith("retired_"):
             gpu.state.retired_at[key == "retired_double_bit"] = [ago] * min(n, 4096)
 

@@ -263,7 +263,8 @@ HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volat
                  "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected",
                  "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
                  "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors", "remap_banks_low",
-                 "remap_banks_none", "retired_pages_oldest_wall", "retired_pages_newest_wall")
+                 "remap_banks_none", "retired_pages_oldest_wall", "retired_pages_newest_wall",
+                 "power_smoothing_life_percent")
 
 FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
@@ -278,6 +279,10 @@ GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bi
 # of it is kept as "carried NAME" in ``health``, its time as "first read NAME" in ``last_event`` (issue 55)
 # (banks at "low" are not one: they fall to "none" as their last spare rows go)
 CARRIED_COUNTS = GROWING_COUNTS - {"remap_banks_low"} | {"ecc_corrected_aggregate"}
+# readings of what the card has left, kept as "carried NAME" at gpuwear's first read of each (not counts: they fall
+# as the card ages, which is not a reading gone wrong)
+CARRIED_LEVELS = frozenset({"power_smoothing_life_percent"})
+_FIRST_READS = CARRIED_COUNTS | CARRIED_LEVELS
 
 
 def _sticky(what: str) -> bool:
@@ -688,7 +693,7 @@ class GpuWear:
                     self.last_event[f"grew {name}"] = s.timestamp
                 if name == "retired_pages_newest_wall" and before is None:  # the newest page it carried: its date
                     self.health[f"carried {name}"] = value
-                if name in CARRIED_COUNTS and before is None:  # gpuwear's first read of it: what the card carried
+                if name in _FIRST_READS and before is None:  # gpuwear's first read: carried
                     self.health[f"carried {name}"] = value
                     self.last_event[f"first read {name}"] = s.timestamp
                 elif name in CARRIED_COUNTS and isinstance(before, int) and value < before:  # never should (issue 55)
