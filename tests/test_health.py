@@ -1351,10 +1351,11 @@ def test_a_cards_firmware_at_first_sight_and_a_reflash_later_are_said() -> None:
     from conftest import make_rig
     from gpuwear.report import document, firmware_words
     from gpuwear.tracker import WearTracker
-    from gpuwear.wear.schema import check_wear
+    from gpuwear.wear.schema import SchemaError, check_wear
 
-    def sight(**card: Any) -> tuple[WearTracker, dict[str, str]]:
-        rig = make_rig({"gpus": [{"product": "a100-sxm", "schedule": [{"kind": "train", "seconds": 3600}], **card}]})
+    def sight(driver: str = "r610", **card: Any) -> tuple[WearTracker, dict[str, str]]:
+        rig = make_rig({"driver": driver,
+                        "gpus": [{"product": "a100-sxm", "schedule": [{"kind": "train", "seconds": 3600}], **card}]})
         for _ in range(3):
             rig.run(1)
             tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
@@ -1367,10 +1368,16 @@ def test_a_cards_firmware_at_first_sight_and_a_reflash_later_are_said() -> None:
     first = dict(w.firmware["first"])
     assert first["vbios"] == "97.00.30.00.01" and first["inforom_image"] == "G500.0200.00.01"
     assert isinstance(first["inforom_checksum"], int) and first["inforom_valid"] is True
+    assert first["driver"] == "610.43.02"  # the host's driver at first sight (issue 55 item 1)
+    bad = json.loads(json.dumps(w.to_json()))
+    bad["firmware"]["first"]["driver"] = 610
+    with pytest.raises(SchemaError, match=r"firmware\.first\.driver: expected text"):
+        check_wear(bad)
     assert "firmware_changed" not in said and "inforom_invalid" not in said
     tracker = WearTracker({w.uuid: GpuWear.from_json(json.loads(json.dumps(check_wear(w.to_json()))), 2.0)},
                           WearConfig())  # the next start, from the ledger
-    _, said = sight(vbios="97.00.30.00.07", inforom_checksum=3, inforom_corrupt=True)
+    _, said = sight("r580", vbios="97.00.30.00.07", inforom_checksum=3,  # another driver too
+                    inforom_corrupt=True)
     assert said["firmware_changed"].startswith("its InfoROM configuration checksum changed from 0x")
     assert "to 0x00000003 on " in said["firmware_changed"] and "VBIOS changed from 97.00.30.00.01 to 97.00.30.00.07" \
         in said["firmware_changed"], said
@@ -1384,4 +1391,5 @@ def test_a_cards_firmware_at_first_sight_and_a_reflash_later_are_said() -> None:
     words = firmware_words(document([w], WearConfig(), {}, "test", False)["gpus"][0])
     assert words is not None and words.startswith("Firmware when gpuwear first saw it on ")
     assert "VBIOS 97.00.30.00.01, InfoROM G500.0200.00.01, configuration checksum 0x" in words
+    assert ", under driver 610.43.02; changed since" in words  # the driver is no change of the card's
     assert words.endswith("changed since: inforom_checksum, inforom_valid, vbios"), words

@@ -529,7 +529,8 @@ def firmware_words(d: dict[str, Any]) -> str | None:
              f"InfoROM {first['inforom_image']}" if first.get("inforom_image") else "",
              f"configuration checksum 0x{first['inforom_checksum']:08x}" if isinstance(first.get("inforom_checksum"),
                                                                                       int) else "",
-             "InfoROM failing its validation" if first.get("inforom_valid") is False else ""]
+             "InfoROM failing its validation" if first.get("inforom_valid") is False else "",
+             f"under driver {printable(first['driver'])}" if isinstance(first.get("driver"), str) else ""]
     changed = d["firmware"].get("changed") or {}
     since = "; changed since: " + ", ".join(sorted(changed)) if changed else ""
     return f"Firmware when gpuwear first saw it{day}: " + ", ".join(p for p in parts if p) + since

@@ -334,8 +334,9 @@ class WearTracker:
         with self._lock:
             if not self._sane_clock(monotonic, wall):
                 return
+            driver = snap.system.driver_version if snap.system is not None else None
             for status in snap.gpus:
-                self._observe(status, monotonic, wall, jobs.get(status.identity.uuid, []))
+                self._observe(status, monotonic, wall, jobs.get(status.identity.uuid, []), driver)
             if snap.kernel_position is not None:  # the XIDs it covers are in the records now
                 self._kernel_position = dict(snap.kernel_position)
             self.jobs.expire(wall)
@@ -396,7 +397,8 @@ class WearTracker:
         imported = self._imported.get(uuid)
         return w.merged(imported) if imported is not None else w
 
-    def _observe(self, status: GpuStatus, monotonic: float, wall: float, jobs: list[Job] | Unseen) -> None:
+    def _observe(self, status: GpuStatus, monotonic: float, wall: float, jobs: list[Job] | Unseen,
+                 driver: str | None = None) -> None:
         ident = status.identity
         w = self._wears.get(ident.uuid)
         if w is None:
@@ -421,7 +423,7 @@ class WearTracker:
                 self._clock_behind(w, wall)
                 self.clock_jumped = True
         if seen.identity is not ident:  # read at the GPU's open (a restart, a reopen after a driver reload)
-            self._firmware(w, ident, wall)
+            self._firmware(w, ident, wall, driver)
             seen.identity = ident
         self._xids(w, seen, status, wall, monotonic)
         self._reset_required(w, seen, status, wall)
@@ -549,15 +551,16 @@ class WearTracker:
             self._event(w, wall, "health", {"field": "reset_required", "from": True, "to": False})
         seen.reset_required = answered
 
-    def _firmware(self, w: GpuWear, ident: GpuIdentity, wall: float) -> None:
-        """The card's firmware (sample.FIRMWARE) into its record: the first read kept as its first sight, each
-        change from the last read kept (from, to, when) with an event "firmware" (rule firmware_changed)."""
+    def _firmware(self, w: GpuWear, ident: GpuIdentity, wall: float, driver: str | None = None) -> None:
+        """The card's firmware (sample.FIRMWARE) into its record: the first read kept as its first sight, with the
+        host's driver then (nvmlSystemGetDriverVersion: a driver upgrade is no change of the card's, so only there),
+        each change from the last read kept (from, to, when) with an event "firmware" (rule firmware_changed)."""
         now = {k: v for k in FIRMWARE if (v := getattr(ident, k)) is not None}
         if not now:
             return
         fw = w.firmware
         if "first" not in fw:
-            fw["first"] = {**now, "at": wall}
+            fw["first"] = {**now, "at": wall, **({"driver": driver[:64]} if driver else {})}
         before = fw.get("now", {})
         for k, v in now.items():
             if k in before and before[k] != v:

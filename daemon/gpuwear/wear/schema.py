@@ -173,10 +173,12 @@ def _firmware_value(value: Any, where: str) -> None:
 
 
 def _firmware_read(value: Any, where: str) -> None:
-    mapping(value, where, lambda k: k in _FIRMWARE_KEYS or k == "at")
+    mapping(value, where, lambda k: k in _FIRMWARE_KEYS or k in ("at", "driver"))  # driver: first sight's
     for key, item in value.items():
         if key == "at":
             wall(item, _join(where, key), optional=False)
+        elif key == "driver":
+            text(item, _join(where, key), limit=64)
         else:
             _firmware_value(item, _join(where, key))
 
