@@ -178,7 +178,7 @@ def test_the_fake_answers_what_real_boards_answer_in_nvidia_gpu_exporters_captur
     and brands (tests/fixtures/captures/query-gpu.yaml, from nvidia_gpu_exporter's recorded captures): each field
     gpuwear reads answers through the real binding over the fake exactly where the real board answered it, and is
     NOT_SUPPORTED where nvidia-smi printed N/A. The captures the fake cannot represent are listed in the fixture
-    with why (an H200, Windows)."""
+    with why (Windows)."""
     doc = yaml.safe_load(CAPTURES.read_text())
     assert set(QUERY_GPU_READS) == set(doc["captures"][0]["fields"])
     differ, unread = [], set()

@@ -1417,12 +1417,11 @@ class SimulatedDriver:
                      FI_TEMPERATURE_GPU_MAX_TLIMIT: p.gpu_max_celsius}[field_id]
             return VALUE_TYPE_SIGNED_INT, p.gpu_max_celsius - limit
         if field_id == FI_NVLINK_LINK_COUNT:
-            links = {"h100-sxm": 18, "gh200": 18, "a100-sxm": 12}.get(p.key)
-            if links is None:
+            if not p.nvlinks:
                 raise _UnsupportedError()
-            return VALUE_TYPE_UNSIGNED_INT, links
+            return VALUE_TYPE_UNSIGNED_INT, p.nvlinks
         if field_id in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
-            if p.key not in ("h100-sxm", "gh200", "a100-sxm"):
+            if not p.nvlinks:
                 raise _UnsupportedError()
             return VALUE_TYPE_UNSIGNED_LONG_LONG, int(s.energy_mj // 1000)  # KiB: a monotonic stand-in
         if field_id == FI_PCIE_REPLAY_COUNTER:

@@ -169,6 +169,21 @@ PRODUCTS: dict[str, Product] = {
             pci_device=0x2330,
             remap_banks=2560,
         ),
+        Product(  # nvidia_gpu_exporter's H200 capture (590.48.01: tests/fixtures/captures): "NVIDIA H200",
+            # 143771 MiB, 700 W, the T.Limit scale at 28 C (59 below max operating; slowdown -2, shutdown -8: 87, 89,
+            # 95 C), 77.7 W and 28/32 C idle, 630 W and 53/42 C under gpu_burn (r_th), 1980 / 3201 MHz, 3072 banks,
+            # 18 NVLinks, 10de:2335, MIG-capable, compute 9.0. Not in the capture, the H100's: the memory's limit;
+            # the oldest branch assumed R550 (the H200 shipped in 2024)
+            key="h200", name="NVIDIA H200", architecture=9,
+            cuda_capability=(9, 0), memory_total_bytes=143771 * 2**20, tdp_watts=700.0,
+            idle_watts=78.0, full_load_watts=690.0, shutdown_celsius=95, slowdown_celsius=89,
+            gpu_max_celsius=87, memory_max_celsius=95, fans=0, fan_max_rpm=None, ecc=True,
+            retired_pages=False, remapped_rows=True, r_th_best=0.045, r_th_worst=0.045,
+            r_th_memory=0.03, tau_memory_seconds=60.0,
+            sm_max_hz=1.98e9, memory_max_hz=3.201e9, mig_capable=True, min_branch="r550", nvlinks=18,
+            pci_device=0x2335,
+            remap_banks=3072,
+        ),
         Product(  # nvidia-smi on 8-GPU B200 boxes (570.133.20, 575.57.08, 580.95.05; public logs): "NVIDIA B200",
             # 183359MiB, 1000 W cap, 136-145 W and 25-32 °C idle, no fan, MIG "Disabled" (capable); compute 10.0,
             # 148 SMs at 1965 MHz (a hashcat run's device header); PCI 10de:2901 (pci.ids "GB100 [B200]"); 18 NVLink5
