@@ -9,6 +9,7 @@ import json
 import random
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -737,15 +738,34 @@ def test_an_xid_74_with_only_secondary_bits_follows_the_xids_beside_it() -> None
     assert "secondary" not in reasons[3]["xid_74"]["text"]
 
 
-def _judged_with_lines(products: list[str], faults: list[dict[str, object]], lines: list[int]) -> tuple[Any, Any]:
+def test_an_xid_74_with_only_secondary_bits_beside_the_hosts_nvswitch_sxids_follows_them() -> None:
+    """Issue 51: the same workflow's "or other Xid/SXid": the host's NVSwitch SXids (counted for the host, naming no
+    GPU) were not taken as beside an XID 74, so a line of secondary bits on an NVSwitch box with SXids around it
+    acted as if solo. Now each GPU's record keeps when the host's SXids last grew, and the line is watched beside
+    them, what to do being GpuwearNvswitchFatalSxid's (a fatal one) or the SXid's own."""
+    def line(r0: int) -> str:
+        return NVLINK_LINE.format(5, ", ".join(hex(v) for v in (r0, 0, 0, 0, 0, 0, 0)))
+
+    faults: list[dict[str, object]] = [{"at": 2, "gpu": 0, "kind": "xid", "xid": 74, "text": line(1 << 21)}]
+    tracker, snapshot = _judged_with_lines(["h100-sxm"], faults, [1], before=lambda rig: rig.sampler.record_sxid(
+        "00000000:05:00.0", 12028, False))  # as the kernel-log reader tells a non-fatal SXid line
+    (reason,) = [r for r in tracker.views[snapshot.gpus[0].identity.uuid].verdict["reasons"] if r["code"] == "xid_74"]
+    assert reason["severity"] == "watch", reason
+    assert "with the host's non-fatal NVSwitch SXids: the workflow follows the resolution of" in reason["text"]
+
+
+def _judged_with_lines(products: list[str], faults: list[dict[str, object]], lines: list[int],
+                       before: Callable[[Any], None] | None = None) -> tuple[Any, Any]:
     """The tracker and the last snapshot after the fake's GPUs of ``products`` trained through ``faults`` (XIDs with
     their kernel-log lines, each told by NVML's events and the fake driver's kernel log, read by the reader as the
-    daemon runs it), once each GPU's kept lines number ``lines``."""
+    daemon runs it), once each GPU's kept lines number ``lines``; ``before``: done to the rig first."""
     from conftest import follow_kernel_log, make_rig
     from gpuwear.tracker import WearTracker
 
     schedule = [{"kind": "train", "seconds": 3600}]
     rig = make_rig({"gpus": [{"product": p, "schedule": schedule} for p in products], "faults": faults})
+    if before is not None:
+        before(rig)
     tracker = WearTracker({}, WearConfig())
     follow_kernel_log(rig, tracker, lambda snap: [sum(g.xid_lines.values()) for g in snap.gpus] == lines, first=8,
                       after=30, held=True, events=True)  # the event and kernel-log threads, with the clock held

@@ -261,6 +261,7 @@ class WearTracker:
         self.largest_start_gap = 0.0  # the longest time since a GPU's last sight, counted at this start
         self._clock_unset = False  # the wall clock is outside [2000, 2100): nothing is accounted until it is set
         self._kernel_position: dict[str, Any] | None = None  # the kernel log's, as far as the records cover it
+        self._sxids: dict[str, int] = {}  # the host's NVSwitch SXids by severity, as the last snapshot counted them
         self.taken_kernel_position: dict[str, Any] | None = None  # as of the last take()
         self._trials_said: set[tuple[str, str]] = set()  # (GPU, code) a rule on trial says now, said in the log
 
@@ -337,11 +338,23 @@ class WearTracker:
             driver = snap.system.driver_version if snap.system is not None else None
             for status in snap.gpus:
                 self._observe(status, monotonic, wall, jobs.get(status.identity.uuid, []), driver)
+            self._sxids_seen(snap, wall)
             if snap.kernel_position is not None:  # the XIDs it covers are in the records now
                 self._kernel_position = dict(snap.kernel_position)
             self.jobs.expire(wall)
             self._present = tuple(s.identity.uuid for s in snap.gpus)
             self._views = None  # derived when next asked
+
+    def _sxids_seen(self, snap: Snapshot, wall: float) -> None:
+        """The host's NVSwitch SXids (the kernel log's, by severity) name no GPU: when more come, each GPU's record
+        keeps the time as "sxid SEVERITY" in ``last_event``, for NVIDIA's XID 74 workflow ("if seen with other
+        Xid/SXid, please follow the resolution for those"; health.rules)."""
+        for severity, n in snap.sxids.items():
+            if n > self._sxids.get(severity, 0):
+                for status in snap.gpus:
+                    if (w := self._wears.get(status.identity.uuid)) is not None:
+                        w.last_event[f"sxid {severity}"] = wall
+            self._sxids[severity] = n
 
     def _sane_clock(self, monotonic: float, wall: float) -> bool:
         """Hold accounting while the wall clock is unset (a board without a battery-backed clock boots in 1970), and

@@ -5,6 +5,7 @@ comes in ``Facts``). The verdict (health.verdict) is their combination, in the t
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -391,14 +392,16 @@ def _beside(w: GpuWear, code: int, when: float) -> list[int]:
 def _secondary(f: Facts, code: int, n: int, xid: Xid) -> Finding | None:
     """XID 74 lines with only bits NVIDIA's workflow calls secondary (1, 20; the marginal-channel 21, 22; the
     fourth register's 16-18): "If seen with other bits set or other Xid/SXid, please follow the resolution for
-    those. If seen solo, please report a bug." Beside another XID of the GPU, watched (that XID's own reason says
-    what to do); solo, act as the code's tier."""
+    those. If seen solo, please report a bug." Beside another XID of the GPU, or the host's NVSwitch SXids, watched
+    (that XID's own reason, or GpuwearNvswitchFatalSxid, says what to do); solo, act as the code's tier."""
     if (when := f.w.last_event.get(f"xid {code} secondary")) is None:
         return None
     head = f"XID {code} ({xid.meaning}) seen {n} time(s){f.ago(f'xid {code} secondary')}, only bits NVIDIA's " \
            "workflow calls secondary"
-    if beside := _beside(f.w, code, when):
-        others = ", ".join(f"XID {c}" for c in beside)
+    sxids = [f"the host's {s.replace('_', '-')} NVSwitch SXids" for s in ("fatal", "non_fatal")
+             if abs(f.w.last_event.get(f"sxid {s}", -math.inf) - when) <= INCIDENT_EPISODE_SECONDS]
+    if beside := [f"XID {c}" for c in _beside(f.w, code, when)] + sxids:
+        others = ", ".join(beside)
         return ("watch", f"xid_{code}", f"{head}, with {others}: the workflow follows the resolution of {others}") \
             if f.within(when, f.p.health.xid_watch_days) else None
     severity = _xid_severity(f, xid.tier, when)
@@ -743,7 +746,8 @@ TABLE: tuple[Rule, ...] = (
          "any XID of the catalog's act, watch or app tier, or newer than the catalog (watch); XID 74 on a Hopper "
          "GPU by its line's registers: bits the workflow ignores give nothing, bits it calls for service on a "
          "repeat are watched until repeated on their link within 24 h, bits it calls secondary are watched beside "
-         "another XID of the GPU (within 10 minutes either side; not one of no reason of its own, as XID 45) and act "
+         "another XID of the GPU or the host's NVSwitch SXids (within 10 minutes either side; not an XID of no reason "
+         "of its own, as XID 45) and act "
          "seen solo; XIDs 144-150 by NVIDIA's decode of their "
          "line's unit and error status: a reset is act, the rest nothing", "the code's tier",
          "act codes: " + _ACT_THEN_WATCH + "; watch codes, and XID 74 lines waiting for a repeat: "
