@@ -16,6 +16,7 @@ both. At 2 s, as at Prometheus' default 15 s, every scrape follows new samples: 
   just before and just after each scrape, less what the process spends unscraped in as much wall time (its rate
   over the quiet gaps between its scrapes). Median, min and max over the scrapes.
 - **Whole process**: the same clock over the whole window, per wall second (scrapes included).
+- **Resident memory** (/proc/PID/status VmRSS): 5 s after each answered its first scrape, and after its last.
 
 ``--against REV``: a third process, gpuwear at a git revision (a temporary worktree first on its ``PYTHONPATH``), on
 the same scenario and scraped in turn with the other two: what a change saved, in the same windows, and its ratio.
@@ -41,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
-from common import PYTHON, _die_with_parent, free_port, gpuwear, revision
+from common import PYTHON, _die_with_parent, free_port, gpuwear, revision, rss_mib
 
 ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
           "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
@@ -131,6 +132,7 @@ def measure(gpus: int, scrapes: int, every: float, keep: bool = True,
             procs[against[0]] = start(against[0], scenario, work, against[1])
         try:
             time.sleep(5.0)  # past start-up
+            rss_start = {tool: rss_mib(p.pid) for tool, (p, _) in procs.items()}
             scrapers = {tool: Scraper(port, keep) for tool, (_, port) in procs.items()}
             per: dict[str, list[tuple[int, float]]] = {tool: [] for tool in procs}  # (CPU ns, wall s)
             size: dict[str, int] = {}
@@ -148,6 +150,7 @@ def measure(gpus: int, scrapes: int, every: float, keep: bool = True,
                     last[tool] = (wall1, cpu1)
                     per[tool].append((cpu1 - cpu0, wall1 - wall0))
             ended = {tool: (time.monotonic(), cpu_ns(p.pid)) for tool, (p, _) in procs.items()}
+            rss_end = {tool: rss_mib(p.pid) for tool, (p, _) in procs.items()}
             for scraper in scrapers.values():
                 scraper.close()
         finally:
@@ -162,7 +165,8 @@ def measure(gpus: int, scrapes: int, every: float, keep: bool = True,
                      "wall_ms": statistics.median(w for _, w in per[tool]) * 1e3,
                      "whole_share": (ended[tool][1] - began[tool][1]) / 1e9 / (ended[tool][0] - began[tool][0]),
                      "idle_share": rate / 1e9, "body_bytes": size[tool],
-                     "connections": scrapers[tool].connections}
+                     "connections": scrapers[tool].connections, "rss_start": rss_start[tool],
+                     "rss_end": rss_end[tool]}
     return out
 
 
@@ -188,6 +192,8 @@ def main() -> int:
                                     ("whole process, share of one core", "whole_share", "{:.2%}"),
                                     ("unscraped, share of one core", "idle_share", "{:.2%}"),
                                     ("body, uncompressed (bytes)", "body_bytes", "{:.0f}"),
+                                    ("resident memory after start (MiB)", "rss_start", "{:.1f}"),
+                                    ("resident memory after the last scrape (MiB)", "rss_end", "{:.1f}"),
                                     ("connections opened", "connections", "{:.0f}")):
                 if key is None:
                     cells = [f"{t['min_ms']:.2f} to {t['max_ms']:.2f}" for t in tools] + [""] * (len(tools) - 1)

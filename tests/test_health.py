@@ -1305,6 +1305,10 @@ def test_a_used_card_met_with_its_counts_and_met_again_with_them_reset() -> None
     text = passport.text(passport.document({**export, "checksum": checksum(export)}, WearConfig(), "test"))
     assert "Carried when gpuwear first read it on " in text and "1,000,000 corrected ECC errors, 1 pages retired " \
         "for double-bit errors, 2 pages retired for single-bit errors" in text, text
+    # item 1, "by location where the card answers": the aggregate counts by where they came (all the fake's in DRAM)
+    assert w.health["carried ecc_corrected_aggregate_dram"] == 10**6
+    assert w.health["carried ecc_corrected_aggregate_sram"] == 0
+    assert "; its ECC errors by where: corrected 1,000,000 in the DRAM and 0 in the on-chip SRAM; its retired" in text
     dated = time.strftime("%Y-%m-%d", time.gmtime((w.first_seen or 0) - 400 * DAY))  # the scenario's default
     assert f"its retired pages dated {dated} to {dated} by the card itself" in text, text
     tracker = WearTracker({w.uuid: GpuWear.from_json(record, 2.0)}, WearConfig())  # the next start
@@ -1316,6 +1320,30 @@ def test_a_used_card_met_with_its_counts_and_met_again_with_them_reset() -> None
 
     with pytest.raises(ScenarioError, match=r"gpus\[0\]\.carried\.retired_single_bit: NVIDIA A100.* keeps no such"):
         parse_scenario({"gpus": [{"product": "a100-sxm", "carried": {"retired_single_bit": 1}}]}, "used")
+
+def test_a_recovery_action_the_card_arrived_with_is_said_as_such() -> None:
+    """Issue 55, items 1 and 2: the recovery action (field 230) at gpuwear's first read of the card is kept, and a
+    reason on it says the card asked so when first read; one that came later says nothing of the kind."""
+    from conftest import make_rig
+    from gpuwear.tracker import WearTracker
+
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "carried": {"recovery_action": 1}}, {"product": "h100-sxm"}]},
+                   slow_interval=10)
+    tracker = WearTracker({}, WearConfig())
+    for step in range(12):
+        rig.run(10, interval=10)
+        if step == 3:
+            rig.simulation.gpus[1].state.recovery_action = 2  # asked while gpuwear watched
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    said = [{r["code"]: r["text"] for r in tracker.views[g.identity.uuid].verdict["reasons"]}
+            for g in rig.sampler.snapshot.gpus]
+    rig.backend.close()
+    day = time.strftime("%Y-%m-%d", time.gmtime(tracker._wears[rig.sampler.snapshot.gpus[0].identity.uuid].first_seen
+                                                or 0))
+    assert said[0]["recovery_action"] == f"the driver asks to reset the GPU (as it did when gpuwear first read the " \
+        f"card on {day})", said[0]
+    assert said[1]["recovery_action"] == "the driver asks to reboot the node", said[1]
+
 
 def test_a_blackwell_cards_power_smoothing_life_left_is_read_kept_at_first_sight_and_said() -> None:
     """Issue 55, item 1: field 258 (NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, R570+) was not

@@ -17,7 +17,7 @@ from gpuwear.health.rules import CARRIED_WORDS
 from gpuwear.ledger import Event, Ledger
 from gpuwear.ledger.errors import printable
 from gpuwear.ledger.records import CHANGED
-from gpuwear.wear.accumulate import CARRIED_COUNTS, GpuWear
+from gpuwear.wear.accumulate import CARRIED_BY_LOCATION, CARRIED_COUNTS, GpuWear
 from gpuwear.wear.models import MIN_COMPARISON_SECONDS, WORD_PROFILES, arrhenius_factor, estimates, resistance_trend
 from gpuwear.wear.schema import READING_GROUPS
 
@@ -69,6 +69,9 @@ def gpu_document(w: GpuWear, p: WearConfig, events: list[Event], live: bool = Tr
         # what the card carried of its lifetime counts when gpuwear first read each (before gpuwear: inherited)
         "carried": {name: {"count": w.health[f"carried {name}"], "first_read": w.last_event.get(f"first read {name}")}
                     for name in sorted(CARRIED_COUNTS) if f"carried {name}" in w.health},
+        # ... and of its aggregate ECC counts, by where they came (nvmlDeviceGetMemoryErrorCounter: DRAM, SRAM)
+        "carried_by_location": {name: w.health[f"carried {name}"] for name in CARRIED_BY_LOCATION
+                                if f"carried {name}" in w.health},
         # the card's own dates of the retired pages it carried (nvmlDeviceGetRetiredPages_v2): oldest, newest
         "carried_retired_dates": {"oldest": w.health["retired_pages_oldest_wall"],
                                   "newest": w.health["carried retired_pages_newest_wall"]}
@@ -496,8 +499,14 @@ def carried_words(d: dict[str, Any]) -> str | None:
     dated = d.get("carried_retired_dates")
     pages = (f"; its retired pages dated {_day(dated['oldest'])} to {_day(dated['newest'])} by the card itself"
              if dated else "")
+    where = d.get("carried_by_location") or {}
+    located = [f"{kind} {where.get(f'ecc_{key}_aggregate_dram', 0):,} in the DRAM and "
+               f"{where.get(f'ecc_{key}_aggregate_sram', 0):,} in the on-chip SRAM"
+               for kind, key in (("corrected", "corrected"), ("uncorrectable", "uncorrected"))
+               if where.get(f"ecc_{key}_aggregate_dram") or where.get(f"ecc_{key}_aggregate_sram")]
     return (f"Carried when gpuwear first read it{day} (from before gpuwear, its history unknown): "
-            + ", ".join(f"{c['count']:,} {CARRIED_WORDS.get(name, name)}" for name, c in held.items()) + pages)
+            + ", ".join(f"{c['count']:,} {CARRIED_WORDS.get(name, name)}" for name, c in held.items())
+            + ("; its ECC errors by where: " + "; ".join(located) if located else "") + pages)
 
 
 def power_smoothing_words(d: dict[str, Any]) -> str | None:

@@ -100,6 +100,13 @@ class GpuSample:
     ecc_uncorrected_volatile: int | None = None
     ecc_corrected_aggregate: int | None = None
     ecc_uncorrected_aggregate: int | None = None
+    # the aggregate counts by where on the card they came (slow: nvmlDeviceGetMemoryErrorCounter, NVML_AGGREGATE_ECC):
+    # the DRAM (NVML_MEMORY_LOCATION_DRAM, the device memory before Turing) and the on-chip SRAM; None where the card
+    # does not count that location
+    ecc_corrected_aggregate_dram: int | None = None
+    ecc_uncorrected_aggregate_dram: int | None = None
+    ecc_corrected_aggregate_sram: int | None = None
+    ecc_uncorrected_aggregate_sram: int | None = None
     # nvmlDeviceGetRetiredPages(cause) and nvmlDeviceGetRetiredPagesPendingStatus (pre-Ampere)
     retired_pages_single_bit: int | None = None
     retired_pages_double_bit: int | None = None
@@ -244,6 +251,10 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "ecc_uncorrected_volatile": (0, 1e12),
     "ecc_corrected_aggregate": (0, 1e12),
     "ecc_uncorrected_aggregate": (0, 1e12),
+    "ecc_corrected_aggregate_dram": (0, 1e15),
+    "ecc_uncorrected_aggregate_dram": (0, 1e12),
+    "ecc_corrected_aggregate_sram": (0, 1e15),
+    "ecc_uncorrected_aggregate_sram": (0, 1e12),
     "retired_pages_single_bit": (0, 1e6),
     "retired_pages_double_bit": (0, 1e6),
     "remapped_rows_corrected": (0, 1e6),

@@ -427,6 +427,27 @@ def _remap_histogram(h: Any, api: Api) -> Values:
     return {"remap_banks_low": int(values.low), "remap_banks_none": int(values.none)}
 
 
+ECC_LOCATIONS = (("dram", 2), ("sram", 7))  # nvmlMemoryLocation_t: DRAM (DEVICE_MEMORY before Turing), SRAM
+
+
+def _ecc_locations(h: Any, api: Api) -> Values:
+    """The aggregate ECC counts by where they came (nvmlDeviceGetMemoryErrorCounter, NVML_AGGREGATE_ECC): the DRAM
+    and the on-chip SRAM, corrected and uncorrected; a location the card does not count is None (from Turing on, only
+    the DRAM and the SRAM are kept), and a card that counts none raises its NOT_SUPPORTED."""
+    out: Values = {}
+    refused: pynvml.NVMLError | None = None
+    for where, location in ECC_LOCATIONS:
+        for kind, error_type in (("corrected", 0), ("uncorrected", 1)):  # nvmlMemoryErrorType_t
+            try:
+                out[f"ecc_{kind}_aggregate_{where}"] = int(pynvml.nvmlDeviceGetMemoryErrorCounter(
+                    h, error_type, 1, location))  # nvmlEccCounterType_t 1: NVML_AGGREGATE_ECC
+            except pynvml.NVMLError_NotSupported as exc:
+                out[f"ecc_{kind}_aggregate_{where}"], refused = None, exc
+    if refused is not None and all(v is None for v in out.values()):
+        raise refused
+    return out
+
+
 _FABRIC_NONE: Values = {"fabric_state": None, "fabric_status": None, "fabric_health_mask": None,
                         "fabric_health_summary": None}
 
@@ -679,6 +700,9 @@ READERS: tuple[Reader, ...] = (
            ("remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending",
             "remapped_rows_failure")),
     Reader("remap_histogram", True, _remap_histogram, ("remap_banks_low", "remap_banks_none")),
+    Reader("ecc_locations", True, _ecc_locations,
+           ("ecc_corrected_aggregate_dram", "ecc_uncorrected_aggregate_dram", "ecc_corrected_aggregate_sram",
+            "ecc_uncorrected_aggregate_sram")),
     Reader("pcie_link", True, _pcie_link,
            ("pcie_link_generation", "pcie_link_generation_max", "pcie_link_width", "pcie_link_width_max")),
     Reader("fabric", True, _fabric, ("fabric_state", "fabric_status", "fabric_health_mask", "fabric_health_summary")),

@@ -179,8 +179,11 @@ def _page_retirement_pending(f: Facts) -> Findings:
 def _recovery_action(f: Facts) -> Findings:
     action = f.h.get("recovery_action")
     if action:
+        first = f.w.last_event.get("first read recovery_action")
+        carried = "" if f.h.get("carried recovery_action") != action or first is None else \
+            f" (as it did when gpuwear first read the card on {time.strftime('%Y-%m-%d', time.gmtime(first))})"
         return (("act", "recovery_action",
-                 f"the driver asks to {RECOVERY_ACTIONS.get(action, f'recover ({action})')}"),)
+                 f"the driver asks to {RECOVERY_ACTIONS.get(action, f'recover ({action})')}{carried}"),)
     return NONE
 
 

@@ -872,7 +872,7 @@ STRUCTS = {"memory": 2, "temperature": 1, "fan_speed_info": 1}
 CARRIED = {"ecc_corrected": "ecc_corrected_aggregate", "ecc_uncorrected": "ecc_uncorrected_aggregate",
            "retired_single_bit": "retired_single_bit", "retired_double_bit": "retired_double_bit",
            "remapped_corrected": "remapped_corrected", "remapped_uncorrected": "remapped_uncorrected",
-           "power_smoothing_life_percent": "power_smoothing_life_percent"}
+           "power_smoothing_life_percent": "power_smoothing_life_percent", "recovery_action": "recovery_action"}
 CARRIED_DAYS_AGO = 400.0  # when a used card's pages were retired, before the simulation began, unless it says
 
 
@@ -891,7 +891,7 @@ def _carried(gpu: SimGpu, spec: Any, where: str) -> None:
             continue
         if not kept.get(key, True):
             raise ScenarioError(f"{where}.{key}: {gpu.product.name} keeps no such count")
-        top = 100 if key == "power_smoothing_life_percent" else 1e15
+        top = {"power_smoothing_life_percent": 100, "recovery_action": 4}.get(key, 1e15)
         setattr(gpu.state, CARRIED[key], n := int(_number(value, f"{where}.{key}", 0, top)))
         if key.startswith("retired_"):
             gpu.state.retired_at[key == "retired_double_bit"] = [ago] * min(n, 4096)

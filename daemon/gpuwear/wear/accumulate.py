@@ -264,7 +264,8 @@ HEALTH_FIELDS = ("ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volat
                  "remapped_rows_pending", "remapped_rows_failure", "pcie_replays", "recovery_action",
                  "pcie_aer_nonfatal", "pcie_aer_fatal", "nvlink_recovery_errors", "remap_banks_low",
                  "remap_banks_none", "retired_pages_oldest_wall", "retired_pages_newest_wall",
-                 "power_smoothing_life_percent")
+                 "power_smoothing_life_percent", "ecc_corrected_aggregate_dram", "ecc_uncorrected_aggregate_dram",
+                 "ecc_corrected_aggregate_sram", "ecc_uncorrected_aggregate_sram")
 
 FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
@@ -281,8 +282,11 @@ GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bi
 CARRIED_COUNTS = GROWING_COUNTS - {"remap_banks_low"} | {"ecc_corrected_aggregate"}
 # readings of what the card has left, kept as "carried NAME" at gpuwear's first read of each (not counts: they fall
 # as the card ages, which is not a reading gone wrong)
-CARRIED_LEVELS = frozenset({"power_smoothing_life_percent"})
-_FIRST_READS = CARRIED_COUNTS | CARRIED_LEVELS
+CARRIED_LEVELS = frozenset({"power_smoothing_life_percent", "recovery_action"})
+# ... and the aggregate ECC counts by where they came (their totals are CARRIED_COUNTS' and judged as such)
+CARRIED_BY_LOCATION = ("ecc_corrected_aggregate_dram", "ecc_corrected_aggregate_sram", "ecc_uncorrected_aggregate_dram",
+                       "ecc_uncorrected_aggregate_sram")
+_FIRST_READS = CARRIED_COUNTS | CARRIED_LEVELS | frozenset(CARRIED_BY_LOCATION)
 
 
 def _sticky(what: str) -> bool:
