@@ -621,6 +621,27 @@ def test_the_series_budget_holds_after_a_simulated_week(scenario: str) -> None:
     assert _within(budget), budget
 
 
+def test_the_daemon_loads_no_statistics_module() -> None:
+    """Issue 52, a daemon leaner than its own past: the peer-bleeding rule's one median loaded statistics, and with it
+    decimal and fractions (about 0.6 MiB of resident memory at start, bench/rss_imports.py). The daemon's modules
+    load none of them; the rule's median is statistics.median's value."""
+    import random
+    import statistics
+    import subprocess
+    import sys
+
+    from gpuwear.health.rules import _median
+
+    code = ("import sys; import gpuwear.cli, gpuwear.service; "
+            "print(sorted(m for m in ('statistics', 'decimal', 'fractions') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    rng = random.Random(52)
+    for n in range(1, 40):
+        values = [rng.choice((0.0, 1.5, rng.uniform(0, 1e6))) for _ in range(n)]
+        assert _median(values) == statistics.median(values), values
+
+
 def test_the_scrape_path_loads_no_ledger_code() -> None:
     """shared/design/house.md: a scrape never touches SQLite, and its path imports no ledger code. It did: metrics ->
     tracker -> ledger.records -> the ledger package's __init__, which loaded the store, recovery, export, integrity
