@@ -1321,6 +1321,37 @@ def test_a_used_card_met_with_its_counts_and_met_again_with_them_reset() -> None
     with pytest.raises(ScenarioError, match=r"gpus\[0\]\.carried\.retired_single_bit: NVIDIA A100.* keeps no such"):
         parse_scenario({"gpus": [{"product": "a100-sxm", "carried": {"retired_single_bit": 1}}]}, "used")
 
+def test_a_card_without_a_serial_is_kept_by_its_uuid_and_its_passport_says_so() -> None:
+    """Issue 55 item 1, "the no-serial path tested": a GeForce board gives no serial (nvidia_gpu_exporter's captures:
+    "[N/A]"); its first sight is kept by UUID all the same, and its passport says it has none, where a datacenter
+    card's gives its serial."""
+    from conftest import make_rig
+    from gpuwear import passport
+    from gpuwear.tracker import WearTracker
+    from gpuwear.wear.schema import check_wear, checksum
+
+    rig = make_rig({"gpus": [{"product": "rtx4090"}, {"product": "h100-sxm"}]}, slow_interval=10)
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(4):
+        rig.run(10, interval=10)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    rig.backend.close()
+    texts = []
+    for g in rig.sampler.snapshot.gpus:
+        w = tracker._wears[g.identity.uuid]
+        assert w.firmware["first"]["vbios"]  # its first sight, kept by UUID
+        record = json.loads(json.dumps(check_wear(w.to_json())))
+        export = {"format": "gpuwear-ledger-export", "version": 2, "uuid": w.uuid, "exported_at": T0,
+                  "parts": [record], "events": []}
+        doc = passport.document({**export, "checksum": checksum(export)}, WearConfig(), "test")
+        texts.append(passport.text(doc).splitlines()[0])
+    geforce, h100 = rig.sampler.snapshot.gpus
+    assert geforce.identity.serial is None and h100.identity.serial
+    assert texts == [f"PASSPORT of NVIDIA GeForce RTX 4090 ({geforce.identity.uuid}, no serial number (the card gives "
+                     "none))",
+                     f"PASSPORT of NVIDIA H100 80GB HBM3 ({h100.identity.uuid}, serial {h100.identity.serial})"]
+
+
 def test_a_recovery_action_the_card_arrived_with_is_said_as_such() -> None:
     """Issue 55, items 1 and 2: the recovery action (field 230) at gpuwear's first read of the card is kept, and a
     reason on it says the card asked so when first read; one that came later says nothing of the kind."""
