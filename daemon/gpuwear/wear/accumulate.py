@@ -280,8 +280,8 @@ GROWING_COUNTS = frozenset({"retired_pages_single_bit", "retired_pages_double_bi
 # of it is kept as "carried NAME" in ``health``, its time as "first read NAME" in ``last_event`` (issue 55)
 # (banks at "low" are not one: they fall to "none" as their last spare rows go)
 CARRIED_COUNTS = GROWING_COUNTS - {"remap_banks_low"} | {"ecc_corrected_aggregate"}
-# readings of what the card has left, kept as "carried NAME" at gpuwear's first read of each (not counts: they fall
-# as the card ages, which is not a reading gone wrong)
+# readings that are not counts, kept as "carried NAME" at gpuwear's first read of each: a lower read later is no
+# reading gone wrong (the power-smoothing circuit's life left falls as it ages; a recovery action ends once done)
 CARRIED_LEVELS = frozenset({"power_smoothing_life_percent", "recovery_action"})
 # ... and the aggregate ECC counts by where they came (their totals are CARRIED_COUNTS' and judged as such)
 CARRIED_BY_LOCATION = ("ecc_corrected_aggregate_dram", "ecc_corrected_aggregate_sram", "ecc_uncorrected_aggregate_dram",
