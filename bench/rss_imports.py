@@ -18,7 +18,7 @@ import psutil
 SHARED = ["ctypes", "yaml", "pynvml", "gpuwear.sim.simulated", "gpuwear.sim.fakenvml",
           "gpuwear.backends.nvml"]
 PROGRAMS = {
-    "gpuwear": ["prometheus_client", "sqlite3", "gpuwear.tracker",
+    "gpuwear": ["sqlite3", "gpuwear.tracker",
                 "gpuwear.jobs.resolve", "gpuwear.collector", "gpuwear.webconfig", "gpuwear.service", "gpuwear.cli"],
     "nvitop-exporter": ["prometheus_client", "psutil", "nvitop", "nvitop_exporter", "nvitop_exporter.cli"],
 }

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuwear.backends.nvml import GpuLostError, NvmlBackend, NvmlUnavailableError
 from gpuwear.clock import SystemClock
-from gpuwear.collector import GpuwearCollector
+from gpuwear.families import GpuwearCollector
 from gpuwear.metrics import DaemonInfo, Published
 from gpuwear.sample import PHYSICAL_RANGES
 from gpuwear.sampler import Sampler

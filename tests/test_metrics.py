@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, Rig, make_rig
-from gpuwear.collector import GpuwearCollector
 from gpuwear.config import WearConfig
+from gpuwear.families import GpuwearCollector
 from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, WEAR_METRICS, DaemonInfo, LedgerStatus, Published
 from gpuwear.sim.simulated import builtin_scenarios
 from gpuwear.tracker import WearTracker
@@ -261,9 +261,11 @@ def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> N
     whole numbers and the edges of its repr and exponent forms."""
     from prometheus_client.utils import floatToGoString
 
-    from gpuwear.collector import _number
+    from gpuwear.collector import _go, _number
 
-    assert _number(value) == floatToGoString(value)
+    assert _number(value) == _go(value) == floatToGoString(value)
+    if math.isfinite(value):  # whole numbers as ints (counts): _number hands them to _go, the copy of floatToGoString
+        assert _number(int(value)) == floatToGoString(int(value))
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -640,6 +642,51 @@ def test_the_daemon_loads_no_statistics_module() -> None:
     for n in range(1, 40):
         values = [rng.choice((0.0, 1.5, rng.uniform(0, 1e6))) for _ in range(n)]
         assert _median(values) == statistics.median(values), values
+
+
+def test_a_serving_daemon_loads_no_prometheus_client() -> None:
+    """Issue 52, a daemon leaner than its own past: /metrics is written by gpuwear's own encoder, yet the daemon
+    loaded prometheus_client for a registry nobody scraped, its content negotiation and its number formatting, and
+    with the package http.server, wsgiref, urllib.request and email (about 2.4 MiB resident, bench/rss_imports.py).
+    A daemon on simulated GPUs serves /metrics (OpenMetrics, gzip and text) and the page without loading it; its
+    families are made when asked for (the OTLP pusher's), and are the same text."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import gzip, http.client, sys, tempfile, time
+        from gpuwear.config import Config
+        from gpuwear.service import Daemon, open_source
+        sys.path.insert(0, "tests")
+        from helpers import free_port
+        config = Config(listen=f"127.0.0.1:{free_port()}", state_dir=tempfile.mkdtemp())
+        daemon = Daemon(config, open_source(config, "demo", 60.0, False))
+        daemon.start()
+        try:
+            deadline = time.monotonic() + 60
+            while daemon.source.sampler.snapshot.ticks < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            bodies = []
+            for accept, encoding in (("application/openmetrics-text;version=1.0.0", "gzip"), ("", ""), ("", "")):
+                c = http.client.HTTPConnection(*config.listen.rsplit(":", 1), timeout=30)
+                for path in ("/metrics", "/"):
+                    c.request("GET", path, headers={"Accept": accept, "Accept-Encoding": encoding})
+                    r = c.getresponse()
+                    body = r.read()
+                    assert r.status == 200, (path, r.status)
+                    if path == "/metrics":
+                        bodies.append(gzip.decompress(body) if encoding else body)
+            print(sum(m.startswith("prometheus_client") for m in sys.modules))
+            assert bodies[0].endswith(b"# EOF\\n") and b"gpuwear_temperature_celsius{" in bodies[1]
+            daemon.collector  # the families: prometheus_client now
+            print(sum(m.startswith("prometheus_client") for m in sys.modules) > 0)
+        finally:
+            daemon.stop()
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["0", "True"], out.stdout
 
 
 def test_the_scrape_path_loads_no_ledger_code() -> None:

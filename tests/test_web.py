@@ -151,6 +151,41 @@ def test_get_head_methods_and_process_metrics(plain: Daemon) -> None:
     assert body.count(b"# EOF") == 1 and b"process_cpu_seconds_total" in body
 
 
+OPENMETRICS_1 = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
+ACCEPTS = [  # what scrapers send, and the Content-Type the front door answers
+    # Prometheus 2.x's default (scrape/scrape.go's acceptHeader before scrape_protocols)
+    ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", OPENMETRICS_1 + "; escaping=underscores"),
+    # Prometheus 3 with its default legacy names (bench/http_bench.py's scraper), then with utf-8 names allowed
+    ("application/openmetrics-text;version=1.0.0;escaping=underscores;q=0.5,application/openmetrics-text;"
+     "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2", OPENMETRICS_1 + "; escaping=underscores"),
+    ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;"
+     "version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,"
+     "*/*;q=0.1", OPENMETRICS_1 + "; escaping=allow-utf-8"),
+    ("text/plain;version=1.0.0;escaping=allow-utf-8", "text/plain; version=1.0.0; charset=utf-8; escaping=allow-utf-8"),
+    ("text/plain;version=0.0.4", TEXT_0_0_4), ("text/plain", TEXT_0_0_4),
+    ("application/openmetrics-text", OPENMETRICS_1), ("application/openmetrics-text; version=0.0.1", TEXT_0_0_4),
+    ("application/openmetrics-text;version=1.0.0;escaping=nonsense", OPENMETRICS_1 + "; escaping=underscores"),
+    ("*/*", TEXT_0_0_4), ("", TEXT_0_0_4), ("text/html,application/xhtml+xml,*/*;q=0.8", TEXT_0_0_4),  # curl, browser
+]
+
+
+@pytest.mark.parametrize(("accept", "expected"), ACCEPTS)
+def test_the_format_asked_for_is_the_one_prometheus_client_chooses(accept: str, expected: str) -> None:
+    """The front door negotiates the format itself (issue 52: prometheus_client is not loaded to serve /metrics):
+    for what scrapers send, the Content-Type prometheus_client's choose_encoder answers; for a version the daemon
+    does not write, text 0.0.4 where prometheus_client would claim that version over the 1.0.0 body."""
+    from prometheus_client.exposition import choose_encoder
+
+    from gpuwear.web.http import content_type
+
+    assert content_type(accept) == choose_encoder(accept)[1] == expected
+    assert choose_encoder("application/openmetrics-text;version=2.0.0")[1].startswith(
+        "application/openmetrics-text; version=2.0.0")
+    assert content_type("application/openmetrics-text;version=2.0.0") == TEXT_0_0_4
+
+
 def test_gzip_when_asked_and_only_then(plain: Daemon) -> None:
     headers = request(plain.port)[1]
     assert "content-encoding" not in headers and headers["vary"] == "Accept-Encoding"

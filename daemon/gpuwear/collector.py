@@ -3,27 +3,24 @@
 No NVML call and no lock wait happens here: the sampler snapshot and the wear views are
 immutable objects, each read with one reference load.
 
-``GpuwearCollector`` is the prometheus_client custom collector (metric families for any
-registry); ``Encoder`` writes the same families' text directly, byte for byte what
-prometheus_client's encoders write for them (tested), at a fraction of the cost: it is what
-/metrics serves, through ``Exposition`` (one body per published state and format). Across
+``Encoder`` writes the text of the families :class:`gpuwear.families.GpuwearCollector` gives
+prometheus_client, byte for byte what prometheus_client's encoders write for them (tested), at a
+fraction of the cost and without loading prometheus_client: it is what /metrics serves, through
+``Exposition`` (one body per published state and format). Across
 scrapes the encoder keeps only each series' ``name{labels} `` prefix: every line is written
 from the state it serves.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from gpuwear.metrics import GPU_LABELS, PROCESS_METRICS, MetricDef, One, ProcessReading, Published, catalog
 
@@ -33,39 +30,24 @@ except ImportError:  # pyproject installs it on x86_64 and aarch64 only (ISA-L's
     isal_zlib = None  # type: ignore[assignment]
 
 
-def _family(name: str, kind: str, unit: str, help: str,
-            labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
-    if kind == "counter":
-        return CounterMetricFamily(name, help, labels=labels, unit=unit)
-    return GaugeMetricFamily(name, help, labels=labels, unit=unit)
+def _go(value: float) -> str:
+    """The number as Go (and so Prometheus) writes it: prometheus_client.utils.floatToGoString's code (Apache-2.0),
+    held equal to it by a test, for what repr does not give (inf, nan, ints)."""
+    d = float(value)
+    if d == math.inf:
+        return "+Inf"
+    if d == -math.inf:
+        return "-Inf"
+    if math.isnan(d):
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
 
 
-class GpuwearCollector(Collector):
-    """Exposes what ``published()`` returns at each scrape; ``detail``: ``metrics.detail``."""
-
-    def __init__(self, published: Callable[[], Published], detail: bool = False) -> None:
-        self._published = published
-        self.detail = detail
-
-    def collect(self) -> Iterator[Metric]:
-        return self.collect_from(self._published())
-
-    def collect_from(self, pub: Published) -> Iterator[Metric]:
-        """The families of one published state, in the exposition's order (Catalog.in_order)."""
-        statuses = [(s, [str(s.identity.index), s.identity.uuid]) for s in pub.snapshot.gpus]
-        sources: dict[str, list[tuple[Any, list[str]]]] = {
-            "daemon": [(pub, [])], "gpu": statuses,
-            "wear": [(pub.wear[s.identity.uuid], base) for s, base in statuses if s.identity.uuid in pub.wear]}
-        for source, m in catalog(self.detail).in_order():
-            family = _family(m.name, m.kind, m.unit, m.help, [*(GPU_LABELS if source != "daemon" else ()), *m.labels])
-            for item, base in sources[source]:
-                for labels, value in m.values(item):
-                    family.add_metric([*base, *labels], value)
-            yield family
-
-
-# the number as Go (and so Prometheus) writes it (untyped upstream), for what repr does not give (inf, nan, ints)
-_go: Callable[[float], str] = floatToGoString
 _EXPONENTS = tuple(f"e+{i:02d}" for i in range(17))
 
 
@@ -183,8 +165,8 @@ class _Family:
 
 class Encoder:
     """Writes published states as Prometheus text 0.0.4 or OpenMetrics 1.0.0, byte for byte what prometheus_client
-    writes for :class:`GpuwearCollector`'s families (tested). Its only state: each family's headers and series
-    prefixes, made once (per catalog: with and without ``metrics.detail``). Not thread-safe: one per
+    writes for :class:`gpuwear.families.GpuwearCollector`'s families (tested). Its only state: each family's
+    headers and series prefixes, made once (per catalog: with and without ``metrics.detail``). Not thread-safe: one per
     :class:`Exposition`, which calls it under its lock."""
 
     def __init__(self) -> None:

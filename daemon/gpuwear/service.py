@@ -17,8 +17,6 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
 from gpuwear import __version__
 from gpuwear.backends.aer import AerCounters, host_root, sysfs_address
 from gpuwear.backends.nvml import (
@@ -31,7 +29,7 @@ from gpuwear.backends.nvml import (
 )
 from gpuwear.backends.pcibus import NvidiaBus, unlisted_text
 from gpuwear.clock import Clock, ScaledClock, SystemClock
-from gpuwear.collector import Exposition, GpuwearCollector
+from gpuwear.collector import Exposition
 from gpuwear.config import Config, ConfigError, OtlpConfig, WearConfig, load_config
 from gpuwear.health import mode_problems, past_cards
 from gpuwear.jobs.attribute import JobRecord
@@ -50,6 +48,9 @@ from gpuwear.web import FrontDoor, Limits
 from gpuwear.webconfig import WebConfig, WebConfigError, load_web_config
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gpuwear.families import GpuwearCollector
     from gpuwear.sim.simulated import Simulation
 
 log = logging.getLogger(__name__)
@@ -261,9 +262,10 @@ class Daemon:
                                            self.ledger is not None and self.ledger.recovered is not None,
                                            self.ledger.set_aside if self.ledger is not None else 0)
         self.tracker.set_detail(config.metrics.detail)
-        self.collector = GpuwearCollector(self.published, config.metrics.detail)
-        self.registry = registry or CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)
+        self._collector: GpuwearCollector | None = None  # made when asked for (prometheus_client loaded then)
+        self._registry = registry
+        if registry is not None:
+            registry.register(self.collector)
         self.exposition = Exposition(self.published, detail=config.metrics.detail)
         self._stopped = threading.Event()
         self._timers = threading.Condition()  # notified on stop and reload: the periodic loops re-read their interval
@@ -739,6 +741,26 @@ class Daemon:
         elif before.on(os.environ):
             log.info("SIGHUP: OTLP pushes stop")
 
+    @property
+    def collector(self) -> GpuwearCollector:
+        """The published state as prometheus_client families (the OTLP pusher's; /metrics writes its own text):
+        made at the first ask, which loads prometheus_client."""
+        if self._collector is None:
+            from gpuwear.families import GpuwearCollector
+
+            self._collector = GpuwearCollector(self.published, self.config.metrics.detail)
+        return self._collector
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """A prometheus_client registry holding :attr:`collector` (the one given, or one made at the first ask)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(self.collector)
+        return self._registry
+
     def published(self) -> Published:
         """What a scrape reads now: each part an immutable object, read by reference."""
         snapshot = self.source.sampler.snapshot
@@ -821,7 +843,9 @@ class Daemon:
         self.tracker.set_params(self._wear_params(new))
         self._summariser = Summariser(new.wear)  # other model parameters: the lines are kept anew under their key
         self.tracker.set_detail(new.metrics.detail)
-        self.collector.detail = self.exposition.detail = new.metrics.detail
+        self.exposition.detail = new.metrics.detail
+        if self._collector is not None:
+            self._collector.detail = new.metrics.detail
         logging.getLogger().setLevel(new.log_level.upper())
         before, self.config = self.config, new
         if new.otlp != before.otlp:

@@ -11,11 +11,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client.exposition import choose_encoder
-
 from gpuwear.collector import Exposition
 from gpuwear.web.auth import BasicAuth, TokenBucket, credentials
 from gpuwear.web.http import RefusedError, Request, accepts_gzip, read_request, response_head
+from gpuwear.web.http import content_type as negotiate
 from gpuwear.web.stream import Stream
 from gpuwear.web.timeouts import timeout, timeout_at
 from gpuwear.web.tls import TlsContexts
@@ -268,7 +267,7 @@ class FrontDoor:
             if self.page is not None:
                 page = await asyncio.get_running_loop().run_in_executor(self._page, self.page)
             return 200, [("Content-Type", "text/html; charset=utf-8")], page
-        _, content_type = choose_encoder(request.headers.get("accept", ""))
+        content_type = negotiate(request.headers.get("accept", ""))
         gzipped = accepts_gzip(request.headers.get("accept-encoding", ""))
         openmetrics = content_type.startswith("application/openmetrics-text")
         # no NVML call: the state the sampler published; the views may wait out a tick being integrated (ms)

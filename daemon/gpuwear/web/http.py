@@ -98,6 +98,35 @@ def response_head(status: int, headers: list[tuple[str, str]], length: int, clos
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+TEXT = "text/plain; version=0.0.4; charset=utf-8"
+_ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")
+
+
+def content_type(accept: str) -> str:
+    """The exposition format an ``Accept`` header asks for, as its Content-Type: what prometheus_client's
+    ``choose_encoder`` (0.26) answers, without loading it, for the two formats the daemon writes (OpenMetrics 1.0.0
+    and the text format, whose 0.0.4 body is also a valid 1.0.0 one: gpuwear's names need no escaping). The first
+    listed type that is either, in the header's order (q ignored, as there); ``version=1.0.0`` echoed with its
+    ``escaping`` (underscores unless one of the four schemes is named); a version the daemon does not write passed
+    over, where prometheus_client would claim it; anything else text 0.0.4."""
+    for accepted in (accept or "").split(","):
+        kind, *params = accepted.split(";")
+        kind = kind.strip()
+        if kind not in ("application/openmetrics-text", "text/plain"):
+            continue
+        pairs = [p.strip().split("=", 1) for p in params if "=" in p]
+        version = next((value for key, value in pairs if key == "version"), "")
+        escaping = next((value for key, value in pairs if key == "escaping"), "")
+        escaping = escaping if escaping in _ESCAPINGS else "underscores"
+        if kind == "application/openmetrics-text" and not version:
+            return OPENMETRICS
+        if version == "1.0.0":
+            return f"{OPENMETRICS if kind != 'text/plain' else 'text/plain; version=1.0.0; charset=utf-8'}; " \
+                   f"escaping={escaping}"
+    return TEXT
+
+
 def accepts_gzip(header: str) -> bool:
     """Whether ``Accept-Encoding`` allows gzip (``gzip`` or ``*``, without ``q=0``)."""
     for item in header.split(","):
