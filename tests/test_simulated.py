@@ -288,3 +288,30 @@ def test_a_missing_gpu_is_not_enumerated_and_the_others_keep_their_identity() ->
     assert [(g.index, g.uuid, g.pci_bus_id) for g in sim.gpus] == [
         (0, whole.gpus[0].uuid, whole.gpus[0].pci_bus_id), (1, whole.gpus[2].uuid, whole.gpus[2].pci_bus_id)]
     assert [(f.kind, f.gpu) for f in sim.faults] == [("lost", 1)]  # the missing GPU's own faults are gone
+
+
+def test_a_card_past_its_shutdown_temperature_falls_off_the_bus() -> None:
+    """A card's thermal protection powers it off at its shutdown temperature: it falls off the bus with an XID 79 (a
+    Titan V at 95 C, illinois-scicomp/machine-shop-maintenance#80; overheating "the most common reason", NVIDIA in
+    open-gpu-kernel-modules#507). The fake let an RTX 4090 with a failed fan climb to 104 C, past its 98 C, answering
+    readings no real card gives. Through the real binding: every reading below its shutdown temperature, then
+    GPU_IS_LOST, and the XID 79 line in the kernel log; a card with its cooling beside it stays up. (Before: 104 C
+    read, dropped as above its shutdown, and the card up.)"""
+    from conftest import make_rig
+    from gpuwear.backends.nvml import GpuLostError
+    from gpuwear.wear.plausibility import above_shutdown
+
+    rig = make_rig({"ambient_celsius": 45, "gpus": [
+        {"product": "rtx4090", "cooling_factor": 4.0, "schedule": [{"kind": "stress", "seconds": 7200}]},
+        {"product": "rtx4090", "schedule": [{"kind": "stress", "seconds": 7200}]}]})
+    hottest = 0.0
+    for _ in range(1800):
+        snap = rig.run(1)
+        if (sample := snap.gpus[0].sample) is not None and sample.temperature_gpu_celsius is not None:
+            hottest = max(hottest, sample.temperature_gpu_celsius)
+    shutdown = rig.simulation.gpus[0].product.shutdown_celsius
+    assert hottest >= 95 and not above_shutdown(hottest, shutdown)  # nothing the readings' checks would drop
+    assert not snap.gpus[0].up and snap.gpus[1].up
+    with pytest.raises(GpuLostError):
+        rig.backend.read(0, False)
+    assert sum("): 79, " in line for line in rig.simulation.gpus[0].kernel_lines) == 1

@@ -562,6 +562,9 @@ class SimGpu:
         s.die_celsius = self.ambient_celsius + s.die_rise + s.sink_rise + s.wander
         mem_target = self.ambient_celsius + demand * p.r_th_memory
         s.memory_celsius += (mem_target - s.memory_celsius) * (1.0 - math.exp(-dt / p.tau_memory_seconds))
+        if s.die_celsius >= p.shutdown_celsius:  # its thermal protection powers the card off: off the bus, as a
+            s.lost = True  # Titan V at 95 C did with an XID 79 (illinois-scicomp/machine-shop-maintenance#80);
+            self.xid(79)  # overheating is "the most common reason" NVIDIA names (open-gpu-kernel-modules#507)
 
     def xid(self, code: int, text: str | None = None, process: bool = False, unit: tuple[int, int] = (0, 0)) -> None:
         """An XID as the driver reports it: a line in the kernel log, always; an NVML event too, except for the
