@@ -31,21 +31,14 @@ except ImportError:  # pyproject installs it on x86_64 and aarch64 only (ISA-L's
 
 
 def _go(value: float) -> str:
-    """The number as Go (and so Prometheus) writes it: prometheus_client.utils.floatToGoString's code (Apache-2.0),
-    held equal to it by a test, for what repr does not give (inf, nan, ints)."""
+    """The number as Go (and so Prometheus) writes it, as prometheus_client's floatToGoString does (tested): for what
+    :func:`_number` hands on (ints, inf, nan)."""
     d = float(value)
-    if d == math.inf:
-        return "+Inf"
-    if d == -math.inf:
-        return "-Inf"
-    if math.isnan(d):
+    if d != d:
         return "NaN"
-    s = repr(d)
-    dot = s.find(".")
-    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
-    return s
+    if d in (math.inf, -math.inf):
+        return "+Inf" if d > 0 else "-Inf"
+    return _number(d)
 
 
 _EXPONENTS = tuple(f"e+{i:02d}" for i in range(17))

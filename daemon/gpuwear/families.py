@@ -3,7 +3,7 @@ embedding program's, the tests' comparison with its encoders) and the OTLP pushe
 
 The daemon's /metrics does not use them: :class:`gpuwear.collector.Encoder` writes the same text byte for byte
 (tested) without loading prometheus_client, whose package brings ``http.server``, ``wsgiref``, ``urllib.request``
-and ``email`` along (about 2.4 MiB of resident memory a daemon never used, bench/rss_imports.py). This module is
+and ``email`` along (about 3.5 MiB of resident memory a daemon never used, bench/rss_imports.py). This module is
 imported only where families are asked for (:attr:`gpuwear.service.Daemon.collector`).
 """
 
