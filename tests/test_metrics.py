@@ -644,6 +644,37 @@ def test_the_daemon_loads_no_statistics_module() -> None:
         assert _median(values) == statistics.median(values), values
 
 
+def test_a_daemon_on_real_gpus_never_loads_the_simulation() -> None:
+    """Issue 52 item 3, the daemon loads only what it uses: service.open_source imports the simulation only for
+    simulated GPUs, yet `gpuwear run` imported gpuwear.sim.simulated on every path for the one error it catches
+    (about 2 MiB resident on a real box). The command's imports and the real path's open (here a library that is not
+    there: no GPU is needed, none is used) load no simulation module; --simulate still names a bad scenario."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import io, contextlib, sys, tempfile
+        from gpuwear.cli import main
+        from gpuwear.config import Config
+        from gpuwear.backends.nvml import NvmlUnavailableError
+        from gpuwear.service import open_source
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(["run", "--listen", "nowhere", "--state-dir", tempfile.mkdtemp()]) != 0, err.getvalue()
+        try:
+            open_source(Config(), None, 1.0, False, library="/nonexistent/libnvidia-ml.so.1")
+        except NvmlUnavailableError:
+            pass
+        print(sorted(m for m in sys.modules if m.startswith("gpuwear.sim.") and m != "gpuwear.sim.errors"))
+        with contextlib.redirect_stderr(err):
+            assert main(["run", "--simulate", "/nonexistent/scenario.yaml", "--state-dir", tempfile.mkdtemp()]) == 2
+        print("scenario.yaml" in err.getvalue())
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout
+
+
 def test_a_serving_daemon_loads_no_prometheus_client() -> None:
     """Issue 52, a daemon leaner than its own past: /metrics is written by gpuwear's own encoder, yet the daemon
     loaded prometheus_client for a registry nobody scraped, its content negotiation and its number formatting, and

@@ -196,7 +196,7 @@ def _config_problems(path: str, error: ConfigError) -> int:
 def _run(args: argparse.Namespace) -> int:
     from gpuwear.runtime import limit_malloc_arenas
     from gpuwear.service import Daemon, open_source
-    from gpuwear.sim.simulated import ScenarioError
+    from gpuwear.sim.errors import ScenarioError  # not the simulation: a daemon on real GPUs never loads it
 
     config = load_config(args.config)
     overrides: dict[str, Any] = {}  # what the command line sets over the file, at every reload too

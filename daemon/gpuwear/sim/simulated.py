@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpuwear.sim.errors import ScenarioError as ScenarioError  # its home before; importers keep it
 from gpuwear.yamlsafe import MAX_BYTES, YamlError, load_yaml, short_repr
 
 KERNEL_LOG_WAIT_SECONDS = 60.0  # the simulated kernel log's reader looks at its stop request at least this often
@@ -50,10 +51,6 @@ DIE_SHARE = 0.132
 # counted cycles and its cycles of 10 °C or more within 1.5 x (bench/cycle_replay.py). The RTX 6000 Ada trace has
 # none: the other cards take none.
 WANDER_SECONDS = 60.0
-
-
-class ScenarioError(ValueError):
-    """A scenario file that cannot be used; the message names the problem."""
 
 
 @dataclass(frozen=True)
