@@ -625,8 +625,9 @@ def test_the_series_budget_holds_after_a_simulated_week(scenario: str) -> None:
 
 def test_the_daemon_loads_no_statistics_module() -> None:
     """Issue 52, a daemon leaner than its own past: the peer-bleeding rule's one median loaded statistics, and with it
-    decimal and fractions (about 0.6 MiB of resident memory at start, bench/rss_imports.py). The daemon's modules
-    load none of them; the rule's median is statistics.median's value."""
+    decimal and fractions (about 0.6 MiB of resident memory at start, bench/rss_imports.py); the front door's Date
+    header loaded the email package (0.5 MiB). The daemon's modules load none of them; the rule's median is
+    statistics.median's value (the Date header's, formatdate's: tests/test_web.py)."""
     import random
     import statistics
     import subprocess
@@ -635,7 +636,7 @@ def test_the_daemon_loads_no_statistics_module() -> None:
     from gpuwear.health.rules import _median
 
     code = ("import sys; import gpuwear.cli, gpuwear.service; "
-            "print(sorted(m for m in ('statistics', 'decimal', 'fractions') if m in sys.modules))")
+            "print(sorted(m for m in ('statistics', 'decimal', 'fractions', 'email') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
     rng = random.Random(52)

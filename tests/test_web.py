@@ -171,6 +171,25 @@ ACCEPTS = [  # what scrapers send, and the Content-Type the front door answers
 ]
 
 
+def test_the_date_header_is_the_one_email_utils_writes() -> None:
+    """The front door's Date header without the email package (issue 52: 0.5 MiB the daemon loaded for it):
+    formatdate(usegmt=True)'s answer at random instants from 1970 to 9999, at the edges of days, months and leap
+    years, and now."""
+    import random
+    from email.utils import formatdate
+
+    from gpuwear.web.http import http_date
+
+    rng = random.Random(52)
+    instants = [0, 951782399, 951782400, 951868800, 1709164800, 4102444799, 253402300799,
+                *(rng.randrange(0, 253402300800) for _ in range(2000))]
+    for t in instants:
+        assert http_date(t) == formatdate(t, usegmt=True), t
+    began = time.time()
+    now = http_date()
+    assert now in {formatdate(t, usegmt=True) for t in range(int(began), int(time.time()) + 1)}
+
+
 @pytest.mark.parametrize(("accept", "expected"), ACCEPTS)
 def test_the_format_asked_for_is_the_one_prometheus_client_chooses(accept: str, expected: str) -> None:
     """The front door negotiates the format itself (issue 52: prometheus_client is not loaded to serve /metrics):

@@ -4,8 +4,8 @@ the status that says why, never a traceback), and the head of a response."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
-from email.utils import formatdate
 
 from gpuwear.web.timeouts import timeout_at
 
@@ -88,10 +88,23 @@ async def read_request(reader: asyncio.StreamReader, deadline: float, first: byt
     return Request(method, target.split("?", 1)[0], version, headers)
 
 
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(seconds: float | None = None) -> str:
+    """An HTTP date (RFC 9110's IMF-fixdate, "Sun, 06 Nov 1994 08:49:37 GMT") of Unix ``seconds`` (now by default),
+    in English whatever the locale: email.utils.formatdate(usegmt=True)'s answer (tested), without the email
+    package (about 0.5 MiB resident)."""
+    t = time.gmtime(seconds)
+    return (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+
+
 def response_head(status: int, headers: list[tuple[str, str]], length: int, close: bool) -> bytes:
     """A response's status line and headers (Date, Content-Length, then ``headers``; Connection: close when the
     connection ends after it), with the blank line that ends them."""
-    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"Date: {formatdate(usegmt=True)}",
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"Date: {http_date()}",
              f"Content-Length: {length}", *(f"{k}: {v}" for k, v in headers)]
     if close:
         lines.append("Connection: close")
