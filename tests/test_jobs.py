@@ -112,6 +112,41 @@ def test_cgroup_decides_over_the_session_and_users_can_be_hidden(
     assert (job.kind, job.id, job.user) == ("slurm", "977", None) and job.name and job.name.startswith("python")
 
 
+def test_process_names_and_users_are_the_ones_psutil_gives(tmp_path: Path) -> None:
+    """The resolver reads /proc itself (issue 52: psutil was 0.9 MiB of a daemon's memory for a name and a user):
+    for every process on this machine, and for one whose command name the kernel cut at 15 characters (an
+    executable called a-very-long-process-name, its full name from its command line), the name and user
+    psutil.Process gives. Processes that end while being read are passed over."""
+    import shutil
+
+    import psutil
+
+    from gpuwear.jobs.resolve import process_name, process_user
+
+    long = tmp_path / "a-very-long-process-name"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", long)
+    sleeper = subprocess.Popen([str(long), "60"])
+    try:
+        pids = [*psutil.pids(), sleeper.pid]
+        compared = 0
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                theirs = (p.name(), p.username())
+                ours = (process_name(pid), process_user(pid))
+                if (p.name(), p.username()) != theirs or not p.is_running():
+                    continue
+            except (psutil.Error, FileNotFoundError, ProcessLookupError):
+                continue
+            assert ours == theirs, pid
+            compared += 1
+        assert compared >= 3
+        assert process_name(sleeper.pid) == "a-very-long-process-name"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_unreadable_processes_are_attributed_as_unknown() -> None:
     def denied(pid: int) -> str:
         raise PermissionError(13, "Permission denied")

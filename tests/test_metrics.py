@@ -626,8 +626,9 @@ def test_the_series_budget_holds_after_a_simulated_week(scenario: str) -> None:
 def test_the_daemon_loads_no_statistics_module() -> None:
     """Issue 52, a daemon leaner than its own past: the peer-bleeding rule's one median loaded statistics, and with it
     decimal and fractions (about 0.6 MiB of resident memory at start, bench/rss_imports.py); the front door's Date
-    header loaded the email package (0.5 MiB). The daemon's modules load none of them; the rule's median is
-    statistics.median's value (the Date header's, formatdate's: tests/test_web.py)."""
+    header loaded the email package (0.5 MiB), the job resolver psutil (0.9 MiB). The daemon's modules load none of
+    them; the rule's median is statistics.median's value (the Date header formatdate's: tests/test_web.py; the
+    resolver's names and users psutil's: tests/test_jobs.py)."""
     import random
     import statistics
     import subprocess
@@ -636,7 +637,7 @@ def test_the_daemon_loads_no_statistics_module() -> None:
     from gpuwear.health.rules import _median
 
     code = ("import sys; import gpuwear.cli, gpuwear.service; "
-            "print(sorted(m for m in ('statistics', 'decimal', 'fractions', 'email') if m in sys.modules))")
+            "print(sorted(m for m in ('statistics', 'decimal', 'fractions', 'email', 'psutil') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
     rng = random.Random(52)

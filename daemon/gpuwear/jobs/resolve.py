@@ -12,12 +12,12 @@ their GPU to (:func:`with_pod_names`, from :mod:`gpuwear.jobs.kubelet`).
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import psutil
 
 from gpuwear.jobs.mig import slice_shares
 
@@ -136,6 +136,44 @@ def session_of(pid: int, proc: Path = Path("/proc")) -> int:
     return int(stat.rsplit(")", 1)[1].split()[3])
 
 
+TASK_COMM_LEN = 15  # the characters of a command name the kernel keeps (linux/sched.h: 16 with its NUL)
+
+
+def process_name(pid: int, proc: Path = Path("/proc")) -> str:
+    """A process's name as psutil.Process.name() gives it on Linux (tested against it): its command name
+    (/proc/PID/stat), and where the kernel cut that at TASK_COMM_LEN, the base name of its command line's first
+    word when that begins with it ("gnome-keyring-d": "gnome-keyring-daemon"). A command line rewritten with spaces
+    instead of NULs (setproctitle) is split at its spaces, as psutil does; one that cannot be read leaves the cut
+    name. FileNotFoundError or ProcessLookupError once the process is gone."""
+    stat = (proc / str(pid) / "stat").read_text(errors="replace")
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    if len(name) < TASK_COMM_LEN:
+        return name
+    try:
+        line = (proc / str(pid) / "cmdline").read_text(errors="replace")
+    except PermissionError:
+        return name
+    sep = "\0" if line.endswith("\0") else " "
+    words = line.removesuffix(sep).split(sep)
+    if sep == "\0" and len(words) == 1:
+        words = words[0].split(" ")
+    full = os.path.basename(words[0]) if line else ""
+    return full if full.startswith(name) else name
+
+
+def process_user(pid: int, proc: Path = Path("/proc")) -> str:
+    """The name of the user a process runs as (its real uid, /proc/PID/status), as psutil.Process.username()
+    gives it: the uid itself where the system has no name for it."""
+    for row in (proc / str(pid) / "status").read_text(errors="replace").splitlines():
+        if row.startswith("Uid:"):
+            uid = int(row.split()[1])
+            try:
+                return pwd.getpwuid(uid).pw_name
+            except KeyError:
+                return str(uid)
+    raise ValueError(f"no Uid line in {proc}/{pid}/status")
+
+
 class ProcessResolver:
     """Maps a PID to its :class:`Job`. ``cgroup`` reads a PID's cgroup file (injectable for
     tests that fake cgroup paths); ``show_users`` off records no user names."""
@@ -148,19 +186,18 @@ class ProcessResolver:
 
     def resolve(self, pid: int) -> Job:
         try:
-            p = psutil.Process(pid)
-            with p.oneshot():
-                user = clip(p.username()) if self.show_users else None
-                name = clip(p.name())
+            user = clip(process_user(pid, self.proc)) if self.show_users else None
+            own = process_name(pid, self.proc)
+            name = clip(own)
             job = job_from_cgroup(self._cgroup(pid))
             if job is None:
                 sid = session_of(pid, self.proc)
-                leader = psutil.Process(sid) if sid > 0 and psutil.pid_exists(sid) else p
-                job = Job("process", clip(f"{leader.name()}@{sid or pid}"), name=clip(leader.name()))
+                leader = process_name(sid, self.proc) if sid > 0 and (self.proc / str(sid)).exists() else own
+                job = Job("process", clip(f"{leader}@{sid or pid}"), name=clip(leader))
             return Job(job.kind, job.id, user, job.name or name)
-        except (psutil.AccessDenied, PermissionError):
+        except PermissionError:
             return Job("unknown", "no-permission", name="unknown (no permission)")
-        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+        except (FileNotFoundError, ProcessLookupError):
             return Job("unknown", "process-gone", name="unknown (process gone)")
         except (OSError, ValueError, IndexError) as exc:
             log.debug("cannot resolve PID %d: %s", pid, exc)
