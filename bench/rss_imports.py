@@ -13,8 +13,6 @@ import importlib
 import json
 import sys
 
-import psutil
-
 SHARED = ["ctypes", "yaml", "pynvml", "gpuwear.sim.simulated", "gpuwear.sim.fakenvml",
           "gpuwear.backends.nvml"]
 PROGRAMS = {
@@ -24,16 +22,22 @@ PROGRAMS = {
 }
 
 
+def rss() -> int:
+    """This process's resident memory in bytes (/proc/self/status VmRSS): read without psutil, which the daemon
+    no longer loads and nvitop-exporter does (a step of its own below)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
 def main() -> int:
-    me = psutil.Process()
     steps = []
-    last = base = me.memory_info().rss
+    last = base = rss()
     for name in SHARED + PROGRAMS[sys.argv[1]]:
         before = len(sys.modules)
         importlib.import_module(name)
-        rss = me.memory_info().rss
-        steps.append([name, rss - last, len(sys.modules) - before])
-        last = rss
+        now = rss()
+        steps.append([name, now - last, len(sys.modules) - before])
+        last = now
     json.dump({"program": sys.argv[1], "interpreter": base, "steps": steps, "total": last,
                "shared": SHARED, "columnar_loaded": sorted({"numpy", "pyarrow"} & set(sys.modules))}, sys.stdout)
     print()
