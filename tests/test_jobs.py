@@ -147,6 +147,25 @@ def test_process_names_and_users_are_the_ones_psutil_gives(tmp_path: Path) -> No
         sleeper.wait()
 
 
+def test_a_process_whose_session_leader_ends_while_read_is_named_by_itself(tmp_path: Path) -> None:
+    """A session's leader that ends between the resolver's look at /proc and its read (its directory there, its
+    files gone: the kernel removes them as it reaps) leaves the running process named by itself, as a leader that
+    ended before the look does, never "process gone" for a process that is running (it was, with psutil too)."""
+    proc = tmp_path / "proc"
+    me = proc / "4242"
+    me.mkdir(parents=True)
+    (me / "stat").write_text("4242 (trainer) S 4000 4100 4100 0 -1 4194560 0 0 0 0\n")
+    (me / "status").write_text(f"Name:\ttrainer\nUid:\t{os.getuid()}\t{os.getuid()}\t0\t0\n")
+    (me / "cgroup").write_text("0::/\n")
+    resolver = ProcessResolver(proc=proc)
+    assert resolver.resolve(4242).id == "trainer@4100"  # the leader ended before the look
+    (proc / "4100").mkdir()  # ... or while it was read
+    job = resolver.resolve(4242)
+    assert (job.kind, job.id, job.name) == ("process", "trainer@4100", "trainer")
+    (proc / "4100" / "stat").write_text("4100 (torchrun) S 1 4100 4100 0 -1 4194560 0 0 0 0\n")
+    assert resolver.resolve(4242).id == "torchrun@4100"  # a leader there names the session
+
+
 def test_unreadable_processes_are_attributed_as_unknown() -> None:
     def denied(pid: int) -> str:
         raise PermissionError(13, "Permission denied")

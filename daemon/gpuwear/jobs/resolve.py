@@ -184,6 +184,14 @@ class ProcessResolver:
         self.proc = proc
         self._cgroup = cgroup or (lambda pid: read_cgroup(pid, proc))
 
+    def _leader(self, sid: int) -> str | None:
+        """The name of a session's leader; None where it has ended (before or while it is read: the process's own
+        name stands for the session then, not "process gone" for a process that is running)."""
+        try:
+            return process_name(sid, self.proc)
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+
     def resolve(self, pid: int) -> Job:
         try:
             user = clip(process_user(pid, self.proc)) if self.show_users else None
@@ -192,8 +200,8 @@ class ProcessResolver:
             job = job_from_cgroup(self._cgroup(pid))
             if job is None:
                 sid = session_of(pid, self.proc)
-                leader = process_name(sid, self.proc) if sid > 0 and (self.proc / str(sid)).exists() else own
-                job = Job("process", clip(f"{leader}@{sid or pid}"), name=clip(leader))
+                leader = self._leader(sid) if sid > 0 else None
+                job = Job("process", clip(f"{leader or own}@{sid or pid}"), name=clip(leader or own))
             return Job(job.kind, job.id, user, job.name or name)
         except PermissionError:
             return Job("unknown", "no-permission", name="unknown (no permission)")
