@@ -883,3 +883,67 @@ def test_a_scrape_never_waits_for_the_page(demo: Rig) -> None:
         reader.join(timeout=150)
         door.close()
     assert pages and pages[0][0] == 200 and pages[0][1].endswith(b"the page")
+
+
+def test_a_heavy_render_leaves_the_loop_free_and_a_light_one_stays_on_it(demo: Rig) -> None:
+    """Issue 51: the wear views and verdict were derived at the first scrape after a tick on the front door's loop,
+    every other connection (a health probe, a TLS handshake) waiting meanwhile (about 20 ms at 64 GPUs). A build
+    whose last one took RENDER_OFF_LOOP_SECONDS of CPU or more is made on a thread of its own; a light one stays
+    on the loop (the hop costs 0.21-0.25 ms a scrape). Here the second build is held until /healthz has answered."""
+    from dataclasses import replace as replaced
+
+    from gpuwear.collector import Exposition
+    from gpuwear.config import WearConfig
+    from gpuwear.metrics import DaemonInfo, Published
+    from gpuwear.tracker import WearTracker
+    from gpuwear.web import FrontDoor
+    from gpuwear.web.door import RENDER_OFF_LOOP_SECONDS
+    from gpuwear.webconfig import WebConfig
+
+    tracker = WearTracker({}, WearConfig())
+    demo.run(2)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    info = DaemonInfo(version="test", python_version="test", backend="simulated", scenario="demo")
+    threads: list[str] = []
+    held, rendering, released = threading.Event(), threading.Event(), threading.Event()
+
+    def published() -> Published:  # a new state at each call: each scrape builds its body
+        threads.append(threading.current_thread().name)
+        if len(threads) == 1:  # a heavy build: this much CPU
+            began = time.thread_time()
+            while time.thread_time() - began < RENDER_OFF_LOOP_SECONDS * 2:
+                pass
+        elif held.is_set():
+            rendering.set()
+            released.wait(120)
+        return Published(replaced(demo.sampler.snapshot), tracker.views, None, info)
+
+    door = FrontDoor(("127.0.0.1", 0), Exposition(published, process=False), WebConfig(), lambda: None, lambda: None)
+    door.start()
+    scrapes: list[tuple[int, bytes]] = []
+
+    def scrape() -> None:
+        status, _, body = request(door.port, "/metrics", timeout=150)
+        scrapes.append((status, body))
+
+    scraper = threading.Thread(target=scrape)
+    try:
+        scrape()  # on the loop (nothing known of its cost), and heavy
+        held.set()
+        scraper.start()
+        assert rendering.wait(60), "the second scrape was never built"
+        status, _, body = request(door.port, "/healthz", timeout=30)
+        assert (status, body) == (200, b"ok\n")
+        assert not released.is_set() and scraper.is_alive()  # answered while /metrics was being built
+        released.set()
+        scraper.join(timeout=150)
+        held.clear()
+        light = door.exposition.last_render_seconds < RENDER_OFF_LOOP_SECONDS  # the held build's CPU: ~1 ms
+        scrape()  # on the loop again after a light build: on the loop again
+    finally:
+        released.set()
+        scraper.join(timeout=150)
+        door.close()
+    assert [s for s, _ in scrapes] == [200] * 3 and all(b"gpuwear_gpu_up" in b for _, b in scrapes)
+    assert threads[0] == "http" and threads[1].startswith("http-render")
+    assert threads[2] == "http" if light else threads[2].startswith("http-render")

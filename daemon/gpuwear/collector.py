@@ -17,6 +17,7 @@ import math
 import os
 import resource
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -292,15 +293,23 @@ class Exposition:
         self._cache: dict[tuple[bool, bool], tuple[tuple[object, ...], bytes]] = {}
         self._process = ProcessMetrics() if process else None
         self.renders = 0
+        # CPU seconds of its thread the last call that built a body took (the wear views derived, the text, gzip):
+        # about what the next will take (the front door builds a heavy one off its event loop). Not wall time: a
+        # build that waited for the GIL or a tick's lock held no CPU the loop could have had
+        self.last_render_seconds = 0.0
 
     def render(self, openmetrics: bool, gzipped: bool = False) -> bytes:
         """The body for one format (OpenMetrics or Prometheus text), gzip-compressed if asked."""
+        began, renders = time.thread_time(), self.renders
         pub = self._published()
         # the state itself, not its id(): the cache holds what it is keyed on, so a freed state's address can never
         # be handed to a new state that would then be served the old body
         key = (pub.snapshot, pub.wear, pub.ledger, pub.missing, pub.kernel_log_following, pub.otlp_pushes, self.detail)
         with self._lock:
-            return self._render(pub, key, openmetrics, gzipped)
+            body = self._render(pub, key, openmetrics, gzipped)
+            if self.renders != renders:
+                self.last_render_seconds = time.thread_time() - began
+        return body
 
     def _render(self, pub: Published, key: tuple[object, ...], openmetrics: bool, gzipped: bool) -> bytes:
         cached = self._cache.get((openmetrics, gzipped))

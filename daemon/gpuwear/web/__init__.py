@@ -7,8 +7,10 @@ never a thread. No client can hold it:
   slowly it trickles; a kept-alive connection waits 90 s for its next request (:class:`Limits`);
 - at 256 connections, a new connection evicts the longest-waiting connection of the client address
   that holds the most: a flood from one address evicts its own connections, never a scraper's;
-- rendering /metrics and bcrypt run on worker threads, one each; bcrypt checks are bounded (a few a
-  second, one at a time) and verified credentials are remembered, so brute force cannot starve scrapes;
+- /metrics is built on the loop while a build is light; one whose last build took 5 ms of CPU or more (many
+  GPUs: the wear views and verdict, the text) is built on a worker thread, as the page and bcrypt always are, one
+  each; bcrypt checks are bounded (a few a second, one at a time) and verified credentials are remembered, so
+  brute force cannot starve scrapes;
 - unknown users cost the same bcrypt check as wrong passwords (no user enumeration by timing).
 
 The web config (:mod:`gpuwear.webconfig`) is swapped whole by :meth:`FrontDoor.configure` (SIGHUP);

@@ -23,6 +23,9 @@ from gpuwear.webconfig import WebConfig
 log = logging.getLogger(__name__)
 
 BACKLOG = 1024  # connections the kernel queues before they are accepted (capped by net.core.somaxconn)
+# a /metrics build of this much CPU (seconds) holds the loop long enough that the next is built off it: the hop
+# there and back (0.21-0.25 ms) is then at most 5 % of it
+RENDER_OFF_LOOP_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,12 @@ class FrontDoor:
         self._socket.setblocking(False)
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(self._loop_exception)
-        # /metrics renders on the loop's own thread: CPU-bound under the GIL, a render thread bought no parallel work
-        # and its hop there and back cost each scrape more (measured from outside: bench/scrape_outside.md); the page
-        # reads the ledger (seconds on a ledger years old): on a thread of its own, never on the loop
+        # /metrics renders on the loop's own thread while a render is light: CPU-bound under the GIL, a render thread
+        # buys no parallel work and its hop there and back cost a scrape 0.21-0.25 ms (9 % at 8 GPUs, measured from
+        # outside: bench/scrape_outside.md); one whose last build took RENDER_OFF_LOOP_SECONDS of CPU or more (many
+        # GPUs: the wear views and verdict, the text) is built on a thread of its own, the loop free for every other
+        # connection meanwhile. The page reads the ledger (seconds on a ledger years old): never on the loop
+        self._render = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-render")
         self._page = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-page")
         self._bcrypt = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="http-bcrypt")
         self._bcrypt_bucket = TokenBucket(limits.bcrypt_per_second, limits.bcrypt_burst)
@@ -115,6 +121,7 @@ class FrontDoor:
             self._thread.join(timeout=1.5)
         else:  # never started: the loop did not take the socket
             self._socket.close()
+        self._render.shutdown(wait=False, cancel_futures=True)
         self._page.shutdown(wait=False, cancel_futures=True)
         self._bcrypt.shutdown(wait=False, cancel_futures=True)
 
@@ -271,7 +278,11 @@ class FrontDoor:
         gzipped = accepts_gzip(request.headers.get("accept-encoding", ""))
         openmetrics = content_type.startswith("application/openmetrics-text")
         # no NVML call: the state the sampler published; the views may wait out a tick being integrated (ms)
-        body = self.exposition.render(openmetrics, gzipped)
+        if self.exposition.last_render_seconds < RENDER_OFF_LOOP_SECONDS:
+            body = self.exposition.render(openmetrics, gzipped)
+        else:
+            body = await asyncio.get_running_loop().run_in_executor(self._render, self.exposition.render, openmetrics,
+                                                                    gzipped)
         headers = [("Content-Type", content_type), ("Vary", "Accept-Encoding")]
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))
