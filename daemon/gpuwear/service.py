@@ -40,7 +40,7 @@ from gpuwear.kernlog import KernelLogXids
 from gpuwear.ledger import Ledger, LedgerError, LedgerRefusedError, StateLock, StateLockedError, ledger_path, printable
 from gpuwear.metrics import DaemonInfo, LedgerStatus, MissingGpu, Published
 from gpuwear.notify import sd_notify, tell_systemd_recovering
-from gpuwear.runtime import settle_collector
+from gpuwear.runtime import give_back_freed_memory, settle_collector
 from gpuwear.sample import GpuSample
 from gpuwear.sampler import Sampler, Snapshot
 from gpuwear.tracker import WearTracker
@@ -547,6 +547,7 @@ class Daemon:
         if status.last_success is False:
             log.warning("the wear ledger %s is saved again", self.ledger_file)
         self._ledger_status = replace(status, last_success=True, last_success_wall=time.time())
+        give_back_freed_memory()  # what the save and the minute's ticks and scrapes freed
         return True
 
     FILL_LINES_PER_CHUNK = 500  # job records whose lines one transaction keeps (a save waits for at most one)
@@ -649,6 +650,7 @@ class Daemon:
         sampler = self.source.sampler
         self._tick()
         settle_collector()
+        give_back_freed_memory()  # what start-up freed: the imports' and the ledger's reading
         sampler.start_events(self.config.sampling.event_wait_milliseconds)
         source, simulation = self.config.health.kernel_log, self.source.simulation
         if simulation is None or source == "off" or source.startswith("/"):
