@@ -887,7 +887,7 @@ def test_a_scrape_never_waits_for_the_page(demo: Rig) -> None:
 
 def test_a_heavy_render_leaves_the_loop_free_and_a_light_one_stays_on_it(demo: Rig) -> None:
     """Issue 51: the wear views and verdict were derived at the first scrape after a tick on the front door's loop,
-    every other connection (a health probe, a TLS handshake) waiting meanwhile (about 20 ms at 64 GPUs). A build
+    every other connection (a health probe, a TLS handshake) waiting meanwhile (about 11 ms at 64 GPUs). A build
     whose last one took RENDER_OFF_LOOP_SECONDS of CPU or more is made on a thread of its own; a light one stays
     on the loop (the hop costs 0.21-0.25 ms a scrape). Here the second build is held until /healthz has answered."""
     from dataclasses import replace as replaced
@@ -939,7 +939,7 @@ def test_a_heavy_render_leaves_the_loop_free_and_a_light_one_stays_on_it(demo: R
         scraper.join(timeout=150)
         held.clear()
         light = door.exposition.last_render_seconds < RENDER_OFF_LOOP_SECONDS  # the held build's CPU: ~1 ms
-        scrape()  # on the loop again after a light build: on the loop again
+        scrape()  # after a light build: on the loop again
     finally:
         released.set()
         scraper.join(timeout=150)
