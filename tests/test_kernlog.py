@@ -295,8 +295,9 @@ def test_the_daemon_counts_an_xid_79_from_a_kernel_log_it_follows(tmp_path: Path
         body = wait_for(f"{url}/metrics", 'xid="79"')
         line = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_events_total{") and 'xid="79"' in ln)
         assert 'gpu="1"' in line and line.endswith(" 1.0"), line
-        tier = next(ln for ln in body.splitlines() if ln.startswith("gpuwear_xid_tier_events_total{"))
-        assert 'gpu="1"' in tier and 'tier="act"' in tier and tier.endswith(" 1.0"), tier  # by default too
+        # by default too, in the card's lifetime count (the ledger's: at the tick after the line)
+        body = wait_for(f"{url}/metrics", 'gpuwear_xid_tier_events_total{gpu="1",tier="act",uuid="GPU-00000001-5111-'
+                                          '4a7e-9c3d-000000000001"} 1.0')
         # an NVSwitch's SXids (issue 29): counted for the host by severity, never as a GPU's XID
         assert "gpuwear_nvswitch_sxid_events_total{" not in body
         page = wait_for(f"{url}/", "</html>")  # rendered, and kept until what it shows changes
@@ -485,7 +486,8 @@ def test_the_kernel_log_is_resumed_where_the_last_run_stopped_with_the_counts_it
     """Issue 51: the reader started at "now" (a file: at its start), so an XID that made the daemon restart, or was
     logged while it was stopped, was never counted (a file's, counted again). Now the position it read to is
     committed with the counts it covers (the ledger's meta, in the save's transaction) and the next run goes on
-    after it: the XID logged while it was stopped is counted, the one before is not counted again."""
+    after it: the XID logged while it was stopped is counted, the one before is not counted again; the card's
+    lifetime counts by tier hold both (issue 56)."""
     import json as _json
 
     kern = tmp_path / "kern.log"
@@ -505,6 +507,10 @@ def test_the_kernel_log_is_resumed_where_the_last_run_stopped_with_the_counts_it
     since_start = {ln.split('xid="')[1].split('"')[0]: ln.rsplit(" ", 1)[1] for ln in second.splitlines()
                    if ln.startswith("gpuwear_xid_events_total{")}
     assert since_start == {"48": "1.0"}, since_start  # the 13 before the stop is not read again
+    # issue 56: by tier over the card's life, the 13 of the first run kept and the 48 read at this start counted
+    lifetime = {ln.split('tier="')[1].split('"')[0]: ln.rsplit(" ", 1)[1] for ln in second.splitlines()
+                if ln.startswith('gpuwear_xid_tier_events_total{gpu="1"')}
+    assert lifetime == {"act": "1.0", "watch": "1.0"}, lifetime
     report = subprocess.run([sys.executable, "-m", "gpuwear", "report", "--json", "--state-dir", str(state),
                              "--simulated", "demo"], capture_output=True, text=True, timeout=60, check=True)
     h100 = next(g for g in _json.loads(report.stdout)["gpus"] if "H100" in g["name"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import re
 import shutil
@@ -24,6 +25,7 @@ from gpuwear.families import GpuwearCollector
 from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, WEAR_METRICS, DaemonInfo, LedgerStatus, Published
 from gpuwear.sim.simulated import builtin_scenarios
 from gpuwear.tracker import WearTracker
+from gpuwear.wear.accumulate import GpuWear
 from helpers import examples
 
 GOLDEN = REPO / "tests" / "golden"
@@ -86,16 +88,33 @@ def test_lost_gpu_series(demo: Rig) -> None:
     assert 'gpuwear_sample_errors_total{gpu="0",kind="gpu_lost"' in text
 
 
-def test_xids_are_a_counter_per_tier_and_per_code_with_detail(demo: Rig) -> None:
-    """By default by the alert their code raises (act, watch), neither for a code the catalog says to ignore (43)
-    or whose line decides (74); per code with metrics.detail (the series budget: per-code detail only there)."""
+def test_xids_are_a_lifetime_counter_per_tier_and_per_code_with_detail(demo: Rig) -> None:
+    """By default by the alert their code raises (act, watch) over the card's life in the ledger, 0 before the first
+    (issue 56: what a fleet reads must outlive restarts), neither for a code the catalog says to ignore (43) or whose
+    line decides (74); since the daemon started, per code, with metrics.detail (the series budget: per-code detail
+    only there). A new process over the same ledger (a restart: the sampler's counts start again at 0) still shows
+    the card's lifetime counts."""
+    wears: dict[str, GpuWear] = {}
+    tracker = WearTracker(wears, WearConfig())
+    tiers = r'gpuwear_xid_tier_events_total\{gpu="1",tier="(\w+)",uuid="[^"]+"\} (\S+)'
+    demo.run(1)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    assert re.findall(tiers, exposition(demo, "demo", tracker)) == [("act", "0.0"), ("watch", "0.0")]
     for code in (79, 79, 48, 13, 43, 74):
         demo.sampler.record_xid(1, code)
-    text = exposition(demo, "demo")
-    assert re.findall(r'gpuwear_xid_tier_events_total\{gpu="1",tier="(\w+)",uuid="[^"]+"\} (\S+)', text) == \
-        [("act", "3.0"), ("watch", "1.0")]
+    demo.run(1)
+    tracker.observe(demo.sampler.snapshot, demo.clock.monotonic(), demo.clock.wall())
+    text = exposition(demo, "demo", tracker)
+    assert re.findall(tiers, text) == [("act", "3.0"), ("watch", "1.0")]
     assert "gpuwear_xid_events_total{" not in text and "last_xid" not in text
-    detail = exposition(demo, "demo", detail=True)
+    restarted = make_rig("demo")
+    gate = WearConfig().cycles.hysteresis_celsius  # through the ledger's JSON, as a restart reads it
+    after = WearTracker({u: GpuWear.from_json(json.loads(json.dumps(w.to_json())), gate) for u, w in wears.items()},
+                        WearConfig())
+    restarted.run(1)
+    after.observe(restarted.sampler.snapshot, restarted.clock.monotonic(), restarted.clock.wall())
+    assert re.findall(tiers, exposition(restarted, "demo", after)) == [("act", "3.0"), ("watch", "1.0")]
+    detail = exposition(demo, "demo", tracker, detail=True)
     assert re.findall(r'gpuwear_xid_events_total\{gpu="1",uuid="[^"]+",xid="(\d+)"\} (\S+)', detail) == \
         [("13", "1.0"), ("43", "1.0"), ("48", "1.0"), ("74", "1.0"), ("79", "2.0")]
 

@@ -161,9 +161,11 @@ def test_a_push_holds_what_metrics_serves_at_the_same_moment(tmp_path: Path,
     assert errors[("1", "pcie_replay", "correctable", None)] == 4
     assert errors[("0", "pcie_replay", "correctable", None)] == 0
     # issue 57: by NVIDIA's catalog; by default by the alert their code raises (per code: metrics.detail)
-    xids = {(a["hw.id"][-1], a["gpuwear.xid.tier"]): a["gpuwear.error.category"] for a, _, _, _ in pushed["hw.errors"]
-            if a["error.type"] == "xid"}
-    assert xids == {("0", "act"): "fatal", ("1", "watch"): "uncorrectable"}, xids
+    # (issue 56: each card's lifetime count, both tiers, 0 where none)
+    xids = {(a["hw.id"][-1], a["gpuwear.xid.tier"]): (a["gpuwear.error.category"], v)
+            for a, v, _, _ in pushed["hw.errors"] if a["error.type"] == "xid"}
+    assert xids == {("0", "act"): ("fatal", 1), ("0", "watch"): ("uncorrectable", 0),
+                    ("1", "act"): ("fatal", 0), ("1", "watch"): ("uncorrectable", 1)}, xids
     shapes = sorted({f"{name} {unit} {kind} {' '.join(sorted({k for a, _, _, _ in ps for k in a}))}"
                      for name, ps in pushed.items() for _, _, unit, kind in ps})
     text = "\n".join(shapes) + "\n"

@@ -893,7 +893,9 @@ def _secret(path: str | None, flag: str) -> str | None:
 
 FLEET_CANNOT_SEE = ["cards never scraped into this store", "a card's history before gpuwear first read it",
                     "daemons older than the lifetime series (no gpuwear_lifetime_observed_seconds_total)",
-                    "incidents of a span the store no longer holds"]
+                    "incidents of a span the store no longer holds",
+                    "XIDs counted by daemons before 2026-12-07 (their XID counts began at each start, not with the "
+                    "card's life)"]
 
 
 def _fleet(args: argparse.Namespace) -> int:
@@ -920,7 +922,8 @@ def _fleet(args: argparse.Namespace) -> int:
     short = got.earliest is not None and got.earliest > start + 2 * 3600
     begins = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(got.earliest or 0))
     retention = (None if not short else f"the store's data begins {begins}: the {args.span} asked reach before it "
-                 "(its retention?); the rates cover what it holds")
+                 "(its retention?); a card it holds from then is counted from its first sight, by its ledger's "
+                 "lifetime figures (exposure and incidents alike)")
     result = {"schema_version": 1, "store": args.prometheus, "source": got.source, "span_seconds": got.span_seconds,
               "at": got.at, "earliest": got.earliest, "retention_short": retention,
               "cards": [vars(c) for c in got.cards], **doc, "cannot_see": FLEET_CANNOT_SEE,
@@ -937,9 +940,8 @@ def _fleet(args: argparse.Namespace) -> int:
             return _fail(f"--html {printable(args.html)}: {exc.strerror or exc}", EXIT_FAILURE)
         print(f"wrote {printable(args.html)}: open it in a browser")
         return 0
-    lines = [f"{len(got.cards)} card(s) in {args.prometheus}, over the last {args.span} (from its {got.source}"
-             + ("; XID counters count since each daemon started: a restart within the span loses its earlier events"
-               if got.source == "raw series" else "") + ")"]
+    lines = [f"{len(got.cards)} card(s) in {args.prometheus}, over the last {args.span} (from its {got.source}; "
+             "a card first held within it: from its first sight)"]
     if retention:
         lines.append(retention)
     if not got.cards:

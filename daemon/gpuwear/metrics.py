@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from gpuwear.health import STATUS_ORDER
-from gpuwear.health.xids import alert_tier
 from gpuwear.sample import CLOCK_EVENT_REASONS, pcie_downgraded
 from gpuwear.sampler import GpuStatus, Snapshot
 from gpuwear.tracker import BASIC_CYCLE_RANGES, BASIC_THRESHOLDS, CYCLE_LABELS, WearView
@@ -183,14 +182,6 @@ def _nvlink_links(status: GpuStatus) -> Series:
     return [((str(link), _NVLINK_KINDS.get(field, field)), float(n)) for link, field, n in counts or ()]
 
 
-def _xid_tiers(status: GpuStatus) -> Series:
-    tiers: dict[str, int] = {}
-    for code, count in status.xids.items():
-        if (tier := alert_tier(code)) is not None:
-            tiers[tier] = tiers.get(tier, 0) + count
-    return [((tier,), float(tiers[tier])) for tier in sorted(tiers)]
-
-
 def _pcie_downgraded(status: GpuStatus) -> float | None:
     down = pcie_downgraded(status.sample) if status.sample is not None else None
     return None if down is None else float(down)
@@ -337,18 +328,12 @@ GPU_METRICS: tuple[MetricDef[GpuStatus], ...] = (
        "R570+; Blackwell and newer datacenter boards): one circuit, not the card's life.", (),
        _value(lambda s: s.sample.power_smoothing_life_percent / 100
               if s.sample and s.sample.power_smoothing_life_percent is not None else None), detail=True),
-    MetricDef("gpuwear_xid_tier_events_total", "counter", "", "XID (critical error) events by the alert NVIDIA's "
-       "catalog gives their code (health.xids): act (a GPU reset, a reboot or service: GpuwearXidCritical) and watch "
-       "(restart the application, contact support, or a code newer than the catalog: GpuwearXidWatch), counted as "
-       "gpuwear_xid_events_total counts them; the codes the catalog says to ignore and those whose line decides (XID "
-       "74, 144-150: the verdict names them) only per code, there. Which code: gpuwear_xid_last, the verdict's "
-       "reasons.", ("tier",), _xid_tiers),
     MetricDef("gpuwear_xid_events_total", "counter", "", "XID (critical error) events by code, from the "
        "NVML event set and the driver's lines in the kernel log (health.kernel_log; XID 79, 119 and 120 only there), "
        "one told by both counted once, since the daemon started; the kernel log is read on from where the last run "
        "stopped, so an XID logged while the daemon was stopped (one that made it restart, one at boot) counts in the "
        "run that reads it. Per code: metrics.detail (by default gpuwear_xid_tier_events_total counts them by "
-       "alert).", ("xid",), _counts("xids"), detail=True),
+       "alert over the GPU's life).", ("xid",), _counts("xids"), detail=True),
     MetricDef("gpuwear_xid_last", "gauge", "", "The code of the last XID event since the daemon started (what "
        "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gives); absent before the first.", (),
        _value(lambda s: s.last_xid)),
@@ -565,6 +550,16 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "aging (central band) split by kind (job / idle / unattributed), as time at "
                   "wear.arrhenius.reference_celsius.",
                   ("kind",), lambda v: [((k,), a[2]) for k, a in v.attributed.items()]),
+    MetricDef("gpuwear_xid_tier_events_total", "counter", "", "XID (critical error) events over the GPU's life in "
+                  "the ledger (they outlive restarts; 0 until the first), by the alert NVIDIA's catalog gives their "
+                  "code (health.xids): act (a GPU reset, a reboot or service: GpuwearXidCritical) and watch (restart "
+                  "the application, contact support, or a code newer than the catalog: GpuwearXidWatch); the codes "
+                  "the catalog says to ignore and those whose line decides (XID 74, 144-150: the verdict names them) "
+                  "in neither. After a crash it can read less for a while than last scraped (events not yet saved, "
+                  "taken again from the kernel log): read it as a level, as the shipped rules do, not with "
+                  "increase(). Which code: gpuwear_xid_last, the verdict's reasons; since the daemon started, per "
+                  "code: gpuwear_xid_events_total (metrics.detail).", ("tier",),
+                  lambda v: [((tier,), n) for tier, n in sorted(v.xid_tiers.items())]),
     MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
                   "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "
                   "card cannot report is a reason of severity unknown).", ("status",), _status,

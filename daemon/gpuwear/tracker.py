@@ -26,6 +26,7 @@ from gpuwear.health.xids import (
     SERVICE,
     XID_APP,
     XID_UNIT_APP,
+    alert_tier,
     line_step,
     lookup,
 )
@@ -118,6 +119,9 @@ class WearView(NamedTuple):
     jobs: tuple[Job, ...]  # running on the GPU now
     # error counters by load (GpuWear.error_counts): (counter, "loaded" | "idle") -> (events, seconds watched)
     errors: Mapping[tuple[str, str], tuple[float, float]] = MappingProxyType({})
+    # XID events over the card's life in the ledger by the alert their code raises (health.xids.alert_tier): both
+    # tiers, 0 where none
+    xid_tiers: Mapping[str, float] = MappingProxyType({"act": 0.0, "watch": 0.0})
 
 
 def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = True,
@@ -173,7 +177,18 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
         errors=MappingProxyType({(name, load): (c[1 + 2 * i], c[2 * i])
                                  for name, c in sorted(w.error_counts.items())
                                  for i, load in enumerate(("loaded", "idle"))}) if detail else MappingProxyType({}),
+        xid_tiers=MappingProxyType(lifetime_xid_tiers(w.xids)),
     )
+
+
+def lifetime_xid_tiers(xids: Mapping[str, int]) -> dict[str, float]:
+    """A ledger's lifetime XID counts (code -> events, GpuWear.xids) by the alert their code raises: "act" and
+    "watch", each 0 where none; the codes the catalog says to ignore and those whose line decides in neither."""
+    tiers = {"act": 0.0, "watch": 0.0}
+    for code, n in xids.items():
+        if code.isdigit() and (tier := alert_tier(int(code))) is not None:
+            tiers[tier] += n
+    return tiers
 
 
 # NVML told of an XID 74: its kernel-log line, if any, comes within sampler.XID_SAME_SECONDS

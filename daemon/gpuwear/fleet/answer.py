@@ -2,7 +2,8 @@
 
 Each card: its product, its lifetime heat aging (the central estimate, equivalent hours at the reference
 temperature: gpuwear_thermal_aging_equivalent_seconds), the time gpuwear observed it within the span asked (its
-exposure, in GPU-years) and its incidents in that span (critical XIDs: NVIDIA's catalog's act tier). The cards
+exposure, in GPU-years) and its incidents in that span (critical XIDs: NVIDIA's catalog's act tier); for a card the
+store first holds within the span, both from its first sight (the ledger's lifetime figures). The cards
 are held apart by product and by age stratum (the time gpuwear has observed the card: under a year, 1 to 3 years, 3
 years or more; an older card has carried more heat simply by being older, and may fail more for that alone). Within a
 product and stratum, the cards are split by heat aging into buckets (quartiles from 8 cards, halves from 2); each

@@ -2,8 +2,7 @@
 Mimir (its tenant in X-Scope-OrgID), VictoriaMetrics. Basic or bearer auth, a CA file.
 
 The recording rules of deploy/prometheus/gpuwear-fleet-rules.yml (one series per card and figure an hour) where
-the store holds them; else the raw series gpuwear exports, said as such (its XID counter counts since the daemon
-started: a restart within the span loses the events before it).
+the store holds them; else the raw series gpuwear exports, said as such.
 """
 
 from __future__ import annotations
@@ -21,26 +20,29 @@ from typing import Any
 from gpuwear.fleet.answer import Card
 
 _BY = "job, instance, gpu, uuid"
-_XIDS = 'gpuwear_xid_tier_events_total{{tier="act"}}'  # GpuwearXidCritical's, as the fleet rules count them
+_XIDS = 'gpuwear_xid_tier_events_total{{tier="act"}}'  # GpuwearXidCritical's, each card's lifetime count
 
+# A card's figures over the span: its lifetime figures at their largest there less their value just before it; a
+# card the store first holds within the span, from its first sight (its whole life in the ledger, exposure and
+# incidents alike: the store did not see its start, the ledger did). Its incidents: its lifetime count of critical
+# XIDs taken the same way, a level which neither a restart nor a crash's dip inflates.
+_SINCE = ("(max_over_time({x}[{{span}}]) - (last_over_time({x}[{back}] offset {{span}})"
+          " or 0 * max_over_time({x}[{{span}}])))")
 RULES = {
     "product": "last_over_time(gpuwear:gpu_product[{span}])",
     "lifetime": "max_over_time(gpuwear:lifetime_observed_seconds[{span}])",
-    "before": "min_over_time(gpuwear:lifetime_observed_seconds[{span}])",
+    "exposure": _SINCE.format(x="gpuwear:lifetime_observed_seconds", back="2h"),
     "aging": "max_over_time(gpuwear:thermal_aging_equivalent_seconds:central[{span}])",
-    "incidents": "sum_over_time(gpuwear:xid_critical_events:increase1h[{span}])",
+    "incidents": _SINCE.format(x="gpuwear:xid_critical_events:lifetime", back="2h"),
     "act_hours": "sum_over_time(gpuwear:health_act:max1h[{span}])",
     "earliest": "min_over_time(timestamp(gpuwear:lifetime_observed_seconds)[{span}:1h])",
 }
 RAW = {
     "product": "last_over_time(gpuwear_gpu_info[{span}])",
     "lifetime": "max_over_time(gpuwear_lifetime_observed_seconds_total[{span}])",
-    "before": "min_over_time(gpuwear_lifetime_observed_seconds_total[{span}])",
+    "exposure": _SINCE.format(x="gpuwear_lifetime_observed_seconds_total", back="1h"),
     "aging": 'max_over_time(gpuwear_thermal_aging_equivalent_seconds{{sensor="gpu", band="central"}}[{span}])',
-    # a series there at the span's start: its increase; one that appeared within it: its largest value (increase()
-    # misses an appearing series' first events; a restarted daemon's are then its new series' alone)
-    "incidents": f'sum by ({_BY}) ((increase({_XIDS}[{{span}}]) and last_over_time({_XIDS}[1h] offset {{span}})) '
-                 f'or max_over_time({_XIDS}[{{span}}]))',
+    "incidents": f"max by ({_BY}) " + _SINCE.format(x=_XIDS, back="1h"),
     "earliest": "min_over_time(timestamp(gpuwear_lifetime_observed_seconds_total)[{span}:5m])",
 }
 
@@ -134,13 +136,13 @@ def figures(store: Store, span_seconds: float, at: float | None = None) -> Figur
         card = by_uuid.setdefault(labels.get("uuid", "?"), {})
         card["product"] = labels.get("name") or "?"
         card["where"] = f"{labels.get('instance', '?')} GPU {labels.get('gpu', '?')}"
-    for name in ("lifetime", "before", "aging", "incidents", "act_hours"):
+    for name in ("lifetime", "exposure", "aging", "incidents", "act_hours"):
         for sample in got.get(name, []):
             card = by_uuid.setdefault(sample["metric"].get("uuid", "?"), {})
             value = _value(sample)
             card[name] = card.get(name, 0.0) + value if name == "incidents" else max(card.get(name, value), value)
     cards = [Card(uuid, c.get("product", "?"), c.get("where", "?"), c.get("aging", 0.0) / 3600.0,
-                  max(0.0, c.get("lifetime", 0.0) - c.get("before", 0.0)), round(c.get("incidents", 0.0)),
+                  max(0.0, c.get("exposure", 0.0)), round(max(0.0, c.get("incidents", 0.0))),
                   c.get("act_hours") if rules else None, c.get("lifetime"))
              for uuid, c in sorted(by_uuid.items()) if "lifetime" in c]
     earliest = min((_value(s) for s in got["earliest"]), default=None)
