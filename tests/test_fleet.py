@@ -111,6 +111,10 @@ def test_gpuwear_fleet_answers_from_the_long_term_store(results: fleet.Results) 
     assert len(incidents) == len(stress) and set(incidents.values()) == {1}, incidents
     assert all(c["product"] == "Tesla V100-PCIE-16GB" for u, c in cards.items() if u in incidents)
     assert all(c["exposure_seconds"] > 0 for c in cards.values())
+    # each card's reasons while in the span (the XID 48: its verdict's xid_N) and its band: none by default (the
+    # parameter extremes are metrics.detail's), said so
+    assert all("xid_N" in cards[u]["reasons"] for u in incidents), {u: cards[u]["reasons"] for u in incidents}
+    assert all(c["aging_band_hours"] is None for c in cards.values())
     total = sum(p["total"]["incidents"] for p in doc["products"])
     assert total == len(stress) and {p["product"] for p in doc["products"]} >= {"NVIDIA H100 80GB HBM3"}
     v100 = next(p for p in doc["products"] if p["product"] == "Tesla V100-PCIE-16GB")

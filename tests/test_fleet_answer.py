@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from gpuwear.fleet.answer import YEAR_SECONDS, Card, answer, garwood, poisson_at_least, words
+from gpuwear.fleet.answer import YEAR_SECONDS, Card, answer, card_lines, garwood, poisson_at_least, words
 
 
 def test_the_exact_poisson_intervals_and_tails_match_their_closed_forms() -> None:
@@ -118,3 +118,21 @@ def test_age_is_held_apart_so_an_age_effect_is_not_read_as_wear() -> None:
     assert not any(p["hottest_above_coolest"] for p in held)
     assert "NVIDIA A100-SXM4-80GB, observed 3 years or more: 40 card(s)" in "\n".join(words(answer(cards)))
     assert answer([Card("GPU-x", "p", "w", 1.0, YEAR_SECONDS, 0)])["products"][0]["stratum"] == "age unknown"
+
+
+def test_every_card_is_listed_by_product_with_its_band_incidents_and_reasons() -> None:
+    """Issue 56 item 3: "cards by product; wear per card with its band; incidents and reasons per card". The band
+    where the store holds it (the parameter extremes are metrics.detail's), said as missing where not."""
+    cards = [Card("GPU-b", "NVIDIA H100 80GB HBM3", "n2:9941 GPU 0", 1234.4, 86400.0 * 3, 2, None, None,
+                  (800.0, 2100.0), ("xid_N", "retired_pages")),
+             Card("GPU-a", "Tesla V100-PCIE-16GB", "n1:9941 GPU 1", 10.0, 86400.0, 0),
+             Card("GPU-c", "NVIDIA H100 80GB HBM3", "n1:9941 GPU 3", 99.0, 43200.0, 0)]
+    assert card_lines(cards) == [
+        "NVIDIA H100 80GB HBM3:",
+        "  n1:9941 GPU 3 (GPU-c): heat aging 99 equivalent hours (central; its band needs metrics.detail), 0.5 day(s) "
+        "observed, 0 incident(s), no reason",
+        "  n2:9941 GPU 0 (GPU-b): heat aging 1,234 equivalent hours (band 800 to 2,100), 3 day(s) observed, 2 "
+        "incident(s), reasons xid_N, retired_pages",
+        "Tesla V100-PCIE-16GB:",
+        "  n1:9941 GPU 1 (GPU-a): heat aging 10 equivalent hours (central; its band needs metrics.detail), 1 day(s) "
+        "observed, 0 incident(s), no reason"]

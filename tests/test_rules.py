@@ -250,7 +250,8 @@ def test_the_fleet_rules_check_keep_few_labels_and_count_the_critical_xids() -> 
     kept = {"job", "instance", "gpu", "uuid"}
     for r in rules:
         by = {label.strip() for group in re.findall(r"by \(([^)]*)\)", r["expr"]) for label in group.split(",")}
-        assert by and by <= kept | ({"name"} if r["record"] == "gpuwear:gpu_product" else set()), r["record"]
+        extra = {"gpuwear:gpu_product": {"name"}, "gpuwear:health_reason:max1h": {"code"}}.get(r["record"], set())
+        assert by and by <= kept | extra, r["record"]
     (incidents,) = [r for r in rules if r["record"] == "gpuwear:xid_critical_events:lifetime"]
     critical = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
                     if r.get("alert") == "GpuwearXidCritical")

@@ -891,7 +891,9 @@ def _secret(path: str | None, flag: str) -> str | None:
         raise OSError(f"{flag} {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-FLEET_CANNOT_SEE = ["cards never scraped into this store", "a card's history before gpuwear first read it",
+FLEET_CANNOT_SEE = ["cards never scraped into this store",
+                    "a card's history before gpuwear first read it (what it carried then is in its passport: "
+                    "`gpuwear passport GPU` on its node)",
                     "daemons older than the lifetime series (no gpuwear_lifetime_observed_seconds_total)",
                     "incidents of a span the store no longer holds",
                     "XIDs counted by daemons before 2026-12-07 (their XID counts began at each start, not with the "
@@ -899,7 +901,7 @@ FLEET_CANNOT_SEE = ["cards never scraped into this store", "a card's history bef
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from gpuwear.fleet.answer import answer, words
+    from gpuwear.fleet.answer import answer, card_lines, words
     from gpuwear.fleet.client import FleetError, Store, figures
     from gpuwear.jobs.report import parse_duration
 
@@ -948,6 +950,9 @@ def _fleet(args: argparse.Namespace) -> int:
         lines.append("no gpuwear card in the span: is the store scraping gpuwear (job gpuwear), and for this long?")
     else:
         lines += words(doc)
+        lines.append("Every card (the verdict's reasons while in the span, by code: `gpuwear report` on its node "
+                     "says each):")
+        lines += card_lines(got.cards)
     lines.append("It cannot see: " + "; ".join(FLEET_CANNOT_SEE) + ".")
     lines.append(f"({store.queries} queries, {store.bytes} bytes read)")
     _show("\n".join(lines))

@@ -105,6 +105,9 @@ class Card:
     incidents: int
     act_hours: float | None = None
     age_seconds: float | None = None  # the time gpuwear has observed it in all (its age as gpuwear knows it)
+    # the heat aging's band (low and high parameter sets, equivalent hours) where the store holds it (metrics.detail)
+    aging_band_hours: tuple[float, float] | None = None
+    reasons: tuple[str, ...] = ()  # the verdict's reasons while in the span, by their rule's code
 
 
 # the age strata, by the time gpuwear has observed the card: (up to, in seconds, name)
@@ -172,6 +175,31 @@ def answer(cards: list[Card], strata: bool = True) -> dict[str, Any]:
 
 def _per(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3g}"
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"
+
+
+def band(card: Card) -> str:
+    """A card's heat aging in words: its central estimate with its band where known."""
+    central = f"{_hours(card.aging_hours)} equivalent hours"
+    if card.aging_band_hours is None:
+        return f"{central} (central; its band needs metrics.detail)"
+    low, high = card.aging_band_hours
+    return f"{central} (band {_hours(low)} to {_hours(high)})"
+
+
+def card_lines(cards: list[Card]) -> list[str]:
+    """Every card, by product, a line each: where, heat aging with its band, observed days, incidents, reasons."""
+    lines = []
+    for product in sorted({c.product for c in cards}):
+        lines.append(f"{product}:")
+        for c in sorted((c for c in cards if c.product == product), key=lambda c: (c.where, c.uuid)):
+            lines.append(f"  {c.where} ({c.uuid}): heat aging {band(c)}, {c.exposure_seconds / 86400:.3g} day(s) "
+                         f"observed, {c.incidents} incident(s)"
+                         + (f", reasons {', '.join(c.reasons)}" if c.reasons else ", no reason"))
+    return lines
 
 
 def words(doc: dict[str, Any]) -> list[str]:

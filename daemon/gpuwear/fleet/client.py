@@ -33,6 +33,9 @@ RULES = {
     "lifetime": "max_over_time(gpuwear:lifetime_observed_seconds[{span}])",
     "exposure": _SINCE.format(x="gpuwear:lifetime_observed_seconds", back="2h"),
     "aging": "max_over_time(gpuwear:thermal_aging_equivalent_seconds:central[{span}])",
+    "aging_low": "max_over_time(gpuwear:thermal_aging_equivalent_seconds:low[{span}])",
+    "aging_high": "max_over_time(gpuwear:thermal_aging_equivalent_seconds:high[{span}])",
+    "reasons": "max by (uuid, code) (max_over_time(gpuwear:health_reason:max1h[{span}]))",
     "incidents": _SINCE.format(x="gpuwear:xid_critical_events:lifetime", back="2h"),
     "act_hours": "sum_over_time(gpuwear:health_act:max1h[{span}])",
     "earliest": "min_over_time(timestamp(gpuwear:lifetime_observed_seconds)[{span}:1h])",
@@ -42,6 +45,9 @@ RAW = {
     "lifetime": "max_over_time(gpuwear_lifetime_observed_seconds_total[{span}])",
     "exposure": _SINCE.format(x="gpuwear_lifetime_observed_seconds_total", back="1h"),
     "aging": 'max_over_time(gpuwear_thermal_aging_equivalent_seconds{{sensor="gpu", band="central"}}[{span}])',
+    "aging_low": 'max_over_time(gpuwear_thermal_aging_equivalent_seconds{{sensor="gpu", band="low"}}[{span}])',
+    "aging_high": 'max_over_time(gpuwear_thermal_aging_equivalent_seconds{{sensor="gpu", band="high"}}[{span}])',
+    "reasons": "max by (uuid, code) (max_over_time(gpuwear_health_reason[{span}]))",
     "incidents": f"max by ({_BY}) " + _SINCE.format(x=_XIDS, back="1h"),
     "earliest": "min_over_time(timestamp(gpuwear_lifetime_observed_seconds_total)[{span}:5m])",
 }
@@ -136,14 +142,19 @@ def figures(store: Store, span_seconds: float, at: float | None = None) -> Figur
         card = by_uuid.setdefault(labels.get("uuid", "?"), {})
         card["product"] = labels.get("name") or "?"
         card["where"] = f"{labels.get('instance', '?')} GPU {labels.get('gpu', '?')}"
-    for name in ("lifetime", "exposure", "aging", "incidents", "act_hours"):
+    for sample in got["reasons"]:  # the verdict's reasons while in the span, by code
+        by_uuid.setdefault(sample["metric"].get("uuid", "?"), {}).setdefault("reasons", set()).add(
+            sample["metric"].get("code", "?"))
+    for name in ("lifetime", "exposure", "aging", "aging_low", "aging_high", "incidents", "act_hours"):
         for sample in got.get(name, []):
             card = by_uuid.setdefault(sample["metric"].get("uuid", "?"), {})
             value = _value(sample)
             card[name] = card.get(name, 0.0) + value if name == "incidents" else max(card.get(name, value), value)
     cards = [Card(uuid, c.get("product", "?"), c.get("where", "?"), c.get("aging", 0.0) / 3600.0,
                   max(0.0, c.get("exposure", 0.0)), round(max(0.0, c.get("incidents", 0.0))),
-                  c.get("act_hours") if rules else None, c.get("lifetime"))
+                  c.get("act_hours") if rules else None, c.get("lifetime"),
+                  (c["aging_low"] / 3600.0, c["aging_high"] / 3600.0) if "aging_low" in c and "aging_high" in c
+                  else None, tuple(sorted(c.get("reasons", ()))))
              for uuid, c in sorted(by_uuid.items()) if "lifetime" in c]
     earliest = min((_value(s) for s in got["earliest"]), default=None)
     return Figures(cards, "recording rules" if rules else "raw series", earliest, span_seconds, at)

@@ -53,6 +53,11 @@ def _chart(buckets: list[dict[str, Any]], width: int = 360) -> str:
     return "".join(parts)
 
 
+def _band(card: dict[str, Any]) -> str:
+    band = card.get("aging_band_hours")
+    return "with metrics.detail" if band is None else f"{_g(band[0])} to {_g(band[1])}"
+
+
 def _product(p: dict[str, Any], confidence: float) -> str:
     t = p["total"]
     out = [f'<section class="gpu" data-product="{_e(p["product"])}"><h2>{_e(p["product"])}, {_e(p["stratum"])}</h2>',
@@ -100,12 +105,13 @@ def render(result: dict[str, Any], span: str) -> str:
     parts.append(f'<p>Test for a card that stands out: {_e(result["test"])}.</p>')
     if result["cards"]:
         parts.append('<details><summary>Every card</summary><div class="scroll"><table><tr><th>where</th>'
-                     '<th>UUID</th><th>product</th><th class="n">heat aging, h</th><th class="n">days observed</th>'
-                     '<th class="n">incidents</th></tr>'
+                     '<th>UUID</th><th>product</th><th class="n">heat aging, h</th><th class="n">band, h</th>'
+                     '<th class="n">days observed</th><th class="n">incidents</th><th>reasons</th></tr>'
                      + "".join(f'<tr><td>{_e(c["where"])}</td><td>{_e(c["uuid"])}</td><td>{_e(c["product"])}</td>'
-                               f'<td class="n">{_g(c["aging_hours"])}</td>'
+                               f'<td class="n">{_g(c["aging_hours"])}</td><td class="n">{_band(c)}</td>'
                                f'<td class="n">{c["exposure_seconds"] / 86400:.1f}</td>'
-                               f'<td class="n">{c["incidents"]}</td></tr>' for c in result["cards"])
+                               f'<td class="n">{c["incidents"]}</td>'
+                               f'<td>{_e(", ".join(c["reasons"]))}</td></tr>' for c in result["cards"])
                      + "</table></div></details>")
     parts.append("<p>It cannot see: " + "; ".join(_e(x) for x in result["cannot_see"]) + ".</p>")
     cost = result["cost"]
