@@ -8,7 +8,9 @@ Needs Debian's ``prometheus`` package; ./test.sh installs it. 25 to 45 s on 2 co
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,82 @@ def test_gpuwear_fleet_answers_from_the_long_term_store(results: fleet.Results) 
                        r'data-value="([^"]*)"', page)
     assert shown == [(str(b["bucket"]), str(b["incidents"]), str(b["rate_per_gpu_year"]))
                      for p in doc["products"] for b in p["buckets"]], shown
+
+
+def _history(now: float) -> str:
+    """Three hours of three cards' series as OpenMetrics, a sample a minute, ending at ``now``: GPU-A on n1 until
+    100 minutes ago (an XID at 105 minutes), then on n2 with its passport imported (its lifetime figures carry n1's),
+    one more XID 30 minutes ago; GPU-B on n1 throughout, 3 XIDs before the span, one at 60 minutes, then a crash's
+    dip (not yet saved: one less for two minutes); GPU-C new on n2 30 minutes ago, an XID 20 minutes ago."""
+    families: dict[str, list[str]] = {"gpuwear_gpu_info": [], "gpuwear_lifetime_observed_seconds_total": [],
+                                      "gpuwear_xid_tier_events_total": [],
+                                      "gpuwear_thermal_aging_equivalent_seconds": []}
+
+    def card(uuid: str, instance: str, minutes: range, observed: float, xids: Callable[[int], int]) -> None:
+        base = f'job="gpuwear",instance="{instance}",gpu="0",uuid="{uuid}"'
+        for m in minutes:  # minutes before now, counting down
+            t = now - 60 * m
+            families["gpuwear_gpu_info"].append(f'gpuwear_gpu_info{{{base},name="NVIDIA H100 80GB HBM3"}} 1 {t}')
+            families["gpuwear_lifetime_observed_seconds_total"].append(
+                f"gpuwear_lifetime_observed_seconds_total{{{base}}} {observed + 60 * (minutes.start - m)} {t}")
+            families["gpuwear_xid_tier_events_total"].append(
+                f'gpuwear_xid_tier_events_total{{{base},tier="act"}} {xids(m)} {t}')
+            families["gpuwear_thermal_aging_equivalent_seconds"].append(
+                f'gpuwear_thermal_aging_equivalent_seconds{{{base},sensor="gpu",band="central"}} 100 {t}')
+
+    card("GPU-A", "n1:9941", range(180, 99, -1), 0.0, lambda m: 1 if m <= 105 else 0)
+    card("GPU-A", "n2:9941", range(99, -1, -1), 81 * 60.0, lambda m: 2 if m <= 30 else 1)
+    card("GPU-B", "n1:9941", range(180, -1, -1), 0.0, lambda m: 3 if m > 60 or m in (59, 58) else 4)
+    card("GPU-C", "n2:9941", range(30, -1, -1), 0.0, lambda m: 1 if m <= 20 else 0)
+    kinds = {"gpuwear_gpu_info": "gauge", "gpuwear_thermal_aging_equivalent_seconds": "gauge"}
+    out = []
+    for name, lines in families.items():
+        family = name.removesuffix("_total")
+        out.append(f"# TYPE {family} {kinds.get(name, 'counter')}")
+        out += lines
+    return "\n".join(out) + "\n# EOF\n"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_moved_card_counts_once_a_new_one_from_first_sight_and_a_crash_dip_is_no_incident(tmp_path: Path) -> None:
+    """Issue 56: a span's exposure and incidents are each card's lifetime figures (the ledger's) at their largest
+    less their value just before the span; a card the store first holds within it counts from its first sight. A
+    card moved between nodes with its passport counted once, from the ledger holding the most of its life (added up
+    across its instances, its first XID counted twice: 3); a crash that lost an XID not yet saved is no incident
+    (increase() reads that dip as a counter reset). Through a real Prometheus whose TSDB promtool built from the
+    series."""
+    import time
+
+    from gpuwear.fleet.client import FleetError, Store, figures
+    from helpers import free_port, started
+
+    now = float(int(time.time()) // 60 * 60)
+    source = tmp_path / "series.om"
+    source.write_text(_history(now))
+    tsdb = tmp_path / "tsdb"
+    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
+                   check=True, capture_output=True, timeout=120)
+    address = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global: {}\n")
+    with started([require("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
+                  f"--web.listen-address={address}"], tmp_path / "prometheus.log", tmp_path):
+        store = Store(f"http://{address}")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if store.query("count(gpuwear_gpu_info)", now):
+                    break
+            except FleetError:  # not listening yet
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+        got = figures(store, 2 * 3600.0, at=now)
+    cards = {c.uuid: c for c in got.cards}
+    assert got.source == "raw series" and set(cards) == {"GPU-A", "GPU-B", "GPU-C"}, got
+    a, b, c = cards["GPU-A"], cards["GPU-B"], cards["GPU-C"]
+    # GPU-A: n2's ledger (its whole life, n1's included), first held within the span: from its first sight
+    assert (a.where, a.incidents, a.exposure_seconds) == ("n2:9941 GPU 0", 2, 180 * 60.0), a
+    assert (b.incidents, b.exposure_seconds) == (1, 120 * 60.0), b  # present before the span: its difference
+    assert (c.incidents, c.exposure_seconds) == (1, 30 * 60.0), c

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import ssl
 import time
 import urllib.error
@@ -129,32 +130,38 @@ def _value(sample: dict[str, Any]) -> float:
 
 
 def figures(store: Store, span_seconds: float, at: float | None = None) -> Figures:
-    """Each card's figures over the ``span_seconds`` before ``at`` (now), by UUID (a card seen on several instances
-    counted once: its largest lifetime figures, its incidents added up)."""
+    """Each card's figures over the ``span_seconds`` before ``at`` (now), by UUID. A card seen on several instances
+    (moved between nodes) is counted once, with the figures of the instance that holds the most of its life, its
+    exposure and incidents from the same ledger (a card moved with its passport carries its history there: added up,
+    it would count twice)."""
     at = time.time() if at is None else at
     span = f"{int(span_seconds)}s"
     rules = bool(store.query("count(gpuwear:lifetime_observed_seconds)", at))
     queries = RULES if rules else RAW
     got = {name: store.query(q.format(span=span), at) for name, q in queries.items()}
-    by_uuid: dict[str, dict[str, Any]] = {}
+    seen: dict[tuple[str, str], dict[str, Any]] = {}  # (UUID, instance) -> that ledger's figures
     for sample in got["product"]:
         labels = sample["metric"]
-        card = by_uuid.setdefault(labels.get("uuid", "?"), {})
+        card = seen.setdefault((labels.get("uuid", "?"), labels.get("instance", "?")), {})
         card["product"] = labels.get("name") or "?"
         card["where"] = f"{labels.get('instance', '?')} GPU {labels.get('gpu', '?')}"
-    for sample in got["reasons"]:  # the verdict's reasons while in the span, by code
-        by_uuid.setdefault(sample["metric"].get("uuid", "?"), {}).setdefault("reasons", set()).add(
-            sample["metric"].get("code", "?"))
+    reasons: dict[str, set[str]] = {}  # the verdict's reasons while in the span, by code
+    for sample in got["reasons"]:
+        reasons.setdefault(sample["metric"].get("uuid", "?"), set()).add(sample["metric"].get("code", "?"))
     for name in ("lifetime", "exposure", "aging", "aging_low", "aging_high", "incidents", "act_hours"):
         for sample in got.get(name, []):
-            card = by_uuid.setdefault(sample["metric"].get("uuid", "?"), {})
-            value = _value(sample)
-            card[name] = card.get(name, 0.0) + value if name == "incidents" else max(card.get(name, value), value)
+            labels = sample["metric"]
+            card = seen.setdefault((labels.get("uuid", "?"), labels.get("instance", "?")), {})
+            card[name] = max(card.get(name, -math.inf), _value(sample))
+    by_uuid: dict[str, dict[str, Any]] = {}
+    for (uuid, _), c in seen.items():
+        if "lifetime" in c and c["lifetime"] > by_uuid.get(uuid, {}).get("lifetime", -math.inf):
+            by_uuid[uuid] = c
     cards = [Card(uuid, c.get("product", "?"), c.get("where", "?"), c.get("aging", 0.0) / 3600.0,
                   max(0.0, c.get("exposure", 0.0)), round(max(0.0, c.get("incidents", 0.0))),
                   c.get("act_hours") if rules else None, c.get("lifetime"),
                   (c["aging_low"] / 3600.0, c["aging_high"] / 3600.0) if "aging_low" in c and "aging_high" in c
-                  else None, tuple(sorted(c.get("reasons", ()))))
-             for uuid, c in sorted(by_uuid.items()) if "lifetime" in c]
+                  else None, tuple(sorted(reasons.get(uuid, ()))))
+             for uuid, c in sorted(by_uuid.items())]
     earliest = min((_value(s) for s in got["earliest"]), default=None)
     return Figures(cards, "recording rules" if rules else "raw series", earliest, span_seconds, at)
