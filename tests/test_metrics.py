@@ -756,3 +756,34 @@ def test_the_scrape_path_loads_no_ledger_code() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     loaded, store = out.stdout.splitlines()
     assert loaded == "[]" and store == "True", out.stdout
+
+
+def test_what_a_card_carried_at_first_sight_is_exported_with_detail() -> None:
+    """Issue 56 item 1, what stays detail-only is said and can be read: the card's state when gpuwear first read it
+    (its passport's "before gpuwear" part: issue 55) and when that was, with metrics.detail; by default neither (the
+    series budget: the stressed H100 is at 60). A used H100 that arrives with 7 corrected and 2 uncorrected
+    aggregate ECC errors and 3 rows remapped keeps those values however the counts grow after."""
+    rig = make_rig({"gpus": [{"product": "h100-sxm", "carried": {"ecc_corrected": 7, "ecc_uncorrected": 2,
+                                                                  "remapped_corrected": 3}},
+                             {"product": "h100-sxm"}]})
+    tracker = WearTracker({}, WearConfig())
+    for _ in range(3):
+        rig.run(1)
+        tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    first = rig.clock.wall() - 2
+    rig.simulation.gpus[0].state.ecc_corrected_aggregate += 5  # grows after the first read: the first-sight value stays
+    rig.run(31)  # past the slow interval, where the ECC counts are read
+    tracker.observe(rig.sampler.snapshot, rig.clock.monotonic(), rig.clock.wall())
+    detail = _samples(exposition(rig, "used", tracker, detail=True))
+    used = {k.split('reading="')[1].split('"')[0]: v for k, v in detail.items()
+            if k.startswith('gpuwear_first_sight_reading{gpu="0"')}
+    assert (used["ecc_corrected_aggregate"], used["ecc_uncorrected_aggregate"], used["remapped_rows_corrected"]) == \
+        (7.0, 2.0, 3.0), used
+    assert next(v for k, v in detail.items() if k.startswith('gpuwear_ecc_errors_total{counter="aggregate",error='
+                                                              '"corrected",gpu="0"')) == 12.0
+    fresh = {k.split('reading="')[1].split('"')[0]: v for k, v in detail.items()
+             if k.startswith('gpuwear_first_sight_reading{gpu="1"')}
+    assert fresh["ecc_corrected_aggregate"] == 0.0 and fresh["remapped_rows_corrected"] == 0.0, fresh
+    seen = [v for k, v in detail.items() if k.startswith("gpuwear_first_sight_timestamp_seconds{")]
+    assert seen == [first, first], (seen, first)
+    assert "gpuwear_first_sight" not in exposition(rig, "used", tracker)

@@ -560,6 +560,15 @@ WEAR_METRICS: tuple[MetricDef[WearView], ...] = (
                   "increase(). Which code: gpuwear_xid_last, the verdict's reasons; since the daemon started, per "
                   "code: gpuwear_xid_events_total (metrics.detail).", ("tier",),
                   lambda v: [((tier,), n) for tier, n in sorted(v.xid_tiers.items())]),
+    MetricDef("gpuwear_first_sight_timestamp_seconds", "gauge", "seconds", "Unix time gpuwear first read the GPU "
+                  "(the ledger's first sight of it; its history before is the card's own).", (),
+                  _value(lambda v: v.first_seen), detail=True),
+    MetricDef("gpuwear_first_sight_reading", "gauge", "", "What the card carried when gpuwear first read it, by "
+                  "reading: its lifetime counts (aggregate ECC errors, by location where it answers; retired pages; "
+                  "remapped rows; memory banks with no spare rows left) and levels (the recovery action the driver "
+                  "asked for; the power-smoothing circuit's life left, percent): the passport's \"before gpuwear\" "
+                  "part (gpuwear passport), absent for a reading the card did not give then.", ("reading",),
+                  _wear_map("carried"), detail=True),
     MetricDef("gpuwear_health_status", "gauge", "", "Health verdict on what the card reports: 1 for the current "
                   "status (ok, watch, act), 0 for the others (unknown, always 0, only with metrics.detail: what a "
                   "card cannot report is a reason of severity unknown).", ("status",), _status,
