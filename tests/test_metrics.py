@@ -25,7 +25,7 @@ from gpuwear.families import GpuwearCollector
 from gpuwear.metrics import DAEMON_METRICS, GPU_METRICS, WEAR_METRICS, DaemonInfo, LedgerStatus, Published
 from gpuwear.sim.simulated import builtin_scenarios
 from gpuwear.tracker import WearTracker
-from gpuwear.wear.accumulate import GpuWear
+from gpuwear.wear.accumulate import FIRST_READS, GpuWear
 from helpers import examples
 
 GOLDEN = REPO / "tests" / "golden"
@@ -765,7 +765,7 @@ def test_what_a_card_carried_at_first_sight_is_exported_with_detail() -> None:
     aggregate ECC errors and 3 rows remapped keeps those values however the counts grow after."""
     rig = make_rig({"gpus": [{"product": "h100-sxm", "carried": {"ecc_corrected": 7, "ecc_uncorrected": 2,
                                                                   "remapped_corrected": 3}},
-                             {"product": "h100-sxm"}]})
+                             {"product": "h100-sxm"}, {"product": "v100", "carried": {"retired_single_bit": 3}}]})
     tracker = WearTracker({}, WearConfig())
     for _ in range(3):
         rig.run(1)
@@ -784,6 +784,11 @@ def test_what_a_card_carried_at_first_sight_is_exported_with_detail() -> None:
     fresh = {k.split('reading="')[1].split('"')[0]: v for k, v in detail.items()
              if k.startswith('gpuwear_first_sight_reading{gpu="1"')}
     assert fresh["ecc_corrected_aggregate"] == 0.0 and fresh["remapped_rows_corrected"] == 0.0, fresh
+    # a pre-Ampere card's retired pages; the date of its newest carried page is no reading (a Unix time: the
+    # passport gives it)
+    v100 = {k.split('reading="')[1].split('"')[0]: v for k, v in detail.items()
+            if k.startswith('gpuwear_first_sight_reading{gpu="2"')}
+    assert v100["retired_pages_single_bit"] == 3.0 and set(v100) <= FIRST_READS, v100
     seen = [v for k, v in detail.items() if k.startswith("gpuwear_first_sight_timestamp_seconds{")]
-    assert seen == [first, first], (seen, first)
+    assert seen == [first, first, first], (seen, first)
     assert "gpuwear_first_sight" not in exposition(rig, "used", tracker)

@@ -34,7 +34,7 @@ from gpuwear.jobs.attribute import JobAccounts, JobRecord
 from gpuwear.jobs.resolve import Job, Unseen
 from gpuwear.sample import FIRMWARE, VGPU_GUEST, GpuIdentity, GpuSample
 from gpuwear.sampler import GpuStatus, Snapshot
-from gpuwear.wear.accumulate import LOADED_UTILIZATION, GpuWear
+from gpuwear.wear.accumulate import FIRST_READS, LOADED_UTILIZATION, GpuWear
 from gpuwear.wear.events import Event
 from gpuwear.wear.models import (
     BANDS,
@@ -122,7 +122,7 @@ class WearView(NamedTuple):
     # XID events over the card's life in the ledger by the alert their code raises (health.xids.alert_tier): both
     # tiers, 0 where none
     xid_tiers: Mapping[str, float] = MappingProxyType({"act": 0.0, "watch": 0.0})
-    # what the card carried when gpuwear first read it (GpuWear.health's "carried NAME": accumulate._FIRST_READS)
+    # what the card carried when gpuwear first read it (GpuWear.health's "carried NAME" of accumulate.FIRST_READS)
     # and when that was (Unix s): with metrics.detail only
     carried: Mapping[str, float] = MappingProxyType({})
     first_seen: float | None = None
@@ -182,9 +182,8 @@ def view(w: GpuWear, p: WearConfig, jobs: tuple[Job, ...] = (), detail: bool = T
                                  for name, c in sorted(w.error_counts.items())
                                  for i, load in enumerate(("loaded", "idle"))}) if detail else MappingProxyType({}),
         xid_tiers=MappingProxyType(lifetime_xid_tiers(w.xids)),
-        carried=MappingProxyType({k.removeprefix("carried "): float(v) for k, v in sorted(w.health.items())
-                                  if k.startswith("carried ") and isinstance(v, (int, float))
-                                  and not isinstance(v, bool)} if detail else {}),
+        carried=MappingProxyType({name: float(w.health[f"carried {name}"]) for name in sorted(FIRST_READS)
+                                  if f"carried {name}" in w.health} if detail else {}),
         first_seen=w.first_seen if detail else None,
     )
 

@@ -286,7 +286,7 @@ CARRIED_LEVELS = frozenset({"power_smoothing_life_percent", "recovery_action"})
 # ... and the aggregate ECC counts by where they came (their totals are CARRIED_COUNTS' and judged as such)
 CARRIED_BY_LOCATION = ("ecc_corrected_aggregate_dram", "ecc_corrected_aggregate_sram", "ecc_uncorrected_aggregate_dram",
                        "ecc_uncorrected_aggregate_sram")
-_FIRST_READS = CARRIED_COUNTS | CARRIED_LEVELS | frozenset(CARRIED_BY_LOCATION)
+FIRST_READS = CARRIED_COUNTS | CARRIED_LEVELS | frozenset(CARRIED_BY_LOCATION)
 
 
 def _sticky(what: str) -> bool:
@@ -697,7 +697,7 @@ class GpuWear:
                     self.last_event[f"grew {name}"] = s.timestamp
                 if name == "retired_pages_newest_wall" and before is None:  # the newest page it carried: its date
                     self.health[f"carried {name}"] = value
-                if name in _FIRST_READS and before is None:  # gpuwear's first read: carried
+                if name in FIRST_READS and before is None:  # gpuwear's first read: carried
                     self.health[f"carried {name}"] = value
                     self.last_event[f"first read {name}"] = s.timestamp
                 elif name in CARRIED_COUNTS and isinstance(before, int) and value < before:  # never should (issue 55)
